@@ -1,0 +1,297 @@
+//! The background thread: checkpoints sealed segments in order, recycles
+//! them once their readers are gone, and keeps a spare segment ready.
+
+use std::io;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::format::HEADER_SIZE;
+use crate::log::{weak, Inner, Spare, MAX_SPARES};
+use crate::manager::LogManager;
+use crate::recovery::{scan_segment, SegmentReader};
+use crate::segment::{FileName, Segment};
+use crate::{EntryId, WriteAheadLog};
+
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Result<()> {
+    let weak = weak(log);
+    let handle = std::thread::Builder::new()
+        .name("okaywal-checkpoint".into())
+        .spawn(move || run(&weak, manager))?;
+    *log.inner.maintenance_thread.lock() = Some(handle.thread().id());
+    *log.inner.maintenance.lock() = Some(handle);
+    Ok(())
+}
+
+enum Work {
+    Checkpoint {
+        segment: Arc<Segment>,
+        limit: u64,
+        last_entry_id: Option<u64>,
+    },
+    Spare,
+    Wait,
+    Stop,
+}
+
+fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
+    let mut backoff: Option<Duration> = None;
+    loop {
+        // Hold the log only while working, so dropping every user handle
+        // ends this thread.
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        recycle_finished(&inner);
+        match next_work(&inner, backoff.is_some()) {
+            Work::Stop => return,
+            Work::Wait => {
+                let mut state = inner.state.lock();
+                if !state.shutting_down {
+                    inner
+                        .maintenance_wake
+                        .wait_for(&mut state, backoff.unwrap_or(IDLE_WAIT));
+                }
+                backoff = None;
+            }
+            Work::Spare => match inner.create_spare() {
+                Ok(spare) => {
+                    let mut state = inner.state.lock();
+                    state.spares.push(spare);
+                    state.want_spare = false;
+                }
+                Err(err) => {
+                    inner.state.lock().checkpoint_error = Some(err.to_string());
+                    backoff = Some(next_backoff(backoff));
+                }
+            },
+            Work::Checkpoint {
+                segment,
+                limit,
+                last_entry_id,
+            } => {
+                let log = WriteAheadLog {
+                    inner: inner.clone(),
+                };
+                let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
+                finish_checkpoint(&inner, segment, result, &mut backoff);
+            }
+        }
+    }
+}
+
+fn next_backoff(backoff: Option<Duration>) -> Duration {
+    backoff.map_or(IDLE_WAIT, |b| (b * 2).min(MAX_BACKOFF))
+}
+
+fn next_work(inner: &Inner, backing_off: bool) -> Work {
+    let mut state = inner.state.lock();
+    if state.shutting_down {
+        return Work::Stop;
+    }
+    if state.want_spare && state.spares.is_empty() && !backing_off {
+        return Work::Spare;
+    }
+    if backing_off {
+        return Work::Wait;
+    }
+    // Segments are checkpointed strictly in order: only the oldest sealed
+    // segment is a candidate, and only once its entries are all finished.
+    let active = state.active;
+    let candidate = state
+        .segments
+        .values()
+        .next()
+        .filter(|seg| seg.segment.id != active && seg.ready_for_checkpoint())
+        .map(|seg| (seg.segment.clone(), seg.reserved_end, seg.last_entry_id));
+    match candidate {
+        Some((segment, limit, last_entry_id)) => {
+            state.checkpointing = Some(segment.id);
+            Work::Checkpoint {
+                segment,
+                limit,
+                last_entry_id,
+            }
+        }
+        None => Work::Wait,
+    }
+}
+
+fn checkpoint(
+    log: &WriteAheadLog,
+    manager: &mut dyn LogManager,
+    segment: &Arc<Segment>,
+    limit: u64,
+    last_entry_id: Option<u64>,
+) -> io::Result<()> {
+    let inner = &log.inner;
+    // Rolled-back records may still be unsynced; the segment must be fully
+    // durable before it can be forgotten.
+    segment.file.sync_data().map_err(|e| inner.poison(e))?;
+    let Some(last_entry_id) = last_entry_id else {
+        return Ok(());
+    };
+    let scan = scan_segment(&*segment.file, segment.id, limit, inner.config.buffer_bytes)?;
+    let mut reader = SegmentReader::new(
+        segment.id,
+        segment.file.clone(),
+        scan.committed,
+        Some(segment.clone()),
+    );
+    manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
+}
+
+fn finish_checkpoint(
+    inner: &Inner,
+    segment: Arc<Segment>,
+    result: io::Result<()>,
+    backoff: &mut Option<Duration>,
+) {
+    match result {
+        Ok(()) => {
+            *backoff = None;
+            {
+                let mut state = inner.state.lock();
+                state.segments.remove(&segment.id);
+            }
+            let recycled = FileName::Recycled(segment.id).path_in(inner.directory());
+            // Once renamed (durably), the segment is never replayed again.
+            let renamed = inner
+                .fs
+                .rename(&segment.path, &recycled)
+                .and_then(|()| inner.fs.sync_dir(inner.directory()));
+            let mut state = inner.state.lock();
+            state.checkpointing = None;
+            state.checkpoint_attempts += 1;
+            match renamed {
+                Ok(()) => {
+                    state.checkpoint_error = None;
+                    state.recycling.push((segment, recycled));
+                }
+                Err(err) => {
+                    // The entries are safe in the manager's store; the
+                    // file is left as it is and replayed at the next open.
+                    state.checkpoint_error = Some(format!(
+                        "segment {} was checkpointed but could not be recycled: {err}",
+                        segment.id
+                    ));
+                }
+            }
+        }
+        Err(err) => {
+            *backoff = Some(next_backoff(*backoff));
+            let mut state = inner.state.lock();
+            state.checkpointing = None;
+            state.checkpoint_attempts += 1;
+            state.checkpoint_error = Some(format!(
+                "checkpointing segment {} failed (it is kept and retried): {err}",
+                segment.id
+            ));
+        }
+    }
+    inner.checkpointed.notify_all();
+}
+
+/// Moves checkpointed segments that no reader holds any more into the
+/// spare pool (or deletes them when the pool is full).
+fn recycle_finished(inner: &Inner) {
+    let finished: Vec<_> = {
+        let mut state = inner.state.lock();
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.recycling)
+            .into_iter()
+            .partition(|(segment, _)| Arc::strong_count(segment) == 1);
+        state.recycling = waiting;
+        done
+    };
+    for (segment, path) in finished {
+        let keep = inner.state.lock().spares.len() < MAX_SPARES;
+        if keep {
+            let file = segment.file.clone();
+            inner.state.lock().spares.push(Spare { file, path });
+        } else if let Err(err) = inner.fs.remove_file(&path) {
+            inner.state.lock().checkpoint_error =
+                Some(format!("removing surplus segment file: {err}"));
+        }
+    }
+}
+
+pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
+    let inner = &log.inner;
+    let mut state = inner.state.lock();
+    inner.check_usable(&state)?;
+    let active = state.active;
+    let has_records = state.segments[&active].reserved_end > HEADER_SIZE;
+    let target = if has_records {
+        state
+            .segments
+            .get_mut(&active)
+            .expect("active segment is live")
+            .full = true;
+        if state.spares.is_empty() {
+            drop(state);
+            let spare = inner.create_spare()?;
+            state = inner.state.lock();
+            state.spares.push(spare);
+        }
+        if state.active == active {
+            inner.switch_segment(&mut state)?;
+        }
+        active
+    } else {
+        active.saturating_sub(1)
+    };
+    inner.maintenance_wake.notify_all();
+    if *inner.maintenance_thread.lock() == Some(std::thread::current().id()) {
+        return Ok(());
+    }
+    let attempts_before = state.checkpoint_attempts;
+    loop {
+        let pending = state
+            .segments
+            .keys()
+            .next()
+            .is_some_and(|first| *first <= target);
+        if !pending {
+            return Ok(());
+        }
+        if let Some(err) = inner.group.failure() {
+            return Err(err);
+        }
+        if state.checkpoint_attempts > attempts_before && state.checkpointing.is_none() {
+            if let Some(err) = &state.checkpoint_error {
+                return Err(io::Error::other(err.clone()));
+            }
+        }
+        if state.shutting_down {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the log was shut down before the checkpoint finished",
+            ));
+        }
+        inner.checkpointed.wait_for(&mut state, IDLE_WAIT);
+    }
+}
+
+pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
+    let inner = &log.inner;
+    {
+        let mut state = inner.state.lock();
+        state.shutting_down = true;
+        inner.maintenance_wake.notify_all();
+        inner.checkpointed.notify_all();
+    }
+    let handle = inner.maintenance.lock().take();
+    if let Some(handle) = handle {
+        if handle.thread().id() != std::thread::current().id() {
+            handle
+                .join()
+                .map_err(|_| io::Error::other("the checkpoint thread panicked"))?;
+        }
+    }
+    if let Some(err) = inner.group.failure() {
+        return Err(err);
+    }
+    inner.sync_all()
+}

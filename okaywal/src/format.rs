@@ -1,0 +1,270 @@
+//! Bytes on disk ↔ structs, with no I/O policy. `FORMAT.md` describes the
+//! same layout in prose.
+
+/// The first seven bytes of every segment file.
+pub const MAGIC: [u8; 7] = *b"OKAYWAL";
+/// The version of the byte format written by this crate.
+pub const FORMAT_VERSION: u8 = 1;
+/// Size of the segment header; records start at this offset.
+pub const HEADER_SIZE: u64 = 512;
+/// Size of a record header (every record starts with one).
+pub const RECORD_HEADER_SIZE: usize = 25;
+/// Size of the CRC32 that follows a chunk's data.
+pub const CHUNK_TRAILER_SIZE: usize = 4;
+/// The most bytes of `version_info` a segment header can hold.
+pub const MAX_VERSION_INFO: usize = 255;
+
+/// The header at offset 0 of every segment file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// The id of the first entry this segment may hold; also the segment's
+    /// id and the salt of every record CRC inside it.
+    pub first_entry_id: u64,
+    /// The user's version information.
+    pub version_info: Vec<u8>,
+}
+
+/// Why bytes did not decode as a segment header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Fewer than [`HEADER_SIZE`] bytes.
+    TooShort,
+    /// The magic bytes are wrong: not a segment file (or never written).
+    BadMagic,
+    /// A format version this crate cannot read.
+    UnknownVersion(u8),
+    /// The header's checksum does not match its contents.
+    BadChecksum,
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::TooShort => f.write_str("segment header is truncated"),
+            HeaderError::BadMagic => f.write_str("segment header has no okaywal magic"),
+            HeaderError::UnknownVersion(v) => write!(f, "unknown segment format version {v}"),
+            HeaderError::BadChecksum => f.write_str("segment header checksum mismatch"),
+        }
+    }
+}
+
+impl SegmentHeader {
+    /// Encodes the header into exactly [`HEADER_SIZE`] bytes.
+    ///
+    /// # Panics
+    /// If `version_info` is longer than [`MAX_VERSION_INFO`]; the
+    /// configuration rejects such values before they get here.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.version_info.len() <= MAX_VERSION_INFO);
+        let mut bytes = vec![0_u8; HEADER_SIZE as usize];
+        bytes[..7].copy_from_slice(&MAGIC);
+        bytes[7] = FORMAT_VERSION;
+        bytes[8..16].copy_from_slice(&self.first_entry_id.to_le_bytes());
+        bytes[16] = self.version_info.len() as u8;
+        bytes[17..17 + self.version_info.len()].copy_from_slice(&self.version_info);
+        let crc_at = HEADER_SIZE as usize - 4;
+        let crc = crc32fast::hash(&bytes[..crc_at]);
+        bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header from the first [`HEADER_SIZE`] bytes of `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
+        let bytes = bytes
+            .get(..HEADER_SIZE as usize)
+            .ok_or(HeaderError::TooShort)?;
+        if bytes[..7] != MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        if bytes[7] != FORMAT_VERSION {
+            return Err(HeaderError::UnknownVersion(bytes[7]));
+        }
+        let crc_at = HEADER_SIZE as usize - 4;
+        let stored = u32::from_le_bytes(bytes[crc_at..].try_into().expect("4 bytes"));
+        if crc32fast::hash(&bytes[..crc_at]) != stored {
+            return Err(HeaderError::BadChecksum);
+        }
+        let first_entry_id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let len = usize::from(bytes[16]);
+        Ok(Self {
+            first_entry_id,
+            version_info: bytes[17..17 + len].to_vec(),
+        })
+    }
+}
+
+/// What a record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// A chunk of an entry: `length` bytes of data and a CRC32 follow.
+    Chunk = 1,
+    /// The entry is complete; `length` is its number of chunks.
+    Commit = 2,
+    /// The entry was rolled back; `length` is 0.
+    Rollback = 3,
+}
+
+/// The fixed-size header that starts every record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// What the record is.
+    pub kind: RecordKind,
+    /// The entry the record belongs to.
+    pub entry_id: u64,
+    /// Data length for chunks, chunk count for commits, 0 for rollbacks.
+    pub length: u32,
+    /// An offset in this segment below which everything was durable when
+    /// the record was written; recovery uses it to tell a torn tail from
+    /// damage in the middle of the log.
+    pub durable_mark: u64,
+}
+
+/// Why bytes did not decode as a record header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordError {
+    /// Every byte is zero: space that was never written.
+    Unwritten,
+    /// The header checksum does not match (torn, stale or damaged bytes).
+    BadChecksum,
+    /// The checksum matches but the kind byte is unknown.
+    BadKind(u8),
+    /// Fewer than [`RECORD_HEADER_SIZE`] bytes were available.
+    Truncated,
+}
+
+impl RecordHeader {
+    /// The number of bytes the whole record occupies.
+    #[must_use]
+    pub fn record_len(&self) -> u64 {
+        match self.kind {
+            RecordKind::Chunk => {
+                RECORD_HEADER_SIZE as u64 + u64::from(self.length) + CHUNK_TRAILER_SIZE as u64
+            }
+            RecordKind::Commit | RecordKind::Rollback => RECORD_HEADER_SIZE as u64,
+        }
+    }
+
+    /// Encodes the header; `salt` is the segment's first entry id, so that
+    /// records left over from an earlier use of a recycled file fail their
+    /// checksum.
+    #[must_use]
+    pub fn encode(&self, salt: u64) -> [u8; RECORD_HEADER_SIZE] {
+        let mut bytes = [0_u8; RECORD_HEADER_SIZE];
+        bytes[0] = self.kind as u8;
+        bytes[1..9].copy_from_slice(&self.entry_id.to_le_bytes());
+        bytes[9..13].copy_from_slice(&self.length.to_le_bytes());
+        bytes[13..21].copy_from_slice(&self.durable_mark.to_le_bytes());
+        let crc = header_crc(salt, &bytes[..21]);
+        bytes[21..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a record header from the start of `bytes`.
+    pub fn decode(bytes: &[u8], salt: u64) -> Result<Self, RecordError> {
+        let bytes = bytes
+            .get(..RECORD_HEADER_SIZE)
+            .ok_or(RecordError::Truncated)?;
+        if bytes.iter().all(|b| *b == 0) {
+            return Err(RecordError::Unwritten);
+        }
+        let stored = u32::from_le_bytes(bytes[21..25].try_into().expect("4 bytes"));
+        if header_crc(salt, &bytes[..21]) != stored {
+            return Err(RecordError::BadChecksum);
+        }
+        let kind = match bytes[0] {
+            1 => RecordKind::Chunk,
+            2 => RecordKind::Commit,
+            3 => RecordKind::Rollback,
+            other => return Err(RecordError::BadKind(other)),
+        };
+        Ok(Self {
+            kind,
+            entry_id: u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes")),
+            length: u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes")),
+            durable_mark: u64::from_le_bytes(bytes[13..21].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+fn header_crc(salt: u64, bytes: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&salt.to_le_bytes());
+    hasher.update(bytes);
+    hasher.finalize()
+}
+
+/// Encodes a whole chunk record (header, data, data CRC) into `out`.
+pub fn encode_chunk(out: &mut Vec<u8>, header: &RecordHeader, salt: u64, data: &[u8], crc: u32) {
+    out.extend_from_slice(&header.encode(salt));
+    out.extend_from_slice(data);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_rejects_damage() {
+        let header = SegmentHeader {
+            first_entry_id: 42,
+            version_info: b"v1.2".to_vec(),
+        };
+        let bytes = header.encode();
+        assert_eq!(bytes.len() as u64, HEADER_SIZE);
+        assert_eq!(SegmentHeader::decode(&bytes).unwrap(), header);
+        for at in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x10;
+            assert!(SegmentHeader::decode(&damaged).is_err(), "flip at {at}");
+        }
+        assert_eq!(
+            SegmentHeader::decode(&bytes[..100]),
+            Err(HeaderError::TooShort)
+        );
+        assert_eq!(
+            SegmentHeader::decode(&vec![0; 512]),
+            Err(HeaderError::BadMagic)
+        );
+    }
+
+    #[test]
+    fn full_version_info_fits() {
+        let header = SegmentHeader {
+            first_entry_id: u64::MAX,
+            version_info: vec![7; MAX_VERSION_INFO],
+        };
+        assert_eq!(SegmentHeader::decode(&header.encode()).unwrap(), header);
+    }
+
+    #[test]
+    fn record_header_round_trips_and_is_salted() {
+        let header = RecordHeader {
+            kind: RecordKind::Chunk,
+            entry_id: 9,
+            length: 1000,
+            durable_mark: 4096,
+        };
+        let bytes = header.encode(7);
+        assert_eq!(RecordHeader::decode(&bytes, 7).unwrap(), header);
+        assert_eq!(
+            RecordHeader::decode(&bytes, 8),
+            Err(RecordError::BadChecksum)
+        );
+        assert_eq!(
+            RecordHeader::decode(&[0; RECORD_HEADER_SIZE], 7),
+            Err(RecordError::Unwritten)
+        );
+        assert_eq!(
+            RecordHeader::decode(&bytes[..10], 7),
+            Err(RecordError::Truncated)
+        );
+        for at in 0..bytes.len() {
+            let mut damaged = bytes;
+            damaged[at] ^= 1;
+            assert!(RecordHeader::decode(&damaged, 7).is_err(), "flip at {at}");
+        }
+        assert_eq!(header.record_len(), 25 + 1000 + 4);
+    }
+}

@@ -1,0 +1,122 @@
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{FileHandle, FileSystem, OpenMode};
+
+/// The real file system, through `std::fs` (positioned I/O via `pread` and
+/// `pwrite`, `fdatasync` for [`FileHandle::sync_data`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdFileSystem;
+
+/// Adds the path to an I/O error's message, keeping its kind and source.
+fn with_path(err: io::Error, what: &str, path: &Path) -> io::Error {
+    io::Error::new(err.kind(), format!("{what} {}: {err}", path.display()))
+}
+
+impl FileSystem for StdFileSystem {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(path).map_err(|e| with_path(e, "creating directory", path))
+    }
+
+    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| with_path(e, "listing", dir))? {
+            let entry = entry.map_err(|e| with_path(e, "listing", dir))?;
+            if entry.file_type()?.is_file() {
+                if let Some(name) = entry.file_name().to_str() {
+                    names.push(name.to_string());
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>> {
+        let mut options = OpenOptions::new();
+        match mode {
+            OpenMode::Read => options.read(true),
+            OpenMode::ReadWrite => options.read(true).write(true),
+            OpenMode::Create => options.read(true).write(true).create(true),
+            OpenMode::CreateNew => options.read(true).write(true).create_new(true),
+        };
+        let file = options
+            .open(path)
+            .map_err(|e| with_path(e, "opening", path))?;
+        Ok(Arc::new(StdFile {
+            file,
+            path: path.display().to_string(),
+        }))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("renaming {} to {}: {e}", from.display(), to.display()),
+            )
+        })
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path).map_err(|e| with_path(e, "removing", path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| with_path(e, "syncing directory", dir))
+    }
+}
+
+#[derive(Debug)]
+struct StdFile {
+    file: File,
+    path: String,
+}
+
+impl StdFile {
+    fn err(&self, what: &str, err: io::Error) -> io::Error {
+        io::Error::new(err.kind(), format!("{what} {}: {err}", self.path))
+    }
+}
+
+impl FileHandle for StdFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.file
+            .read_at(buf, offset)
+            .map_err(|e| self.err("reading", e))
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| self.err("writing", e))
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data().map_err(|e| self.err("fdatasync", e))
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.file.sync_all().map_err(|e| self.err("fsync", e))
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len).map_err(|e| self.err("resizing", e))
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| self.err("reading metadata of", e))?
+            .len())
+    }
+}

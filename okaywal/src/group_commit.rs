@@ -1,0 +1,224 @@
+//! Leader/follower group commit: threads, no bytes.
+//!
+//! A committer whose data is not yet durable either leads a sync or waits
+//! for one. Syncs never overlap (the disk serialises flushes anyway, and
+//! overlapping `fdatasync`s measured slower than one at a time). While sync
+//! *k* runs, the first thread to arrive becomes the leader of sync *k + 1*
+//! and waits alone on its own condition variable; later arrivals wait as
+//! followers on the condition variable of group *k + 1*. When sync *k*
+//! finishes, its leader wakes only group *k*'s followers (the waiters that
+//! sync covered) and the one next leader, instead of every waiting thread.
+//! Two follower condition variables alternate between consecutive groups.
+//!
+//! After a failed sync every current and later waiter gets an error: a
+//! failed `fdatasync` is never retried as if nothing had happened.
+
+use std::io;
+
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Debug, Default)]
+struct State {
+    /// A sync is running.
+    syncing: bool,
+    /// Number of syncs that have finished (successfully or not).
+    completed: u64,
+    /// A thread is waiting to lead the next sync.
+    next_leader: bool,
+    /// Followers waiting for the next sync that has not started yet.
+    pending_followers: usize,
+    /// Set by the first failed sync; never cleared.
+    failure: Option<String>,
+}
+
+/// Coordinates syncs between committing threads.
+#[derive(Debug, Default)]
+pub(crate) struct GroupCommit {
+    state: Mutex<State>,
+    followers: [Condvar; 2],
+    leader: Condvar,
+}
+
+impl GroupCommit {
+    /// Returns once `covered()` is true, leading syncs (`sync()`) or waiting
+    /// for other threads' syncs as needed.
+    ///
+    /// `covered` must become true after a successful `sync` that started
+    /// after the caller's data was written; `sync` must return an error
+    /// when the data could not be made durable.
+    pub fn wait(
+        &self,
+        covered: impl Fn() -> bool,
+        mut sync: impl FnMut() -> io::Result<()>,
+    ) -> io::Result<()> {
+        loop {
+            if covered() {
+                return Ok(());
+            }
+            let mut state = self.state.lock();
+            if let Some(failure) = &state.failure {
+                return Err(failed(failure));
+            }
+            if covered() {
+                return Ok(());
+            }
+            if !state.syncing {
+                self.lead(state, &mut sync)?;
+                continue;
+            }
+            if !state.next_leader {
+                state.next_leader = true;
+                while state.syncing && state.failure.is_none() {
+                    self.leader.wait(&mut state);
+                }
+                state.next_leader = false;
+                // Followers are counting on this thread to start their sync,
+                // even if the sync that just ended covered its own data.
+                if state.failure.is_none() && !state.syncing && state.pending_followers > 0 {
+                    self.lead(state, &mut sync)?;
+                }
+                continue;
+            }
+            let group = state.completed + 2;
+            state.pending_followers += 1;
+            while state.completed < group && state.failure.is_none() {
+                self.followers[(group % 2) as usize].wait(&mut state);
+            }
+        }
+    }
+
+    fn lead(
+        &self,
+        mut state: parking_lot::MutexGuard<'_, State>,
+        sync: &mut impl FnMut() -> io::Result<()>,
+    ) -> io::Result<()> {
+        state.syncing = true;
+        state.pending_followers = 0;
+        let this_sync = state.completed + 1;
+        drop(state);
+        let result = sync();
+        let mut state = self.state.lock();
+        state.syncing = false;
+        state.completed = this_sync;
+        if let Err(err) = &result {
+            if state.failure.is_none() {
+                state.failure = Some(err.to_string());
+            }
+            self.followers[0].notify_all();
+            self.followers[1].notify_all();
+            self.leader.notify_all();
+        } else {
+            self.followers[(this_sync % 2) as usize].notify_all();
+            if state.next_leader {
+                self.leader.notify_one();
+            }
+        }
+        result
+    }
+
+    /// Marks the log as failed (e.g. a write error outside a sync) and wakes
+    /// every waiter with that error.
+    pub fn fail(&self, message: String) {
+        let mut state = self.state.lock();
+        if state.failure.is_none() {
+            state.failure = Some(message);
+        }
+        self.followers[0].notify_all();
+        self.followers[1].notify_all();
+        self.leader.notify_all();
+    }
+
+    /// The error every commit gets once the log has failed.
+    pub fn failure(&self) -> Option<io::Error> {
+        self.state.lock().failure.as_deref().map(failed)
+    }
+}
+
+fn failed(failure: &str) -> io::Error {
+    io::Error::other(format!(
+        "the log stopped accepting commits after an I/O failure and must be reopened: {failure}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// A fake log: writers bump `written`, a sync copies `written` to
+    /// `synced` and counts itself.
+    #[derive(Default)]
+    struct Fake {
+        written: AtomicU64,
+        synced: AtomicU64,
+        syncs: AtomicU64,
+        fail_at_sync: AtomicU64,
+    }
+
+    fn commit(group: &GroupCommit, fake: &Fake) -> io::Result<()> {
+        let mine = fake.written.fetch_add(1, Ordering::SeqCst) + 1;
+        group.wait(
+            || fake.synced.load(Ordering::SeqCst) >= mine,
+            || {
+                let n = fake.syncs.fetch_add(1, Ordering::SeqCst) + 1;
+                let target = fake.written.load(Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                if fake.fail_at_sync.load(Ordering::SeqCst) == n {
+                    return Err(io::Error::other("disk on fire"));
+                }
+                fake.synced.fetch_max(target, Ordering::SeqCst);
+                Ok(())
+            },
+        )
+    }
+
+    #[test]
+    fn many_threads_share_syncs_and_all_return() {
+        let group = Arc::new(GroupCommit::default());
+        let fake = Arc::new(Fake::default());
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (group, fake) = (group.clone(), fake.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        commit(&group, &fake).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(fake.synced.load(Ordering::SeqCst), 16 * 200);
+        let syncs = fake.syncs.load(Ordering::SeqCst);
+        assert!(syncs < 16 * 200, "no batching happened: {syncs} syncs");
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_later_commit() {
+        let group = Arc::new(GroupCommit::default());
+        let fake = Arc::new(Fake::default());
+        fake.fail_at_sync.store(3, Ordering::SeqCst);
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (group, fake) = (group.clone(), fake.clone());
+                std::thread::spawn(move || {
+                    let mut results = Vec::new();
+                    for _ in 0..50 {
+                        results.push(commit(&group, &fake).is_ok());
+                    }
+                    results
+                })
+            })
+            .collect();
+        for thread in threads {
+            let results = thread.join().unwrap();
+            // Once a commit fails, no later commit of that thread succeeds.
+            let first_failure = results.iter().position(|ok| !ok).unwrap();
+            assert!(results[first_failure..].iter().all(|ok| !ok));
+        }
+        assert!(group.failure().is_some());
+        assert!(commit(&group, &fake).is_err());
+    }
+}

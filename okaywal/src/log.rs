@@ -1,0 +1,601 @@
+//! The log: shared state, the write path's reservations, syncing, opening.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::config::Configuration;
+use crate::format::{RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::fs::{zero_fill, FileHandle, FileSystem, OpenMode};
+use crate::group_commit::GroupCommit;
+use crate::manager::{LogManager, RecoveredSegment, Recovery};
+use crate::position::LogPosition;
+use crate::reader::ChunkReader;
+use crate::recovery::{scan_segment, SegmentReader};
+use crate::segment::{FileName, Segment, SegmentState};
+use crate::writer::EntryWriter;
+use crate::{checkpoint, EntryId};
+
+/// Spare segment files kept for reuse; more are deleted after recycling.
+pub(crate) const MAX_SPARES: usize = 2;
+
+/// A write-ahead log: many threads append entries; each commit returns once
+/// its entry is durable, and concurrent commits share one `fdatasync`.
+///
+/// Cloning is cheap and every clone refers to the same log.
+#[derive(Debug, Clone)]
+pub struct WriteAheadLog {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub config: Configuration,
+    pub fs: Arc<dyn FileSystem>,
+    pub state: Mutex<State>,
+    /// Signalled when an in-flight write's header lands (a sync leader may
+    /// be waiting for a hole below its own record to fill).
+    pub progress: Condvar,
+    /// Wakes the maintenance thread.
+    pub maintenance_wake: Condvar,
+    /// Signalled after every checkpoint attempt.
+    pub checkpointed: Condvar,
+    pub group: GroupCommit,
+    pub maintenance: Mutex<Option<JoinHandle<()>>>,
+    pub maintenance_thread: Mutex<Option<ThreadId>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Spare {
+    pub file: Arc<dyn FileHandle>,
+    pub path: PathBuf,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    pub next_entry_id: u64,
+    pub active: u64,
+    /// Every live segment: active, sealed with open entries, or waiting to
+    /// be checkpointed.
+    pub segments: BTreeMap<u64, SegmentState>,
+    pub spares: Vec<Spare>,
+    /// Checkpointed segments waiting for their last reader to finish.
+    pub recycling: Vec<(Arc<Segment>, PathBuf)>,
+    pub next_spare_number: u64,
+    pub progress_waiters: usize,
+    pub want_spare: bool,
+    pub shutting_down: bool,
+    pub checkpoint_error: Option<String>,
+    pub checkpoint_attempts: u64,
+    /// The id of the segment being checkpointed right now.
+    pub checkpointing: Option<u64>,
+}
+
+impl State {
+    fn live(&mut self, segment: u64) -> io::Result<&mut SegmentState> {
+        self.segments
+            .get_mut(&segment)
+            .ok_or_else(|| io::Error::other(format!("segment {segment} is no longer live")))
+    }
+}
+
+impl Inner {
+    pub fn directory(&self) -> &std::path::Path {
+        &self.config.directory
+    }
+
+    pub fn check_usable(&self, state: &State) -> io::Result<()> {
+        if let Some(err) = self.group.failure() {
+            return Err(err);
+        }
+        if state.shutting_down {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!(
+                    "the log in {} has been shut down",
+                    self.directory().display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Poisons the log after a failed write or sync and returns the error
+    /// for the caller.
+    pub fn poison(&self, err: io::Error) -> io::Error {
+        self.group.fail(err.to_string());
+        let _state = self.state.lock();
+        self.progress.notify_all();
+        self.maintenance_wake.notify_all();
+        self.checkpointed.notify_all();
+        err
+    }
+
+    /// Starts a new entry in the active segment.
+    pub fn begin(&self) -> io::Result<(u64, Arc<Segment>)> {
+        let mut state = self.state.lock();
+        self.check_usable(&state)?;
+        if state.segments[&state.active].full {
+            if state.spares.is_empty() {
+                // Keep growing the full segment rather than stall every
+                // writer on a zero-fill; the maintenance thread makes one.
+                state.want_spare = true;
+                self.maintenance_wake.notify_all();
+            } else {
+                self.switch_segment(&mut state)?;
+            }
+        }
+        let id = state.next_entry_id;
+        state.next_entry_id += 1;
+        let active = state.active;
+        let segment = state.live(active)?;
+        segment.open_entries += 1;
+        segment.last_entry_id = Some(id);
+        Ok((id, segment.segment.clone()))
+    }
+
+    /// Makes a spare the active segment, named for the next entry id.
+    /// Must hold the state lock so ids and segments change together.
+    pub fn switch_segment(&self, state: &mut State) -> io::Result<()> {
+        let spare = state
+            .spares
+            .pop()
+            .ok_or_else(|| io::Error::other("no spare segment file available"))?;
+        let id = state.next_entry_id;
+        let path = FileName::Segment(id).path_in(self.directory());
+        let header = SegmentHeader {
+            first_entry_id: id,
+            version_info: self.config.version_info.to_vec(),
+        }
+        .encode();
+        // On failure the spare is dropped: it may be half renamed or
+        // written, and the next open sorts out whatever is left on disk.
+        spare
+            .file
+            .write_all_at(&header, 0)
+            .and_then(|()| self.fs.rename(&spare.path, &path))?;
+        let old = state.active;
+        let old_state = state.live(old)?;
+        old_state.sealed = true;
+        if old_state.ready_for_checkpoint() {
+            self.maintenance_wake.notify_all();
+        }
+        let segment = Arc::new(Segment {
+            id,
+            file: spare.file,
+            path,
+            synced_to: 0.into(),
+            name_durable: false.into(),
+        });
+        state
+            .segments
+            .insert(id, SegmentState::new(segment, HEADER_SIZE));
+        state.active = id;
+        if state.spares.is_empty() {
+            state.want_spare = true;
+            self.maintenance_wake.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Reserves `len` bytes in `segment` for a record; returns the offset
+    /// and the durable mark to write into the record's header.
+    pub fn reserve(&self, segment: u64, len: u64) -> io::Result<(u64, u64)> {
+        let mut state = self.state.lock();
+        if let Some(err) = self.group.failure() {
+            return Err(err);
+        }
+        let active = state.active;
+        let checkpoint_after = self.config.checkpoint_after_bytes;
+        let seg = state.live(segment)?;
+        let offset = seg.reserved_end;
+        seg.reserved_end += len;
+        seg.in_flight.insert(offset, seg.reserved_end);
+        if segment == active && seg.reserved_end >= checkpoint_after {
+            seg.full = true;
+        }
+        Ok((offset, seg.segment.synced_to.load(Ordering::Acquire)))
+    }
+
+    /// Marks the reservation at `offset` as written (its header is in the
+    /// file), optionally finishing the entry that made it.
+    pub fn complete(&self, segment: u64, offset: Option<u64>, finishes_entry: bool) {
+        let mut state = self.state.lock();
+        let Some(seg) = state.segments.get_mut(&segment) else {
+            return;
+        };
+        if let Some(offset) = offset {
+            seg.in_flight.remove(&offset);
+        }
+        if finishes_entry {
+            seg.open_entries -= 1;
+            if seg.ready_for_checkpoint() {
+                self.maintenance_wake.notify_all();
+            }
+        }
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+    }
+
+    /// Returns once every byte below `end` in `segment` is durable.
+    pub fn wait_durable(&self, segment: &Arc<Segment>, end: u64) -> io::Result<()> {
+        self.group.wait(
+            || {
+                segment.synced_to.load(Ordering::Acquire) >= end
+                    && segment.name_durable.load(Ordering::Acquire)
+            },
+            || self.sync_pass(segment.id, end),
+        )
+    }
+
+    /// One sync, run by a group-commit leader: waits briefly for writes
+    /// below `end` to land, then syncs every segment with unsynced records
+    /// and, if a segment was created or renamed since, the directory.
+    fn sync_pass(&self, segment: u64, end: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        loop {
+            let written = state
+                .segments
+                .get(&segment)
+                .map_or(u64::MAX, SegmentState::written_to);
+            if written >= end {
+                break;
+            }
+            if let Some(err) = self.group.failure() {
+                return Err(err);
+            }
+            state.progress_waiters += 1;
+            self.progress
+                .wait_for(&mut state, Duration::from_millis(10));
+            state.progress_waiters -= 1;
+        }
+        let targets = sync_targets(&state);
+        drop(state);
+        self.sync_targets(&targets)
+    }
+
+    pub fn sync_targets(&self, targets: &[(Arc<Segment>, u64, bool)]) -> io::Result<()> {
+        for (segment, written, _) in targets {
+            if *written > segment.synced_to.load(Ordering::Acquire) {
+                segment.file.sync_data().map_err(|e| self.poison(e))?;
+            }
+        }
+        let needs_dir = targets.iter().any(|(_, _, name)| *name);
+        if needs_dir {
+            self.fs
+                .sync_dir(self.directory())
+                .map_err(|e| self.poison(e))?;
+        }
+        for (segment, written, name) in targets {
+            segment.synced_to.fetch_max(*written, Ordering::AcqRel);
+            if *name {
+                segment.name_durable.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Syncs everything written so far (used at shutdown).
+    pub fn sync_all(&self) -> io::Result<()> {
+        let targets = sync_targets(&self.state.lock());
+        self.sync_targets(&targets)
+    }
+
+    pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        let (segment, limit) = {
+            let state = self.state.lock();
+            let seg = state.segments.get(&position.file_id).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "no live segment {} in {} (checkpointed and recycled, or never written)",
+                        position.file_id,
+                        self.directory().display()
+                    ),
+                )
+            })?;
+            (seg.segment.clone(), seg.reserved_end)
+        };
+        let invalid = |why: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no chunk at {position}: {why}"),
+            )
+        };
+        if position.offset < HEADER_SIZE || position.offset >= limit {
+            return Err(invalid("offset is outside the segment's records"));
+        }
+        let mut header = [0_u8; RECORD_HEADER_SIZE];
+        segment.file.read_exact_at(&mut header, position.offset)?;
+        let header =
+            RecordHeader::decode(&header, segment.id).map_err(|e| invalid(&format!("{e:?}")))?;
+        if header.kind != RecordKind::Chunk {
+            return Err(invalid("the record there is not a chunk"));
+        }
+        if position.offset + header.record_len() > limit {
+            return Err(invalid("the chunk extends past the written records"));
+        }
+        let mut reader = ChunkReader::new(
+            segment.file.clone(),
+            position,
+            position.offset + RECORD_HEADER_SIZE as u64,
+            header.length,
+        );
+        reader._segment = Some(segment);
+        Ok(reader)
+    }
+
+    /// Creates a new zero-filled spare segment file.
+    pub fn create_spare(&self) -> io::Result<Spare> {
+        let number = {
+            let mut state = self.state.lock();
+            state.next_spare_number += 1;
+            state.next_spare_number - 1
+        };
+        let path = FileName::Spare(number).path_in(self.directory());
+        let file = self.fs.open(&path, OpenMode::CreateNew)?;
+        let result = zero_fill(&*file, 0, self.config.preallocate_bytes.max(HEADER_SIZE))
+            .and_then(|()| file.sync_data());
+        if let Err(err) = result {
+            // Do not leave a half-filled file behind on ENOSPC.
+            let _ = self.fs.remove_file(&path);
+            return Err(io::Error::new(
+                err.kind(),
+                format!("preallocating segment file {}: {err}", path.display()),
+            ));
+        }
+        Ok(Spare { file, path })
+    }
+}
+
+fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<(Arc<Segment>, u64, bool)> {
+    state
+        .segments
+        .values()
+        .filter_map(|seg| {
+            let written = seg.written_to();
+            let name = !seg.segment.name_durable.load(Ordering::Acquire);
+            (written > seg.segment.synced_to.load(Ordering::Acquire) || name)
+                .then(|| (seg.segment.clone(), written, name))
+        })
+        .collect()
+}
+
+impl WriteAheadLog {
+    /// Opens (or creates) the log in `directory` with the default
+    /// [`Configuration`], replaying existing entries through `manager`.
+    pub fn recover<P: AsRef<std::path::Path>, Manager: LogManager>(
+        directory: P,
+        manager: Manager,
+    ) -> io::Result<Self> {
+        Configuration::default_for(directory).open(manager)
+    }
+
+    pub(crate) fn open(
+        config: Configuration,
+        mut manager: Box<dyn LogManager>,
+    ) -> io::Result<Self> {
+        let fs = config.file_system.clone();
+        let directory = config.directory.clone();
+        fs.create_dir_all(&directory)?;
+        let mut segments = Vec::new();
+        let mut reusable = Vec::new();
+        let mut max_id = 0_u64;
+        let mut next_spare_number = 0;
+        for name in fs.list_files(&directory)? {
+            match FileName::parse(&name) {
+                Some(FileName::Segment(id)) => {
+                    max_id = max_id.max(id);
+                    segments.push(id);
+                }
+                Some(file @ FileName::Recycled(id)) => {
+                    max_id = max_id.max(id);
+                    reusable.push(file.path_in(&directory));
+                }
+                Some(file @ FileName::Spare(n)) => {
+                    next_spare_number = next_spare_number.max(n + 1);
+                    reusable.push(file.path_in(&directory));
+                }
+                None => {}
+            }
+        }
+        segments.sort_unstable();
+
+        let mut live = BTreeMap::new();
+        for id in segments {
+            let path = FileName::Segment(id).path_in(&directory);
+            let file = fs.open(&path, OpenMode::ReadWrite)?;
+            let len = file.len()?;
+            let mut header_bytes = vec![0; HEADER_SIZE.min(len) as usize];
+            file.read_exact_at(&mut header_bytes, 0)?;
+            let header = match SegmentHeader::decode(&header_bytes) {
+                Ok(header) if header.first_entry_id == id => header,
+                result => {
+                    // A header that never became durable means nothing in
+                    // the file was ever acknowledged, unless records follow
+                    // it: then the header was written and later damaged.
+                    let mut first = [0_u8; RECORD_HEADER_SIZE];
+                    let records_follow = len >= HEADER_SIZE + RECORD_HEADER_SIZE as u64
+                        && file.read_exact_at(&mut first, HEADER_SIZE).is_ok()
+                        && RecordHeader::decode(&first, id).is_ok();
+                    if records_follow {
+                        let why = match result {
+                            Ok(_) => "names another segment".to_string(),
+                            Err(err) => err.to_string(),
+                        };
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "segment {}: header is damaged ({why}) but valid records follow it",
+                                path.display()
+                            ),
+                        ));
+                    }
+                    reusable.push(path);
+                    continue;
+                }
+            };
+            let scan = scan_segment(&*file, id, len, config.buffer_bytes)?;
+            max_id = max_id.max(scan.max_entry_id.unwrap_or(0));
+            let decision = manager.should_recover_segment(&RecoveredSegment {
+                id,
+                version_info: header.version_info.clone(),
+            })?;
+            let segment = Arc::new(Segment {
+                id,
+                file: file.clone(),
+                path,
+                synced_to: scan.end.into(),
+                name_durable: true.into(),
+            });
+            let mut state = SegmentState::new(segment, scan.end);
+            state.sealed = true;
+            state.last_entry_id = scan.max_entry_id;
+            if decision == Recovery::Recover {
+                let mut reader = SegmentReader::new(id, file.clone(), scan.committed, None);
+                while let Some(mut entry) = reader.read_entry()? {
+                    manager.recover(&mut entry)?;
+                }
+            } else {
+                // Abandoned: checkpointing it hands nothing to the manager.
+                state.last_entry_id = None;
+            }
+            live.insert(id, state);
+        }
+
+        let mut spares = Vec::new();
+        for path in reusable {
+            if spares.len() < MAX_SPARES + live.len() + 1 {
+                let file = fs.open(&path, OpenMode::ReadWrite)?;
+                spares.push(Spare { file, path });
+            } else {
+                fs.remove_file(&path)?;
+            }
+        }
+
+        let inner = Arc::new(Inner {
+            config,
+            fs,
+            state: Mutex::new(State {
+                next_entry_id: max_id + 1,
+                active: 0,
+                segments: live,
+                spares,
+                recycling: Vec::new(),
+                next_spare_number,
+                progress_waiters: 0,
+                want_spare: false,
+                shutting_down: false,
+                checkpoint_error: None,
+                checkpoint_attempts: 0,
+                checkpointing: None,
+            }),
+            progress: Condvar::new(),
+            maintenance_wake: Condvar::new(),
+            checkpointed: Condvar::new(),
+            group: GroupCommit::default(),
+            maintenance: Mutex::new(None),
+            maintenance_thread: Mutex::new(None),
+        });
+        // The first active segment: a reused file if any, else a new one.
+        if inner.state.lock().spares.is_empty() {
+            let spare = inner.create_spare()?;
+            inner.state.lock().spares.push(spare);
+        }
+        {
+            let mut state = inner.state.lock();
+            let state = &mut *state;
+            // A placeholder "previous active" so switch_segment has one to
+            // seal: the highest recovered segment, or a dummy entry.
+            if state.segments.is_empty() {
+                inner.activate_first(state)?;
+            } else {
+                state.active = *state.segments.keys().next_back().expect("not empty");
+                inner.switch_segment(state)?;
+            }
+        }
+        let log = WriteAheadLog { inner };
+        checkpoint::start(&log, manager)?;
+        Ok(log)
+    }
+
+    /// Begins a new entry. Its id is assigned now; the entry is durable
+    /// once [`EntryWriter::commit`] returns `Ok`, and rolled back if the
+    /// writer is dropped without committing.
+    pub fn begin_entry(&self) -> io::Result<EntryWriter<'_>> {
+        let (id, segment) = self.inner.begin()?;
+        Ok(EntryWriter::new(self, EntryId(id), segment))
+    }
+
+    /// Returns a reader over the chunk written at `position`.
+    ///
+    /// Fails with `NotFound` if the chunk's segment was checkpointed and
+    /// recycled, and with `InvalidData` if no chunk record starts there.
+    pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        self.inner.read_at(position)
+    }
+
+    /// Seals the active segment (if it holds anything) and waits until it
+    /// and every older segment have been checkpointed through
+    /// [`LogManager::checkpoint_to`].
+    ///
+    /// Do not call this while holding an uncommitted [`EntryWriter`] on the
+    /// same thread: the checkpoint waits for that entry to finish. Called
+    /// from inside `checkpoint_to`, it only seals and does not wait.
+    pub fn checkpoint_active(&self) -> io::Result<()> {
+        checkpoint::checkpoint_active(self)
+    }
+
+    /// Stops the background thread after its current checkpoint and syncs
+    /// what has been written. Later calls on any clone of this log fail.
+    /// Segments not yet checkpointed are replayed at the next open.
+    pub fn shutdown(&self) -> io::Result<()> {
+        checkpoint::shutdown(self)
+    }
+
+    /// The directory holding the segment files.
+    #[must_use]
+    pub fn directory(&self) -> &std::path::Path {
+        self.inner.directory()
+    }
+}
+
+impl Inner {
+    /// Opens the very first segment of a log that has none.
+    fn activate_first(&self, state: &mut State) -> io::Result<()> {
+        // switch_segment seals the previous active segment; make a
+        // throwaway sealed state that is removed right after.
+        let placeholder = Arc::new(Segment {
+            id: 0,
+            file: state.spares[0].file.clone(),
+            path: PathBuf::new(),
+            synced_to: 0.into(),
+            name_durable: true.into(),
+        });
+        state.segments.insert(0, SegmentState::new(placeholder, 0));
+        state.active = 0;
+        let result = self.switch_segment(state);
+        state.segments.remove(&0);
+        result
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The maintenance thread holds only a weak reference; tell it to
+        // stop. It may be the thread running this drop, so never join here.
+        self.state.lock().shutting_down = true;
+        self.maintenance_wake.notify_all();
+    }
+}
+
+pub(crate) fn weak(log: &WriteAheadLog) -> Weak<Inner> {
+    Arc::downgrade(&log.inner)
+}

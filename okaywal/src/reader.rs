@@ -1,0 +1,115 @@
+//! Reading one chunk's data, checking its CRC at the end.
+
+use std::io::{self, Read};
+use std::sync::Arc;
+
+use crate::format::CHUNK_TRAILER_SIZE;
+use crate::fs::FileHandle;
+use crate::position::LogPosition;
+use crate::segment::Segment;
+
+/// A reader over the data of one chunk, returned by
+/// [`WriteAheadLog::read_at`](crate::WriteAheadLog::read_at).
+///
+/// The CRC stored after the data is compared once the data has been read
+/// to the end: see [`ChunkReader::crc_is_valid`]. Reading past a mismatch
+/// is not prevented, so callers that need verified bytes read everything
+/// and then check.
+#[derive(Debug)]
+pub struct ChunkReader {
+    // Holding the file (not just a path) keeps the segment from being
+    // recycled under this reader: recycling waits for readers to finish.
+    pub(crate) _segment: Option<Arc<Segment>>,
+    file: Arc<dyn FileHandle>,
+    position: LogPosition,
+    data_offset: u64,
+    length: u32,
+    read: u32,
+    hasher: crc32fast::Hasher,
+}
+
+impl ChunkReader {
+    pub(crate) fn new(
+        file: Arc<dyn FileHandle>,
+        position: LogPosition,
+        data_offset: u64,
+        length: u32,
+    ) -> Self {
+        Self {
+            _segment: None,
+            file,
+            position,
+            data_offset,
+            length,
+            read: 0,
+            hasher: crc32fast::Hasher::new(),
+        }
+    }
+
+    /// Where this chunk is in the log.
+    #[must_use]
+    pub fn position(&self) -> LogPosition {
+        self.position
+    }
+
+    /// The length of the chunk's data.
+    #[must_use]
+    pub fn chunk_length(&self) -> u32 {
+        self.length
+    }
+
+    /// How many bytes of data have not been read yet.
+    #[must_use]
+    pub fn bytes_remaining(&self) -> u32 {
+        self.length - self.read
+    }
+
+    /// Reads (and hashes) any unread data, then compares the CRC of the
+    /// whole chunk with the one stored on disk.
+    pub fn crc_is_valid(&mut self) -> io::Result<bool> {
+        io::copy(self, &mut io::sink())?;
+        let mut stored = [0_u8; CHUNK_TRAILER_SIZE];
+        self.file
+            .read_exact_at(&mut stored, self.data_offset + u64::from(self.length))?;
+        Ok(self.hasher.clone().finalize() == u32::from_le_bytes(stored))
+    }
+
+    /// Reads the whole chunk, failing with `InvalidData` if its CRC does not
+    /// match.
+    pub fn read_all(mut self) -> io::Result<Vec<u8>> {
+        let mut data = Vec::with_capacity(self.bytes_remaining() as usize);
+        self.read_to_end(&mut data)?;
+        if self.crc_is_valid()? {
+            Ok(data)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("chunk at {} failed its CRC check", self.position),
+            ))
+        }
+    }
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let wanted = buf.len().min(self.bytes_remaining() as usize);
+        if wanted == 0 {
+            return Ok(0);
+        }
+        let n = self
+            .file
+            .read_at(&mut buf[..wanted], self.data_offset + u64::from(self.read))?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "chunk at {} is cut short by the end of its file",
+                    self.position
+                ),
+            ));
+        }
+        self.hasher.update(&buf[..n]);
+        self.read += n as u32;
+        Ok(n)
+    }
+}

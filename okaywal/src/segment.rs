@@ -1,0 +1,135 @@
+//! One segment file and the bookkeeping of writes into it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use crate::fs::FileHandle;
+
+/// A segment file while it is live (active, sealed or being checkpointed).
+#[derive(Debug)]
+pub(crate) struct Segment {
+    /// The first entry id the segment may hold; also its name and CRC salt.
+    pub id: u64,
+    pub file: Arc<dyn FileHandle>,
+    pub path: PathBuf,
+    /// Bytes below this offset are durable (the last completed sync).
+    pub synced_to: AtomicU64,
+    /// The directory entry naming this file is durable.
+    pub name_durable: AtomicBool,
+}
+
+/// The mutable write state of a live segment, kept under the log's lock.
+#[derive(Debug)]
+pub(crate) struct SegmentState {
+    pub segment: Arc<Segment>,
+    /// The next free offset.
+    pub reserved_end: u64,
+    /// Reservations whose record header is not written yet: start → end.
+    pub in_flight: BTreeMap<u64, u64>,
+    /// Entries begun in this segment and not yet committed or rolled back.
+    pub open_entries: usize,
+    /// The active segment passed `checkpoint_after_bytes`.
+    pub full: bool,
+    /// No new entries go here; it is checkpointed once `open_entries` is 0.
+    pub sealed: bool,
+    /// The highest entry id begun in this segment.
+    pub last_entry_id: Option<u64>,
+}
+
+impl SegmentState {
+    pub fn new(segment: Arc<Segment>, reserved_end: u64) -> Self {
+        Self {
+            segment,
+            reserved_end,
+            in_flight: BTreeMap::new(),
+            open_entries: 0,
+            full: false,
+            sealed: false,
+            last_entry_id: None,
+        }
+    }
+
+    /// Every record below this offset has its header on disk (in the page
+    /// cache), so a sync up to here leaves a log recovery can walk.
+    pub fn written_to(&self) -> u64 {
+        self.in_flight
+            .keys()
+            .next()
+            .copied()
+            .unwrap_or(self.reserved_end)
+    }
+
+    pub fn ready_for_checkpoint(&self) -> bool {
+        self.sealed && self.open_entries == 0
+    }
+}
+
+/// What a file name in the log directory means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileName {
+    /// `wal-{id}`: a segment whose first entry id is `id`.
+    Segment(u64),
+    /// `wal-recycled-{id}`: segment `id`, checkpointed; reusable.
+    Recycled(u64),
+    /// `wal-spare-{n}`: a fresh preallocated file; reusable.
+    Spare(u64),
+}
+
+impl FileName {
+    pub fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("wal-")?;
+        let number = |s: &str| -> Option<u64> {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                None
+            } else {
+                s.parse().ok()
+            }
+        };
+        if let Some(id) = rest.strip_prefix("recycled-") {
+            number(id).map(FileName::Recycled)
+        } else if let Some(n) = rest.strip_prefix("spare-") {
+            number(n).map(FileName::Spare)
+        } else {
+            number(rest).map(FileName::Segment)
+        }
+    }
+
+    pub fn path_in(self, directory: &Path) -> PathBuf {
+        directory.join(match self {
+            FileName::Segment(id) => format!("wal-{id}"),
+            FileName::Recycled(id) => format!("wal-recycled-{id}"),
+            FileName::Spare(n) => format!("wal-spare-{n}"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_round_trip() {
+        for name in [
+            FileName::Segment(1),
+            FileName::Recycled(99),
+            FileName::Spare(0),
+        ] {
+            let path = name.path_in(Path::new("d"));
+            let file = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(FileName::parse(file), Some(name));
+        }
+        for junk in [
+            "wal-",
+            "wal-x",
+            "wal--1",
+            "wal-1a",
+            "index",
+            "wal-spare-",
+            "wal-+1",
+        ] {
+            assert_eq!(FileName::parse(junk), None, "{junk}");
+        }
+    }
+}

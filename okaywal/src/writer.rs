@@ -1,0 +1,336 @@
+//! Writing entries: reservations, chunk records, commit and rollback.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use crate::format::{
+    encode_chunk, RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE,
+};
+use crate::position::{EntryId, LogPosition};
+use crate::segment::Segment;
+use crate::WriteAheadLog;
+
+/// Chunks larger than this are written header first, so that other
+/// committers need not wait for their data to be copied (see FORMAT.md).
+const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
+
+/// Where a chunk was written and what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRecord {
+    /// Pass this to [`WriteAheadLog::read_at`] to read the chunk back.
+    pub position: LogPosition,
+    /// The CRC32 of the chunk's data.
+    pub crc: u32,
+    /// The length of the chunk's data.
+    pub length: u32,
+}
+
+/// An entry being written. Dropping it without [`EntryWriter::commit`]
+/// rolls it back.
+#[derive(Debug)]
+pub struct EntryWriter<'log> {
+    log: &'log WriteAheadLog,
+    id: EntryId,
+    segment: Arc<Segment>,
+    chunks: u32,
+    broken: Option<String>,
+    finished: bool,
+    scratch: Vec<u8>,
+}
+
+impl<'log> EntryWriter<'log> {
+    pub(crate) fn new(log: &'log WriteAheadLog, id: EntryId, segment: Arc<Segment>) -> Self {
+        Self {
+            log,
+            id,
+            segment,
+            chunks: 0,
+            broken: None,
+            finished: false,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The id this entry will have once committed.
+    #[must_use]
+    pub fn id(&self) -> EntryId {
+        self.id
+    }
+
+    fn check_usable(&self) -> io::Result<()> {
+        match &self.broken {
+            Some(why) => Err(io::Error::other(format!(
+                "entry {} can no longer be written or committed: {why}",
+                self.id
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn header(&self, kind: RecordKind, length: u32, durable_mark: u64) -> RecordHeader {
+        RecordHeader {
+            kind,
+            entry_id: self.id.0,
+            length,
+            durable_mark,
+        }
+    }
+
+    fn fail(&mut self, err: io::Error) -> io::Error {
+        self.broken = Some(err.to_string());
+        self.log.inner.poison(err)
+    }
+
+    /// Appends `data` as one chunk of this entry.
+    pub fn write_chunk(&mut self, data: &[u8]) -> io::Result<ChunkRecord> {
+        self.check_usable()?;
+        let length = chunk_length(data.len())?;
+        let crc = crc32fast::hash(data);
+        let inner = &self.log.inner;
+        let record_len = (RECORD_HEADER_SIZE + data.len() + CHUNK_TRAILER_SIZE) as u64;
+        let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
+        let header = self.header(RecordKind::Chunk, length, mark);
+        let file = &self.segment.file;
+        let result = if data.len() <= INLINE_CHUNK_LIMIT {
+            self.scratch.clear();
+            encode_chunk(&mut self.scratch, &header, self.segment.id, data, crc);
+            let result = file.write_all_at(&self.scratch, offset);
+            inner.complete(self.segment.id, Some(offset), false);
+            result
+        } else {
+            let result = file.write_all_at(&header.encode(self.segment.id), offset);
+            inner.complete(self.segment.id, Some(offset), false);
+            let data_offset = offset + RECORD_HEADER_SIZE as u64;
+            result
+                .and_then(|()| file.write_all_at(data, data_offset))
+                .and_then(|()| {
+                    file.write_all_at(&crc.to_le_bytes(), data_offset + u64::from(length))
+                })
+        };
+        result.map_err(|e| self.fail(e))?;
+        self.chunks += 1;
+        Ok(ChunkRecord {
+            position: LogPosition {
+                file_id: self.segment.id,
+                offset,
+            },
+            crc,
+            length,
+        })
+    }
+
+    /// Begins a chunk of exactly `length` bytes, to be written in pieces
+    /// through the returned [`ChunkWriter`] and completed with
+    /// [`ChunkWriter::finish`].
+    pub fn begin_chunk(&mut self, length: u32) -> io::Result<ChunkWriter<'_, 'log>> {
+        self.check_usable()?;
+        let inner = &self.log.inner;
+        let record_len = (RECORD_HEADER_SIZE + length as usize + CHUNK_TRAILER_SIZE) as u64;
+        let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
+        let header = self.header(RecordKind::Chunk, length, mark);
+        let result = self
+            .segment
+            .file
+            .write_all_at(&header.encode(self.segment.id), offset);
+        inner.complete(self.segment.id, Some(offset), false);
+        result.map_err(|e| self.fail(e))?;
+        let capacity = inner.config.buffer_bytes.min(length as usize);
+        Ok(ChunkWriter {
+            entry: self,
+            offset,
+            length,
+            written: 0,
+            flushed: 0,
+            buffer: Vec::with_capacity(capacity),
+            capacity: capacity.max(1),
+            hasher: crc32fast::Hasher::new(),
+            finished: false,
+        })
+    }
+
+    /// Commits the entry and returns once it is durable (covered by an
+    /// `fdatasync`, shared with concurrent commits).
+    pub fn commit(mut self) -> io::Result<EntryId> {
+        self.finished = true;
+        if let Err(err) = self.check_usable() {
+            self.write_end(RecordKind::Rollback).ok();
+            return Err(err);
+        }
+        let end = self.write_end(RecordKind::Commit)?;
+        self.log.inner.wait_durable(&self.segment, end)?;
+        Ok(self.id)
+    }
+
+    /// Abandons the entry: it is never recovered nor checkpointed.
+    pub fn rollback(mut self) -> io::Result<()> {
+        self.finished = true;
+        self.write_end(RecordKind::Rollback).map(|_| ())
+    }
+
+    /// Writes a commit or rollback record and finishes the entry; returns
+    /// the offset just past the record.
+    fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
+        let inner = &self.log.inner;
+        let segment = self.segment.id;
+        if kind == RecordKind::Rollback && self.chunks == 0 {
+            // Nothing of this entry is on disk; nothing to mark.
+            inner.complete(segment, None, true);
+            return Ok(0);
+        }
+        let (offset, mark) = match inner.reserve(segment, RECORD_HEADER_SIZE as u64) {
+            Ok(reserved) => reserved,
+            Err(err) => {
+                inner.complete(segment, None, true);
+                return Err(err);
+            }
+        };
+        let bytes = self.header(kind, self.chunks, mark).encode(segment);
+        let result = self.segment.file.write_all_at(&bytes, offset);
+        inner.complete(segment, Some(offset), true);
+        result.map_err(|e| self.fail(e))?;
+        Ok(offset + RECORD_HEADER_SIZE as u64)
+    }
+}
+
+impl Drop for EntryWriter<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            let _ = self.write_end(RecordKind::Rollback);
+        }
+    }
+}
+
+fn chunk_length(len: usize) -> io::Result<u32> {
+    u32::try_from(len).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a chunk of {len} bytes is larger than the 4 GiB chunk limit"),
+        )
+    })
+}
+
+/// A chunk being written in pieces; see [`EntryWriter::begin_chunk`].
+///
+/// Dropping it without [`ChunkWriter::finish`] makes its entry impossible
+/// to commit (the chunk would fail its CRC).
+#[derive(Debug)]
+pub struct ChunkWriter<'entry, 'log> {
+    entry: &'entry mut EntryWriter<'log>,
+    offset: u64,
+    length: u32,
+    written: u32,
+    flushed: u32,
+    buffer: Vec<u8>,
+    capacity: usize,
+    hasher: crc32fast::Hasher,
+    finished: bool,
+}
+
+impl ChunkWriter<'_, '_> {
+    fn data_offset(&self) -> u64 {
+        self.offset + RECORD_HEADER_SIZE as u64
+    }
+
+    fn write_out(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let at = self.data_offset() + u64::from(self.flushed);
+        match self.entry.segment.file.write_all_at(bytes, at) {
+            Ok(()) => {
+                self.flushed += bytes.len() as u32;
+                Ok(())
+            }
+            Err(err) => Err(self.entry.fail(err)),
+        }
+    }
+
+    fn flush_buffer(&mut self) -> io::Result<()> {
+        if !self.buffer.is_empty() {
+            let buffer = std::mem::take(&mut self.buffer);
+            let result = self.write_out(&buffer);
+            self.buffer = buffer;
+            self.buffer.clear();
+            result?;
+        }
+        Ok(())
+    }
+
+    /// How many more bytes the chunk expects.
+    #[must_use]
+    pub fn bytes_remaining(&self) -> u32 {
+        self.length - self.written
+    }
+
+    /// Completes the chunk. Fails if fewer bytes were written than were
+    /// declared to [`EntryWriter::begin_chunk`].
+    pub fn finish(mut self) -> io::Result<ChunkRecord> {
+        if self.written != self.length {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "chunk declared {} bytes but only {} were written",
+                    self.length, self.written
+                ),
+            ));
+        }
+        self.flush_buffer()?;
+        let crc = self.hasher.clone().finalize();
+        let trailer_at = self.data_offset() + u64::from(self.length);
+        if let Err(err) = self
+            .entry
+            .segment
+            .file
+            .write_all_at(&crc.to_le_bytes(), trailer_at)
+        {
+            return Err(self.entry.fail(err));
+        }
+        self.finished = true;
+        self.entry.chunks += 1;
+        Ok(ChunkRecord {
+            position: LogPosition {
+                file_id: self.entry.segment.id,
+                offset: self.offset,
+            },
+            crc,
+            length: self.length,
+        })
+    }
+}
+
+impl Write for ChunkWriter<'_, '_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.len() > self.bytes_remaining() as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "chunk declared {} bytes; writing {} more would exceed it by {}",
+                    self.length,
+                    buf.len(),
+                    buf.len() - self.bytes_remaining() as usize
+                ),
+            ));
+        }
+        self.hasher.update(buf);
+        self.written += buf.len() as u32;
+        if self.buffer.is_empty() && buf.len() >= self.capacity {
+            self.write_out(buf)?;
+        } else {
+            self.buffer.extend_from_slice(buf);
+            if self.buffer.len() >= self.capacity {
+                self.flush_buffer()?;
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_buffer()
+    }
+}
+
+impl Drop for ChunkWriter<'_, '_> {
+    fn drop(&mut self) {
+        if !self.finished && self.entry.broken.is_none() {
+            self.entry.broken = Some("a chunk begun with begin_chunk was never finished".into());
+        }
+    }
+}
