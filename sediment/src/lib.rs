@@ -1,2 +1,82 @@
-//! A crash-safe multi-file blob store built on [`okaywal`] (under construction).
+//! A crash-safe blob store built on [`okaywal`].
+//!
+//! Blobs ("grains") are written in transactions, get a [`GrainId`], can be
+//! read back with [`Database::get`] and are [`archive`](Transaction::archive)d
+//! when no longer needed. Archived grains stay readable until a transaction
+//! calls [`checkpoint_to`](Transaction::checkpoint_to) with a sequence at
+//! or after the archiving one; then their space is reused.
+//!
+//! ```rust
+//! use sediment::Database;
+//!
+//! # fn main() -> sediment::Result<()> {
+//! let dir = tempfile::tempdir()?;
+//! let db = Database::recover(dir.path())?;
+//!
+//! let mut tx = db.begin_transaction()?;
+//! let grain = tx.write(b"hello, world")?;
+//! tx.set_embedded_header(Some(grain))?;
+//! let written_at = tx.commit()?; // durable once this returns Ok
+//! assert_eq!(db.get(grain)?.as_deref(), Some(&b"hello, world"[..]));
+//!
+//! // Archive it, then free it with a checkpoint.
+//! let mut tx = db.begin_transaction()?;
+//! tx.archive(grain)?;
+//! tx.set_embedded_header(None)?;
+//! let archived_at = tx.commit()?;
+//! assert!(db.get(grain)?.is_some()); // archived grains stay readable
+//!
+//! let mut tx = db.begin_transaction()?;
+//! tx.checkpoint_to(archived_at)?;
+//! tx.commit()?;
+//! assert_eq!(db.get(grain)?, None); // freed: its space will be reused
+//!
+//! // Every committed transaction after the checkpoint is in the commit log.
+//! assert!(db.commit_log(written_at)?.all(|record| record.sequence > archived_at));
+//! db.shutdown()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The durability contract
+//!
+//! [`Transaction::commit`] returns `Ok` only after everything the
+//! transaction did is durable, and only then is it visible to other
+//! readers. A transaction that did not commit is never visible, after a
+//! crash or otherwise. Many threads may commit at once; their WAL entries
+//! share `fdatasync` calls. A failed sync stops the database from
+//! acknowledging anything more until it is reopened. Every stored grain and
+//! header is checksummed: damaged bytes give an error, never wrong data.
+//!
+//! # Layout
+//!
+//! A database directory holds the WAL's segment files, an `index` file,
+//! `stratum-{basin}-{n}` files (arrays of fixed-size grains after a header
+//! stored twice) and `commits-{sequence}` files (the commit log). `FORMAT.md`
+//! in the crate describes every byte.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod allocator;
+mod commit_log;
+mod config;
+mod db;
+mod error;
+pub mod format;
+mod grain_id;
+mod manager;
+mod stats;
+mod stratum;
+mod transaction;
+mod verify;
+
+pub use commit_log::{CommitRecord, NewGrain, SequenceId};
+pub use config::{
+    Config, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES, DEFAULT_WAL_SEGMENT_BYTES,
+};
+pub use db::{CommitLog, Database, GrainReader};
+pub use error::{Error, Result};
+pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
+pub use stats::{BasinStats, Stats};
+pub use transaction::Transaction;
+pub use verify::{Problem, VerifyReport};

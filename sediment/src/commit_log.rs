@@ -1,0 +1,488 @@
+//! Commit records: what each transaction did, kept for replicas and for
+//! freeing archived grains, in `commits-{first sequence}` files.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+
+use crate::error::{Context, Error, Result};
+use crate::grain_id::GrainId;
+
+/// Commit log files are rotated at this size so trimming can delete them.
+const ROTATE_BYTES: u64 = 1 << 20;
+/// Length and CRC before each record in a commit log file.
+const FRAME_HEADER: usize = 8;
+
+/// The id of a committed transaction: increasing in the order transactions
+/// started writing, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct SequenceId(pub u64);
+
+impl fmt::Display for SequenceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A blob written by a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewGrain {
+    /// Where it is stored.
+    pub id: GrainId,
+    /// Its length in bytes.
+    pub length: u32,
+    /// The CRC32 stored with it (over sequence, length and data).
+    pub crc: u32,
+}
+
+/// What one committed transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRecord {
+    /// The transaction's sequence.
+    pub sequence: SequenceId,
+    /// Blobs it wrote.
+    pub new_grains: Vec<NewGrain>,
+    /// Grains it archived.
+    pub archived: Vec<GrainId>,
+    /// Grains its `checkpoint_to` freed.
+    pub freed: Vec<GrainId>,
+    /// `Some(new value)` if it called `set_embedded_header`.
+    pub embedded_header: Option<Option<GrainId>>,
+    /// The sequence it checkpointed to, if it called `checkpoint_to`.
+    pub checkpointed_to: Option<SequenceId>,
+}
+
+fn put_ids(out: &mut Vec<u8>, ids: &[GrainId]) {
+    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    for id in ids {
+        out.extend_from_slice(&id.to_bytes());
+    }
+}
+
+/// A cursor that never reads out of bounds.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.bytes.len() < n {
+            return Err(format!("record ends {} bytes early", n - self.bytes.len()));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn grain(&mut self) -> Result<GrainId, String> {
+        GrainId::from_u64(self.u64()?).map_err(|e| e.to_string())
+    }
+
+    /// Reads a count of items of `item_size` bytes, refusing counts the
+    /// remaining bytes cannot hold (so garbage never allocates much).
+    fn count(&mut self, item_size: usize) -> Result<usize, String> {
+        let count = self.u32()? as usize;
+        if count.saturating_mul(item_size) > self.bytes.len() {
+            return Err(format!("count {count} exceeds the record"));
+        }
+        Ok(count)
+    }
+
+    fn ids(&mut self) -> Result<Vec<GrainId>, String> {
+        let count = self.count(8)?;
+        (0..count).map(|_| self.grain()).collect()
+    }
+}
+
+impl CommitRecord {
+    /// An empty record for `sequence`.
+    #[must_use]
+    pub fn new(sequence: SequenceId) -> Self {
+        Self {
+            sequence,
+            new_grains: Vec::new(),
+            archived: Vec::new(),
+            freed: Vec::new(),
+            embedded_header: None,
+            checkpointed_to: None,
+        }
+    }
+
+    /// Appends the record's encoding (see FORMAT.md) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.sequence.0.to_le_bytes());
+        let mut flags = 0_u8;
+        if self.embedded_header.is_some() {
+            flags |= 1;
+        }
+        if self.checkpointed_to.is_some() {
+            flags |= 2;
+        }
+        out.push(flags);
+        if let Some(header) = self.embedded_header {
+            out.extend_from_slice(&header.map_or(u64::MAX, GrainId::as_u64).to_le_bytes());
+        }
+        if let Some(to) = self.checkpointed_to {
+            out.extend_from_slice(&to.0.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.new_grains.len() as u32).to_le_bytes());
+        for grain in &self.new_grains {
+            out.extend_from_slice(&grain.id.to_bytes());
+            out.extend_from_slice(&grain.length.to_le_bytes());
+            out.extend_from_slice(&grain.crc.to_le_bytes());
+        }
+        put_ids(out, &self.archived);
+        put_ids(out, &self.freed);
+    }
+
+    /// Decodes a record produced by [`CommitRecord::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut cursor = Cursor { bytes };
+        let sequence = SequenceId(cursor.u64()?);
+        let flags = cursor.u8()?;
+        if flags & !3 != 0 {
+            return Err(format!("unknown flags {flags:#x}"));
+        }
+        let embedded_header = if flags & 1 == 1 {
+            match cursor.u64()? {
+                u64::MAX => Some(None),
+                raw => Some(Some(GrainId::from_u64(raw).map_err(|e| e.to_string())?)),
+            }
+        } else {
+            None
+        };
+        let checkpointed_to = if flags & 2 == 2 {
+            Some(SequenceId(cursor.u64()?))
+        } else {
+            None
+        };
+        let count = cursor.count(16)?;
+        let mut new_grains = Vec::with_capacity(count);
+        for _ in 0..count {
+            new_grains.push(NewGrain {
+                id: cursor.grain()?,
+                length: cursor.u32()?,
+                crc: cursor.u32()?,
+            });
+        }
+        let archived = cursor.ids()?;
+        let freed = cursor.ids()?;
+        if !cursor.bytes.is_empty() {
+            return Err(format!(
+                "{} unexpected bytes after the record",
+                cursor.bytes.len()
+            ));
+        }
+        Ok(Self {
+            sequence,
+            new_grains,
+            archived,
+            freed,
+            embedded_header,
+            checkpointed_to,
+        })
+    }
+}
+
+/// The commit log files of a database, appended to only by the
+/// checkpointer.
+#[derive(Debug)]
+pub(crate) struct CommitLogFiles {
+    directory: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    /// First sequence (file name) → file, oldest first.
+    files: BTreeMap<u64, Arc<dyn FileHandle>>,
+    /// The file being appended to and its valid length.
+    current: Option<(u64, u64)>,
+    /// Files written since the last sync.
+    unsynced: Vec<u64>,
+    /// A file was created since the last directory sync.
+    pub created: bool,
+}
+
+pub(crate) fn file_path(directory: &Path, first: u64) -> PathBuf {
+    directory.join(format!("commits-{first}"))
+}
+
+pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("commits-")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+impl CommitLogFiles {
+    /// Opens the files named in `names`. `current`/`end` come from the
+    /// index header: files after `current` were created after the last
+    /// checkpoint that counts and are removed.
+    pub fn open(
+        directory: &Path,
+        fs: Arc<dyn FileSystem>,
+        names: &[String],
+        current: u64,
+        end: u64,
+    ) -> Result<Self> {
+        let mut files = BTreeMap::new();
+        for first in names.iter().filter_map(|n| parse_file_name(n)) {
+            let path = file_path(directory, first);
+            if current == 0 || first > current {
+                fs.remove_file(&path)
+                    .context(|| format!("removing unused commit log {}", path.display()))?;
+                continue;
+            }
+            let file = fs
+                .open(&path, OpenMode::ReadWrite)
+                .context(|| format!("opening commit log {}", path.display()))?;
+            files.insert(first, file);
+        }
+        if current != 0 && !files.contains_key(&current) {
+            return Err(Error::Corrupt {
+                path: file_path(directory, current),
+                what: "the index names this commit log file but it is missing".into(),
+            });
+        }
+        Ok(Self {
+            directory: directory.to_path_buf(),
+            fs,
+            files,
+            current: (current != 0).then_some((current, end)),
+            unsynced: Vec::new(),
+            created: false,
+        })
+    }
+
+    /// The file being appended to and its valid length (0, 0 if none).
+    pub fn position(&self) -> (u64, u64) {
+        self.current.unwrap_or((0, 0))
+    }
+
+    /// Forgets appends made after `position()` returned `position`.
+    pub fn rewind(&mut self, position: (u64, u64)) {
+        match position {
+            (0, _) => {
+                // No file existed before: drop any created since (they are
+                // removed at the next open if they linger on disk).
+                self.current = None;
+            }
+            (file, end) => self.current = Some((file, end)),
+        }
+    }
+
+    /// Appends an encoded record of transaction `sequence`.
+    pub fn append(&mut self, sequence: u64, payload: &[u8]) -> Result<()> {
+        let needs_new = match self.current {
+            None => true,
+            Some((_, end)) => end >= ROTATE_BYTES,
+        };
+        if needs_new {
+            let path = file_path(&self.directory, sequence);
+            let file = self
+                .fs
+                .open(&path, OpenMode::Create)
+                .context(|| format!("creating commit log {}", path.display()))?;
+            self.files.insert(sequence, file);
+            self.current = Some((sequence, 0));
+            self.created = true;
+        }
+        let (first, end) = self.current.expect("a current file");
+        let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        frame.extend_from_slice(payload);
+        self.files[&first].write_all_at(&frame, end).context(|| {
+            format!(
+                "appending to {}",
+                file_path(&self.directory, first).display()
+            )
+        })?;
+        self.current = Some((first, end + frame.len() as u64));
+        if !self.unsynced.contains(&first) {
+            self.unsynced.push(first);
+        }
+        Ok(())
+    }
+
+    /// Syncs every file appended to since the last sync.
+    pub fn sync(&mut self) -> Result<()> {
+        for first in self.unsynced.drain(..) {
+            if let Some(file) = self.files.get(&first) {
+                file.sync_data().context(|| {
+                    format!("syncing {}", file_path(&self.directory, first).display())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes files whose every record has a sequence ≤ `through`.
+    pub fn trim(&mut self, through: u64) -> Result<()> {
+        let current = self.current.map(|(first, _)| first);
+        let firsts: Vec<u64> = self.files.keys().copied().collect();
+        for pair in firsts.windows(2) {
+            let (first, next) = (pair[0], pair[1]);
+            if Some(first) != current && next.saturating_sub(1) <= through {
+                self.files.remove(&first);
+                let path = file_path(&self.directory, first);
+                self.fs
+                    .remove_file(&path)
+                    .context(|| format!("removing trimmed commit log {}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes in the commit log files.
+    pub fn bytes(&self) -> u64 {
+        self.files.values().map(|f| f.len().unwrap_or(0)).sum()
+    }
+
+    /// Reads every valid record with a sequence ≥ `since`, in order.
+    pub fn read(&self, since: u64) -> Result<Vec<CommitRecord>> {
+        let mut records = Vec::new();
+        let mut buffer = Vec::new();
+        for (first, file) in &self.files {
+            let path = file_path(&self.directory, *first);
+            let limit = match self.current {
+                Some((current, end)) if current == *first => end,
+                _ => file
+                    .len()
+                    .context(|| format!("reading {}", path.display()))?,
+            };
+            let mut offset = 0;
+            while offset < limit {
+                let corrupt = |what: String| Error::Corrupt {
+                    path: path.clone(),
+                    what: format!("commit record at offset {offset}: {what}"),
+                };
+                if limit - offset < FRAME_HEADER as u64 {
+                    return Err(corrupt("truncated frame".into()));
+                }
+                let mut frame = [0_u8; FRAME_HEADER];
+                read_exact(&**file, &mut frame, offset, &path)?;
+                let len = u64::from(u32::from_le_bytes(frame[..4].try_into().expect("4")));
+                let crc = u32::from_le_bytes(frame[4..].try_into().expect("4"));
+                if len > limit - offset - FRAME_HEADER as u64 {
+                    return Err(corrupt(format!("length {len} runs past the end")));
+                }
+                buffer.resize(len as usize, 0);
+                read_exact(&**file, &mut buffer, offset + FRAME_HEADER as u64, &path)?;
+                if crc32fast::hash(&buffer) != crc {
+                    return Err(corrupt("checksum mismatch".into()));
+                }
+                let record = CommitRecord::decode(&buffer).map_err(corrupt)?;
+                if record.sequence.0 >= since {
+                    records.push(record);
+                }
+                offset += FRAME_HEADER as u64 + len;
+            }
+        }
+        Ok(records)
+    }
+}
+
+fn read_exact(file: &dyn FileHandle, buf: &mut [u8], offset: u64, path: &Path) -> Result<()> {
+    file.read_exact_at(buf, offset).map_err(|source| Error::Io {
+        context: format!("reading {} at {offset}", path.display()),
+        source: io::Error::new(source.kind(), source.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CommitRecord {
+        CommitRecord {
+            sequence: SequenceId(42),
+            new_grains: vec![NewGrain {
+                id: GrainId::new(1, 0, 5, 3).unwrap(),
+                length: 40,
+                crc: 7,
+            }],
+            archived: vec![GrainId::new(2, 1, 0, 1).unwrap()],
+            freed: vec![GrainId::new(0, 0, 0, 2).unwrap()],
+            embedded_header: Some(None),
+            checkpointed_to: Some(SequenceId(40)),
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let record = sample();
+        let mut bytes = Vec::new();
+        record.encode(&mut bytes);
+        assert_eq!(CommitRecord::decode(&bytes).unwrap(), record);
+        let empty = CommitRecord::new(SequenceId(1));
+        bytes.clear();
+        empty.encode(&mut bytes);
+        assert_eq!(CommitRecord::decode(&bytes).unwrap(), empty);
+    }
+
+    #[test]
+    fn damaged_records_are_errors_not_panics() {
+        let mut bytes = Vec::new();
+        sample().encode(&mut bytes);
+        for cut in 0..bytes.len() {
+            assert!(CommitRecord::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut huge_count = bytes.clone();
+        huge_count[9 + 8 + 8..9 + 8 + 8 + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(CommitRecord::decode(&huge_count).is_err());
+        for at in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0xFF;
+            let _ = CommitRecord::decode(&damaged);
+        }
+    }
+
+    #[test]
+    fn files_rotate_trim_and_read_back() {
+        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let mut payload = Vec::new();
+        for sequence in 1..=3000_u64 {
+            let mut record = CommitRecord::new(SequenceId(sequence));
+            record.archived = vec![GrainId::new(0, 0, (sequence % 1000) as u32, 1).unwrap(); 50];
+            payload.clear();
+            record.encode(&mut payload);
+            log.append(sequence, &payload).unwrap();
+        }
+        log.sync().unwrap();
+        assert!(log.files.len() > 1);
+        assert_eq!(log.read(0).unwrap().len(), 3000);
+        assert_eq!(log.read(2990).unwrap().len(), 11);
+        let before = log.files.len();
+        log.trim(2900).unwrap();
+        assert!(log.files.len() < before);
+        let remaining = log.read(0).unwrap();
+        assert!(remaining.first().unwrap().sequence.0 <= 2901);
+        assert_eq!(remaining.last().unwrap().sequence.0, 3000);
+        let (current, end) = log.position();
+        let names = fs.list_files(dir).unwrap();
+        let reopened = CommitLogFiles::open(dir, fs, &names, current, end).unwrap();
+        assert_eq!(reopened.read(0).unwrap(), remaining);
+    }
+}

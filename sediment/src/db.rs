@@ -1,0 +1,843 @@
+//! The database: shared state, opening and recovery, reads.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
+use parking_lot::{Mutex, RwLock};
+
+use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
+use crate::config::Config;
+use crate::error::{Context, Error, Result};
+use crate::format::{
+    newest, placement, stratum_capacity, GrainHeader, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
+};
+use crate::grain_id::GrainId;
+use crate::manager::{Manager, DATA_PREFIX};
+use crate::stratum::{self, Stratum};
+use crate::transaction::Transaction;
+use crate::verify::{self, VerifyReport};
+
+/// The name of the index file.
+pub(crate) const INDEX_FILE: &str = "index";
+
+/// A committed blob whose bytes are still only in the WAL.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pending {
+    /// Position of the WAL chunk; the blob follows a 9-byte prefix.
+    pub position: LogPosition,
+    pub length: u32,
+    pub crc: u32,
+    pub sequence: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Basin {
+    pub strata: RwLock<Vec<Arc<Stratum>>>,
+    pub grow: Mutex<()>,
+}
+
+/// Transaction bookkeeping shared by all threads.
+#[derive(Debug, Default)]
+pub(crate) struct Meta {
+    pub embedded_header: Option<GrainId>,
+    pub checkpointed_to: u64,
+    pub last_committed: u64,
+    /// Sequences of transactions that have started writing and not
+    /// finished.
+    pub in_flight: BTreeSet<u64>,
+    /// Archived (not freed) grains by the sequence that archived them.
+    pub archived: BTreeMap<u64, Vec<GrainId>>,
+    pub archived_set: HashSet<GrainId>,
+    /// Grains that running transactions are archiving.
+    pub claimed: HashSet<GrainId>,
+    /// Grains freed by a committed sequence, reusable once the WAL entry of
+    /// that sequence is checkpointed.
+    pub freeing: BTreeMap<u64, Vec<GrainId>>,
+    /// Commit records not yet in the commit log files.
+    pub recent: BTreeMap<u64, CommitRecord>,
+    pub wal_checkpointed_entry: u64,
+}
+
+impl Meta {
+    /// Every transaction with a sequence at or below this has finished.
+    pub fn finished_through(&self) -> u64 {
+        match self.in_flight.first() {
+            Some(first) => first - 1,
+            None => self.last_committed,
+        }
+    }
+}
+
+/// The index file and the commit log files: written only by checkpoints.
+#[derive(Debug)]
+pub(crate) struct Store {
+    pub index_file: Arc<dyn FileHandle>,
+    pub index: IndexHeader,
+    pub next_slot: usize,
+    pub commit_log: CommitLogFiles,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub directory: PathBuf,
+    pub fs: Arc<dyn FileSystem>,
+    pub max_blob_bytes: u64,
+    pub direct_write_bytes: u64,
+    pub basins: Vec<Basin>,
+    pub pending: RwLock<HashMap<GrainId, Pending>>,
+    pub meta: Mutex<Meta>,
+    pub store: Mutex<Store>,
+    pub shut_down: AtomicBool,
+    /// Set after a failed sync: nothing more may be acknowledged.
+    pub failure: Mutex<Option<String>>,
+}
+
+/// A crash-safe blob store. See the [crate docs](crate).
+///
+/// `Database` is `Send + Sync`; share it between threads by reference or in
+/// an `Arc`.
+#[derive(Debug)]
+pub struct Database {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) wal: WriteAheadLog,
+}
+
+impl Shared {
+    /// Fails if the database was shut down or hit a failed sync.
+    pub fn check_usable(&self) -> Result<()> {
+        if self.shut_down.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
+        if let Some(failure) = &*self.failure.lock() {
+            return Err(Error::Io {
+                context: "the database stopped accepting commits after a failed sync; reopen it"
+                    .into(),
+                source: io::Error::other(failure.clone()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Records a failed sync: every later commit fails until reopened.
+    pub fn poison(&self, err: &Error) {
+        let mut failure = self.failure.lock();
+        if failure.is_none() {
+            *failure = Some(err.to_string());
+        }
+    }
+
+    /// The stratum holding `id`; `Ok(None)` if that stratum does not exist,
+    /// an error if the id cannot name a blob at all.
+    pub fn stratum_of(&self, id: GrainId) -> Result<Option<Arc<Stratum>>> {
+        let capacity = stratum_capacity(id.basin());
+        if u64::from(id.index()) + u64::from(id.count()) > u64::from(capacity) {
+            return Err(Error::InvalidGrainId(format!(
+                "{id}: grains {}..{} are past the end of a stratum of {capacity} grains",
+                id.index(),
+                u64::from(id.index()) + u64::from(id.count())
+            )));
+        }
+        let basin = &self.basins[usize::from(id.basin())];
+        Ok(basin.strata.read().get(id.stratum() as usize).cloned())
+    }
+
+    /// Reserves grains for a blob of `len` bytes.
+    pub fn allocate(&self, len: u64) -> Result<(GrainId, Arc<Stratum>)> {
+        if len > self.max_blob_bytes {
+            return Err(Error::TooLarge {
+                length: len,
+                maximum: self.max_blob_bytes,
+            });
+        }
+        let (basin_number, count) = placement(len).ok_or(Error::TooLarge {
+            length: len,
+            maximum: self.max_blob_bytes,
+        })?;
+        let basin = &self.basins[usize::from(basin_number)];
+        let found = |strata: &[Arc<Stratum>]| {
+            strata.iter().find_map(|stratum| {
+                let index = stratum.bits.write().reserve(count)?;
+                Some((stratum.clone(), index))
+            })
+        };
+        let reserved = found(&basin.strata.read());
+        let (stratum, index) = match reserved {
+            Some(found) => found,
+            None => {
+                let _grow = basin.grow.lock();
+                // Another thread may have added a stratum meanwhile.
+                let existing = basin.strata.read().clone();
+                match found(&existing) {
+                    Some(found) => found,
+                    None => {
+                        let number = existing.len() as u32;
+                        let stratum = Arc::new(Stratum::create(
+                            &*self.fs,
+                            &self.directory,
+                            basin_number,
+                            number,
+                        )?);
+                        let index = stratum
+                            .bits
+                            .write()
+                            .reserve(count)
+                            .expect("a new stratum has room for any blob");
+                        basin.strata.write().push(stratum.clone());
+                        (stratum, index)
+                    }
+                }
+            }
+        };
+        let id = GrainId::new(basin_number, stratum.number, index, count)
+            .ok_or_else(|| Error::InvalidGrainId("stratum numbers exhausted".into()))?;
+        Ok((id, stratum))
+    }
+
+    /// Makes reserved (never committed) grains available again.
+    pub fn release(&self, id: GrainId) {
+        if let Ok(Some(stratum)) = self.stratum_of(id) {
+            stratum.bits.write().release(id.index(), id.count());
+        }
+    }
+
+    /// True if `id` names exactly a committed blob.
+    pub fn is_live(&self, id: GrainId) -> Result<bool> {
+        Ok(match self.stratum_of(id)? {
+            Some(stratum) => stratum.bits.read().is_live_blob(id.index(), id.count()),
+            None => false,
+        })
+    }
+
+    /// Applies a committed transaction's record to the in-memory state:
+    /// at commit time (`replay` false) or while replaying the WAL.
+    pub fn apply_commit(
+        &self,
+        meta: &mut Meta,
+        record: CommitRecord,
+        positions: &HashMap<GrainId, LogPosition>,
+        replay: bool,
+    ) -> Result<()> {
+        let sequence = record.sequence.0;
+        {
+            let mut pending = self.pending.write();
+            for grain in &record.new_grains {
+                let stratum = self.stratum_of(grain.id)?.ok_or_else(|| Error::Corrupt {
+                    path: self
+                        .directory
+                        .join(stratum::file_name(grain.id.basin(), grain.id.stratum())),
+                    what: format!(
+                        "sequence {sequence} wrote grain {} but the stratum is missing",
+                        grain.id
+                    ),
+                })?;
+                let mut bits = stratum.bits.write();
+                if replay {
+                    bits.mark_busy(grain.id.index(), grain.id.count());
+                }
+                bits.set_live(grain.id.index(), grain.id.count(), true);
+                drop(bits);
+                if let Some(position) = positions.get(&grain.id) {
+                    pending.insert(
+                        grain.id,
+                        Pending {
+                            position: *position,
+                            length: grain.length,
+                            crc: grain.crc,
+                            sequence,
+                        },
+                    );
+                }
+            }
+            for id in &record.freed {
+                if let Some(stratum) = self.stratum_of(*id)? {
+                    stratum.bits.write().set_live(id.index(), id.count(), false);
+                }
+                pending.remove(id);
+            }
+        }
+        for id in &record.archived {
+            meta.claimed.remove(id);
+            meta.archived_set.insert(*id);
+        }
+        if !record.archived.is_empty() {
+            meta.archived.insert(sequence, record.archived.clone());
+        }
+        for id in &record.freed {
+            meta.archived_set.remove(id);
+        }
+        if !record.freed.is_empty() {
+            meta.freeing
+                .entry(sequence)
+                .or_default()
+                .extend(record.freed.iter().copied());
+        }
+        if let Some(header) = record.embedded_header {
+            meta.embedded_header = header;
+        }
+        if let Some(to) = record.checkpointed_to {
+            // Archived entries at or below `to` were freed by this record;
+            // dropping them again is harmless when replaying.
+            meta.archived = meta.archived.split_off(&(to.0 + 1));
+            meta.checkpointed_to = meta.checkpointed_to.max(to.0);
+            meta.recent = meta.recent.split_off(&(meta.checkpointed_to + 1));
+        }
+        meta.last_committed = meta.last_committed.max(sequence);
+        meta.in_flight.remove(&sequence);
+        if sequence > meta.checkpointed_to {
+            meta.recent.insert(sequence, record);
+        }
+        Ok(())
+    }
+}
+
+/// What [`Database::open`] found before the WAL replays.
+fn open_index(
+    fs: &dyn FileSystem,
+    directory: &Path,
+) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
+    let path = directory.join(INDEX_FILE);
+    if fs
+        .exists(&path)
+        .context(|| format!("checking {}", path.display()))?
+    {
+        let file = fs
+            .open(&path, OpenMode::ReadWrite)
+            .context(|| format!("opening {}", path.display()))?;
+        let len = file
+            .len()
+            .context(|| format!("reading {}", path.display()))?;
+        let mut copies = Vec::new();
+        for slot in 0..2 {
+            let start = slot * INDEX_SLOT_SIZE;
+            let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
+            file.read_exact_at(&mut bytes, start)
+                .context(|| format!("reading {}", path.display()))?;
+            copies.push(IndexHeader::decode(&bytes));
+        }
+        let second = copies.pop().expect("two");
+        let first = copies.pop().expect("two");
+        let (slot, header) =
+            newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
+                path: path.clone(),
+                what: format!("both index header copies are invalid ({a}; {b})"),
+            })?;
+        Ok((file, header, 1 - slot))
+    } else {
+        let file = fs
+            .open(&path, OpenMode::CreateNew)
+            .context(|| format!("creating {}", path.display()))?;
+        let header = IndexHeader {
+            generation: 1,
+            ..IndexHeader::default()
+        };
+        file.write_all_at(&header.encode(), 0)
+            .and_then(|()| file.sync_data())
+            .and_then(|()| fs.sync_dir(directory))
+            .context(|| format!("initializing {}", path.display()))?;
+        Ok((file, header, 1))
+    }
+}
+
+/// Opens every stratum file, in order, per basin.
+fn open_strata(fs: &dyn FileSystem, directory: &Path, names: &[String]) -> Result<Vec<Basin>> {
+    let mut numbers: Vec<Vec<u32>> = vec![Vec::new(); BASINS];
+    for (basin, number) in names.iter().filter_map(|n| stratum::parse_file_name(n)) {
+        if usize::from(basin) < BASINS {
+            numbers[usize::from(basin)].push(number);
+        }
+    }
+    let mut basins = Vec::with_capacity(BASINS);
+    for (basin, mut numbers) in numbers.into_iter().enumerate() {
+        numbers.sort_unstable();
+        let mut strata = Vec::with_capacity(numbers.len());
+        for (expected, number) in numbers.into_iter().enumerate() {
+            let basin = basin as u8;
+            if number != expected as u32 {
+                return Err(Error::Corrupt {
+                    path: directory.join(stratum::file_name(basin, expected as u32)),
+                    what: format!("stratum file is missing (stratum {number} exists)"),
+                });
+            }
+            strata.push(Arc::new(open_stratum(fs, directory, basin, number)?));
+        }
+        basins.push(Basin {
+            strata: RwLock::new(strata),
+            grow: Mutex::new(()),
+        });
+    }
+    Ok(basins)
+}
+
+fn open_stratum(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Stratum> {
+    match Stratum::open(fs, directory, basin, number) {
+        Err(Error::Corrupt { path, what }) => {
+            // A stratum whose creation was cut short before its header was
+            // synced holds no grains yet; one with grains is really damaged.
+            let len = fs
+                .open(&path, OpenMode::Read)
+                .and_then(|f| f.len())
+                .context(|| format!("reading {}", path.display()))?;
+            if len <= 2 * crate::format::stratum_slot_size(basin) {
+                Stratum::create(fs, directory, basin, number)
+            } else {
+                Err(Error::Corrupt { path, what })
+            }
+        }
+        other => other,
+    }
+}
+
+impl Database {
+    /// Opens (creating or recovering) the database in `directory` with the
+    /// default [`Config`].
+    pub fn recover<P: AsRef<Path>>(directory: P) -> Result<Self> {
+        Config::for_directory(directory).open()
+    }
+
+    /// A database that lives in memory only, for tests and scratch data.
+    ///
+    /// # Panics
+    ///
+    /// Never in practice: the in-memory file system cannot fail.
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Config::for_directory("/sediment")
+            .file_system(okaywal::fs::MemoryFileSystem::new())
+            .open()
+            .expect("an in-memory database always opens")
+    }
+
+    pub(crate) fn open(config: Config) -> Result<Self> {
+        let fs = config.file_system.clone();
+        let directory = config.directory.clone();
+        fs.create_dir_all(&directory)
+            .context(|| format!("creating {}", directory.display()))?;
+        let names = fs
+            .list_files(&directory)
+            .context(|| format!("listing {}", directory.display()))?;
+        let (index_file, index, next_slot) = open_index(&*fs, &directory)?;
+        let basins = open_strata(&*fs, &directory, &names)?;
+        let commit_log = CommitLogFiles::open(
+            &directory,
+            fs.clone(),
+            &names,
+            index.commit_log_file,
+            index.commit_log_end,
+        )?;
+
+        let mut meta = Meta {
+            embedded_header: index.embedded_header,
+            checkpointed_to: index.checkpointed_to,
+            last_committed: index.wal_checkpointed_entry,
+            wal_checkpointed_entry: index.wal_checkpointed_entry,
+            ..Meta::default()
+        };
+        for record in commit_log.read(index.checkpointed_to + 1)? {
+            meta.last_committed = meta.last_committed.max(record.sequence.0);
+            if !record.archived.is_empty() {
+                meta.archived_set.extend(record.archived.iter().copied());
+                meta.archived.insert(record.sequence.0, record.archived);
+            }
+        }
+
+        let shared = Arc::new(Shared {
+            directory: directory.clone(),
+            fs: fs.clone(),
+            max_blob_bytes: config.max_blob_bytes,
+            direct_write_bytes: config.direct_write_bytes,
+            basins,
+            pending: RwLock::default(),
+            meta: Mutex::new(meta),
+            store: Mutex::new(Store {
+                index_file,
+                index,
+                next_slot,
+                commit_log,
+            }),
+            shut_down: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        });
+        let mut wal_config = config.wal;
+        wal_config.directory = directory;
+        wal_config.file_system = fs;
+        let wal = wal_config
+            .open(Manager::new(shared.clone()))
+            .context(|| "opening the write-ahead log".to_string())?;
+        Ok(Self { shared, wal })
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.shared.shut_down.load(Ordering::Acquire) {
+            Err(Error::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Begins a transaction. Many may run at once, from many threads.
+    pub fn begin_transaction(&self) -> Result<Transaction<'_>> {
+        self.check_open()?;
+        Ok(Transaction::new(self))
+    }
+
+    /// Returns the blob stored at `id`, or `None` if no committed blob is
+    /// there (never written, or freed by a checkpoint).
+    ///
+    /// Fails with [`Error::InvalidGrainId`] for ids that cannot name a blob
+    /// and [`Error::ChecksumMismatch`] if the stored bytes are damaged.
+    pub fn get(&self, id: GrainId) -> Result<Option<Vec<u8>>> {
+        match self.read(id)? {
+            Some(mut reader) => {
+                let mut data = Vec::with_capacity(reader.len() as usize);
+                reader.read_to_end(&mut data).map_err(|e| reader.error(e))?;
+                Ok(Some(data))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Like [`Database::get`], but returns a reader that streams the blob
+    /// (and checks its CRC when it reaches the end), for large blobs.
+    pub fn read(&self, id: GrainId) -> Result<Option<GrainReader>> {
+        self.check_open()?;
+        // A blob's bytes move from the WAL to its stratum at checkpoints and
+        // freed grains may be reused; retry if either happens mid-lookup.
+        for _ in 0..16 {
+            let pending = self.shared.pending.read().get(&id).copied();
+            if let Some(pending) = pending {
+                match self.wal.read_at(pending.position) {
+                    Ok(mut chunk) => {
+                        let mut prefix = [0_u8; DATA_PREFIX];
+                        chunk
+                            .read_exact(&mut prefix)
+                            .context(|| format!("reading grain {id} from the WAL"))?;
+                        return Ok(Some(GrainReader::wal(id, chunk, pending)));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).context(|| format!("reading grain {id} from the WAL")),
+                }
+            }
+            let Some(stratum) = self.shared.stratum_of(id)? else {
+                return Ok(None);
+            };
+            let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
+            if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
+                return Ok(None);
+            }
+            let reader = GrainReader::stratum(id, &stratum)?;
+            if stratum.reuse_epoch.load(Ordering::Acquire) == epoch {
+                return Ok(Some(reader));
+            }
+        }
+        Err(Error::Io {
+            context: format!("reading grain {id}"),
+            source: io::Error::other("the grain kept moving while being read"),
+        })
+    }
+
+    /// The embedded header (a root pointer for structures built on top),
+    /// as of the last commit.
+    #[must_use]
+    pub fn embedded_header(&self) -> Option<GrainId> {
+        self.shared.meta.lock().embedded_header
+    }
+
+    /// The sequence given to the most recent committed `checkpoint_to`
+    /// (0 before any).
+    #[must_use]
+    pub fn checkpointed_to(&self) -> SequenceId {
+        SequenceId(self.shared.meta.lock().checkpointed_to)
+    }
+
+    /// The highest committed sequence (0 for an empty database).
+    #[must_use]
+    pub fn last_committed(&self) -> SequenceId {
+        SequenceId(self.shared.meta.lock().last_committed)
+    }
+
+    /// The commit records with a sequence ≥ `since`, in sequence order, up
+    /// to the point through which every transaction has finished (so a
+    /// reader never sees a gap that fills in later). Records at or below
+    /// [`Database::checkpointed_to`] have been dropped.
+    pub fn commit_log(&self, since: SequenceId) -> Result<CommitLog> {
+        self.check_open()?;
+        let (recent, through, checkpointed_to) = {
+            let meta = self.shared.meta.lock();
+            let through = meta.finished_through();
+            let recent: Vec<CommitRecord> = meta
+                .recent
+                .range(since.0..=through)
+                .map(|(_, r)| r.clone())
+                .collect();
+            (recent, through, meta.checkpointed_to)
+        };
+        let from = since.0.max(checkpointed_to + 1);
+        let mut records: BTreeMap<u64, CommitRecord> = self
+            .shared
+            .store
+            .lock()
+            .commit_log
+            .read(from)?
+            .into_iter()
+            .filter(|r| r.sequence.0 <= through)
+            .map(|r| (r.sequence.0, r))
+            .collect();
+        for record in recent {
+            if record.sequence.0 >= from {
+                records.insert(record.sequence.0, record);
+            }
+        }
+        Ok(CommitLog {
+            records: records.into_values().collect::<Vec<_>>().into_iter(),
+        })
+    }
+
+    /// Checks every header, allocation, grain checksum and commit record.
+    /// Returns `Ok(report)` when nothing is wrong and
+    /// [`Error::Verification`] listing each problem (with its grain, file
+    /// and offset) otherwise.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let report = self.verify_report(|_, _| {})?;
+        if report.is_ok() {
+            Ok(report)
+        } else {
+            Err(Error::Verification(report))
+        }
+    }
+
+    /// Like [`Database::verify`] but returns the report even when it lists
+    /// problems, calling `progress(done, total)` (in grains) as it goes.
+    pub fn verify_report(&self, progress: impl FnMut(u64, u64)) -> Result<VerifyReport> {
+        self.check_open()?;
+        verify::verify(self, progress)
+    }
+
+    /// Space and allocation figures per basin, and the WAL's files.
+    pub fn stats(&self) -> Result<crate::Stats> {
+        self.check_open()?;
+        crate::stats::collect(self)
+    }
+
+    /// The directory of the database.
+    #[must_use]
+    pub fn directory(&self) -> &Path {
+        &self.shared.directory
+    }
+
+    /// The write-ahead log under the database.
+    #[must_use]
+    pub fn wal(&self) -> &WriteAheadLog {
+        &self.wal
+    }
+
+    /// Moves everything from the WAL into the strata, then closes the WAL.
+    /// Later calls on this database fail with [`Error::ShutDown`].
+    pub fn shutdown(self) -> Result<()> {
+        let checkpoint = self
+            .wal
+            .checkpoint_active()
+            .context(|| "checkpointing the WAL at shutdown".to_string());
+        self.shared.shut_down.store(true, Ordering::Release);
+        let shutdown = self
+            .wal
+            .shutdown()
+            .context(|| "shutting down the WAL".to_string());
+        checkpoint.and(shutdown)
+    }
+}
+
+/// The commit records returned by [`Database::commit_log`].
+#[derive(Debug)]
+pub struct CommitLog {
+    records: std::vec::IntoIter<CommitRecord>,
+}
+
+impl Iterator for CommitLog {
+    type Item = CommitRecord;
+
+    fn next(&mut self) -> Option<CommitRecord> {
+        self.records.next()
+    }
+}
+
+/// Streams one blob; the CRC is checked when the end is reached, and a
+/// mismatch is reported as an `InvalidData` error from `read`.
+#[derive(Debug)]
+pub struct GrainReader {
+    id: GrainId,
+    source: Source,
+    length: u32,
+    remaining: u32,
+    sequence: u64,
+    expected_crc: u32,
+    hasher: crc32fast::Hasher,
+    location: (PathBuf, u64),
+}
+
+#[derive(Debug)]
+enum Source {
+    Wal(ChunkReader),
+    Stratum {
+        file: Arc<dyn FileHandle>,
+        next: u64,
+        /// The first bytes of the blob, read with the header.
+        head: Vec<u8>,
+    },
+}
+
+impl GrainReader {
+    fn wal(id: GrainId, chunk: ChunkReader, pending: Pending) -> Self {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&pending.sequence.to_le_bytes());
+        hasher.update(&pending.length.to_le_bytes());
+        let position = chunk.position();
+        Self {
+            id,
+            source: Source::Wal(chunk),
+            length: pending.length,
+            remaining: pending.length,
+            sequence: pending.sequence,
+            expected_crc: pending.crc,
+            hasher,
+            location: (
+                PathBuf::from(format!("wal-{}", position.file_id)),
+                position.offset,
+            ),
+        }
+    }
+
+    fn stratum(id: GrainId, stratum: &Stratum) -> Result<Self> {
+        let offset = stratum.offset_of(id.index());
+        let capacity = u64::from(id.count()) * stratum.grain_size();
+        // One read covers the header and, for small blobs, all the data.
+        let first_read = capacity.min(64 * 1024) as usize;
+        let mut head = vec![0; first_read];
+        let mut filled = 0;
+        while filled < head.len() {
+            let n = stratum
+                .file
+                .read_at(&mut head[filled..], offset + filled as u64)
+                .context(|| format!("reading grain {id} from {}", stratum.path.display()))?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        head.truncate(filled);
+        let mismatch = || Error::ChecksumMismatch {
+            grain: id,
+            path: stratum.path.clone(),
+            offset,
+        };
+        let header = GrainHeader::decode(&head).ok_or_else(mismatch)?;
+        // The header's length must be one that this exact extent holds.
+        if placement(u64::from(header.length)) != Some((id.basin(), id.count())) {
+            return Err(mismatch());
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&header.sequence.to_le_bytes());
+        hasher.update(&header.length.to_le_bytes());
+        head.drain(..GRAIN_HEADER_SIZE);
+        head.truncate(header.length as usize);
+        Ok(Self {
+            id,
+            source: Source::Stratum {
+                file: stratum.file.clone(),
+                next: offset + GRAIN_HEADER_SIZE as u64 + head.len() as u64,
+                head,
+            },
+            length: header.length,
+            remaining: header.length,
+            sequence: header.sequence,
+            expected_crc: header.crc,
+            hasher,
+            location: (stratum.path.clone(), offset),
+        })
+    }
+
+    /// The blob's id.
+    #[must_use]
+    pub fn id(&self) -> GrainId {
+        self.id
+    }
+
+    /// The blob's length in bytes.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        u64::from(self.length)
+    }
+
+    /// True for a zero-length blob.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// The sequence of the transaction that wrote the blob.
+    #[must_use]
+    pub fn sequence(&self) -> SequenceId {
+        SequenceId(self.sequence)
+    }
+
+    /// Turns a read error into the crate's error type, recognising CRC
+    /// mismatches.
+    pub(crate) fn error(&self, err: io::Error) -> Error {
+        if err.kind() == io::ErrorKind::InvalidData {
+            Error::ChecksumMismatch {
+                grain: self.id,
+                path: self.location.0.clone(),
+                offset: self.location.1,
+            }
+        } else {
+            Error::Io {
+                context: format!("reading grain {}", self.id),
+                source: err,
+            }
+        }
+    }
+}
+
+impl Read for GrainReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        let wanted = buf.len().min(self.remaining as usize);
+        let n = match &mut self.source {
+            Source::Wal(chunk) => chunk.read(&mut buf[..wanted])?,
+            Source::Stratum { file, next, head } => {
+                if head.is_empty() {
+                    let n = file.read_at(&mut buf[..wanted], *next)?;
+                    *next += n as u64;
+                    n
+                } else {
+                    let n = wanted.min(head.len());
+                    buf[..n].copy_from_slice(&head[..n]);
+                    head.drain(..n);
+                    n
+                }
+            }
+        };
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("grain {} ends early", self.id),
+            ));
+        }
+        self.hasher.update(&buf[..n]);
+        self.remaining -= n as u32;
+        if self.remaining == 0 && self.hasher.clone().finalize() != self.expected_crc {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("grain {} failed its checksum", self.id),
+            ));
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,100 @@
+//! The one error type of the crate.
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::grain_id::GrainId;
+use crate::verify::VerifyReport;
+
+/// Everything that can go wrong in sediment.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The value is not a well-formed grain id (reserved bits set, or a
+    /// part out of range).
+    #[error("invalid grain id: {0}")]
+    InvalidGrainId(String),
+    /// The grain is not an allocated, committed blob (never written,
+    /// freed, or not the first grain of a blob).
+    #[error("grain {0} is not allocated")]
+    NotAllocated(GrainId),
+    /// The grain was already archived (by a committed transaction or one
+    /// in progress).
+    #[error("grain {0} was already archived")]
+    AlreadyArchived(GrainId),
+    /// Stored bytes do not match their checksum.
+    #[error("checksum mismatch in grain {grain} ({}, offset {offset})", path.display())]
+    ChecksumMismatch {
+        /// The grain whose bytes are damaged.
+        grain: GrainId,
+        /// The file holding it.
+        path: PathBuf,
+        /// Byte offset of the grain in that file.
+        offset: u64,
+    },
+    /// A blob is larger than the configured maximum.
+    #[error("a blob of {length} bytes is larger than the maximum of {maximum} bytes")]
+    TooLarge {
+        /// The blob's length.
+        length: u64,
+        /// The configured maximum.
+        maximum: u64,
+    },
+    /// The sequence given to `checkpoint_to` is not committed yet (or a
+    /// transaction at or before it is still running).
+    #[error("sequence {requested} is not committed yet (committed through {committed})")]
+    FutureSequence {
+        /// What was asked for.
+        requested: u64,
+        /// The highest sequence through which every transaction finished.
+        committed: u64,
+    },
+    /// The database was shut down.
+    #[error("the database has been shut down")]
+    ShutDown,
+    /// A file is damaged beyond what recovery can fall back from.
+    #[error("{}: {what}", path.display())]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// `verify` found problems; the report lists each with its location.
+    #[error("verification found problems:\n{0}")]
+    Verification(VerifyReport),
+    /// An I/O error, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What sediment was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl From<io::Error> for Error {
+    fn from(source: io::Error) -> Self {
+        Error::Io {
+            context: "I/O error".into(),
+            source,
+        }
+    }
+}
+
+/// Adds context to I/O results.
+pub(crate) trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Error>;
+}
+
+impl<T> Context<T> for io::Result<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Error> {
+        self.map_err(|source| Error::Io {
+            context: what(),
+            source,
+        })
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,306 @@
+//! The WAL's side of the database: replaying entries at open and moving
+//! checkpointed entries into the strata, the commit log and the index.
+//!
+//! A WAL entry holds one chunk per blob that travels through the WAL
+//! (`[1][grain id: u64][data]`) and a final chunk with the transaction's
+//! commit record (`[2][record]`).
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use okaywal::{
+    Entry, EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader, WriteAheadLog,
+};
+
+use crate::commit_log::CommitRecord;
+use crate::db::Shared;
+use crate::error::{Context, Error, Result};
+use crate::format::{grain_crc, GrainHeader, INDEX_SLOT_SIZE};
+use crate::grain_id::GrainId;
+use crate::stratum::Stratum;
+
+/// Tag of a chunk carrying a blob's bytes.
+pub(crate) const DATA_CHUNK: u8 = 1;
+/// Tag of the chunk carrying the commit record.
+pub(crate) const RECORD_CHUNK: u8 = 2;
+/// Bytes before a blob's data in a data chunk.
+pub(crate) const DATA_PREFIX: usize = 9;
+
+#[derive(Debug)]
+pub(crate) struct Manager {
+    shared: Arc<Shared>,
+}
+
+impl Manager {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+/// A data chunk: its grain and where it is in the WAL.
+struct DataChunk {
+    id: GrainId,
+    position: LogPosition,
+    data: Option<Vec<u8>>,
+}
+
+/// Reads an entry's chunks; with `with_data`, also the blobs' bytes.
+fn parse_entry(
+    entry: &mut Entry<'_>,
+    with_data: bool,
+) -> io::Result<(Vec<DataChunk>, CommitRecord)> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let id = entry.id();
+    let mut data = Vec::new();
+    let mut record = None;
+    loop {
+        let mut chunk = match entry.read_chunk()? {
+            ReadChunkResult::Chunk(chunk) => chunk,
+            ReadChunkResult::EndOfEntry => break,
+            ReadChunkResult::AbortedEntry => {
+                return Err(invalid(format!("WAL entry {id} changed while being read")))
+            }
+        };
+        let mut tag = [0_u8; 1];
+        chunk.read_exact(&mut tag)?;
+        match tag[0] {
+            DATA_CHUNK => {
+                let mut raw = [0_u8; 8];
+                chunk.read_exact(&mut raw)?;
+                let grain = GrainId::from_bytes(raw)
+                    .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
+                let position = chunk.position();
+                let bytes = if with_data {
+                    let mut bytes = Vec::with_capacity(chunk.bytes_remaining() as usize);
+                    chunk.read_to_end(&mut bytes)?;
+                    if !chunk.check_crc()? {
+                        return Err(invalid(format!(
+                            "WAL entry {id}: chunk at {position} failed its CRC"
+                        )));
+                    }
+                    Some(bytes)
+                } else {
+                    None
+                };
+                data.push(DataChunk {
+                    id: grain,
+                    position,
+                    data: bytes,
+                });
+            }
+            RECORD_CHUNK => {
+                let mut bytes = Vec::new();
+                chunk.read_to_end(&mut bytes)?;
+                let decoded = CommitRecord::decode(&bytes)
+                    .map_err(|e| invalid(format!("WAL entry {id}: commit record: {e}")))?;
+                if decoded.sequence.0 != id.0 {
+                    return Err(invalid(format!(
+                        "WAL entry {id} holds the record of sequence {}",
+                        decoded.sequence
+                    )));
+                }
+                record = Some(decoded);
+            }
+            other => {
+                return Err(invalid(format!(
+                    "WAL entry {id}: unknown chunk tag {other}"
+                )))
+            }
+        }
+    }
+    let record = record.ok_or_else(|| invalid(format!("WAL entry {id} has no commit record")))?;
+    Ok((data, record))
+}
+
+fn to_io(err: Error) -> io::Error {
+    match err {
+        Error::Io { context, source } => {
+            io::Error::new(source.kind(), format!("{context}: {source}"))
+        }
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+impl LogManager for Manager {
+    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
+        let shared = &self.shared;
+        if entry.id().0 <= shared.meta.lock().wal_checkpointed_entry {
+            return Ok(());
+        }
+        let (chunks, record) = parse_entry(entry, false)?;
+        let positions: HashMap<GrainId, LogPosition> =
+            chunks.into_iter().map(|c| (c.id, c.position)).collect();
+        let mut meta = shared.meta.lock();
+        shared
+            .apply_commit(&mut meta, record, &positions, true)
+            .map_err(to_io)
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        last_checkpointed_id: EntryId,
+        checkpointed_entries: &mut SegmentReader,
+        _wal: &WriteAheadLog,
+    ) -> io::Result<()> {
+        checkpoint(&self.shared, last_checkpointed_id.0, checkpointed_entries).map_err(to_io)
+    }
+}
+
+/// Moves every entry of a WAL segment into the strata, the commit log and
+/// the index, syncing them before the WAL may recycle the segment.
+fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
+    let mut store = shared.store.lock();
+    let applied_through = store.index.wal_checkpointed_entry;
+    let mut index = store.index.clone();
+    let log_position = store.commit_log.position();
+    let mut touched: Vec<Arc<Stratum>> = Vec::new();
+    let mut encoded = Vec::new();
+
+    let result = (|| -> Result<()> {
+        while let Some(mut entry) = entries
+            .read_entry()
+            .context(|| "reading the WAL".to_string())?
+        {
+            let sequence = entry.id().0;
+            if sequence <= applied_through {
+                continue;
+            }
+            let (chunks, record) = parse_entry(&mut entry, true)
+                .context(|| format!("reading WAL entry {sequence}"))?;
+            for chunk in chunks {
+                let data = chunk.data.expect("read with data");
+                let stratum = shared.stratum_of(chunk.id)?.ok_or_else(|| Error::Corrupt {
+                    path: shared.directory.clone(),
+                    what: format!(
+                        "WAL entry {sequence} writes grain {} of a missing stratum",
+                        chunk.id
+                    ),
+                })?;
+                let header = GrainHeader {
+                    sequence,
+                    length: data.len() as u32,
+                    crc: grain_crc(sequence, &data),
+                };
+                let mut bytes = Vec::with_capacity(16 + data.len());
+                bytes.extend_from_slice(&header.encode());
+                bytes.extend_from_slice(&data);
+                stratum
+                    .file
+                    .write_all_at(&bytes, stratum.offset_of(chunk.id.index()))
+                    .context(|| {
+                        format!("writing grain {} to {}", chunk.id, stratum.path.display())
+                    })?;
+                note(&mut touched, &stratum);
+            }
+            for grain in &record.new_grains {
+                if let Some(stratum) = shared.stratum_of(grain.id)? {
+                    stratum
+                        .bits
+                        .write()
+                        .set_durable(grain.id.index(), grain.id.count(), true);
+                    stratum.dirty.store(true, Ordering::Release);
+                    note(&mut touched, &stratum);
+                }
+            }
+            for id in &record.freed {
+                if let Some(stratum) = shared.stratum_of(*id)? {
+                    stratum
+                        .bits
+                        .write()
+                        .set_durable(id.index(), id.count(), false);
+                    stratum.dirty.store(true, Ordering::Release);
+                    note(&mut touched, &stratum);
+                }
+            }
+            if let Some(header) = record.embedded_header {
+                index.embedded_header = header;
+            }
+            if let Some(to) = record.checkpointed_to {
+                index.checkpointed_to = index.checkpointed_to.max(to.0);
+            }
+            encoded.clear();
+            record.encode(&mut encoded);
+            store.commit_log.append(sequence, &encoded)?;
+        }
+
+        // Headers go into the older copy, so a crash now leaves the other
+        // copy intact; the WAL still holds everything until the index says
+        // it is applied, and replaying it is idempotent.
+        for stratum in &touched {
+            if stratum.dirty.swap(false, Ordering::AcqRel) {
+                stratum.write_header()?;
+            }
+        }
+        for stratum in &touched {
+            stratum.file.sync_data().map_err(|source| {
+                let err = Error::Io {
+                    context: format!("syncing {}", stratum.path.display()),
+                    source,
+                };
+                shared.poison(&err);
+                err
+            })?;
+        }
+        store.commit_log.sync()?;
+        if store.commit_log.created {
+            shared
+                .fs
+                .sync_dir(&shared.directory)
+                .context(|| format!("syncing directory {}", shared.directory.display()))?;
+            store.commit_log.created = false;
+        }
+
+        let (file, end) = store.commit_log.position();
+        index.commit_log_file = file;
+        index.commit_log_end = end;
+        index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
+        index.generation += 1;
+        let offset = store.next_slot as u64 * INDEX_SLOT_SIZE;
+        store
+            .index_file
+            .write_all_at(&index.encode(), offset)
+            .and_then(|()| store.index_file.sync_data())
+            .context(|| "writing the index header".to_string())?;
+        Ok(())
+    })();
+
+    if let Err(err) = result {
+        // Nothing counts until the index says so: forget the appended
+        // records so the retry writes them again at the same place.
+        store.commit_log.rewind(log_position);
+        for stratum in &touched {
+            stratum.dirty.store(true, Ordering::Release);
+        }
+        return Err(err);
+    }
+    store.next_slot = 1 - store.next_slot;
+    store.index = index.clone();
+    store.commit_log.trim(index.checkpointed_to)?;
+    drop(store);
+
+    // Now that the strata hold these entries: their blobs are read from the
+    // strata, their freed grains may be reused, their records are on disk.
+    let mut meta = shared.meta.lock();
+    meta.wal_checkpointed_entry = meta.wal_checkpointed_entry.max(last_id);
+    meta.recent = meta.recent.split_off(&(last_id + 1));
+    let reusable = {
+        let later = meta.freeing.split_off(&(last_id + 1));
+        std::mem::replace(&mut meta.freeing, later)
+    };
+    for id in reusable.into_values().flatten() {
+        if let Ok(Some(stratum)) = shared.stratum_of(id) {
+            stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
+            stratum.bits.write().release(id.index(), id.count());
+        }
+    }
+    shared.pending.write().retain(|_, p| p.sequence > last_id);
+    Ok(())
+}
+
+fn note(touched: &mut Vec<Arc<Stratum>>, stratum: &Arc<Stratum>) {
+    if !touched.iter().any(|s| Arc::ptr_eq(s, stratum)) {
+        touched.push(stratum.clone());
+    }
+}

@@ -1,0 +1,125 @@
+//! Space and allocation figures.
+
+use crate::db::{Database, INDEX_FILE};
+use crate::error::Result;
+use crate::format::{grain_size, stratum_capacity, BASINS};
+
+/// Figures for one basin (grain-size class) that has strata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BasinStats {
+    /// The basin number.
+    pub basin: u8,
+    /// Bytes per grain.
+    pub grain_size: u64,
+    /// Stratum files.
+    pub strata: u32,
+    /// Grains holding committed blobs (including archived ones).
+    pub grains_used: u64,
+    /// Grains of archived, not yet freed, blobs.
+    pub grains_archived: u64,
+    /// Grains that can be allocated now.
+    pub grains_free: u64,
+    /// Bytes of the stratum files.
+    pub bytes_on_disk: u64,
+}
+
+/// What [`Database::stats`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// One entry per basin that has at least one stratum.
+    pub basins: Vec<BasinStats>,
+    /// WAL files (name, bytes).
+    pub wal_files: Vec<(String, u64)>,
+    /// Bytes of the commit log files.
+    pub commit_log_bytes: u64,
+    /// Bytes of the index file.
+    pub index_bytes: u64,
+    /// Committed blobs whose bytes are still only in the WAL.
+    pub blobs_in_wal: u64,
+    /// The highest committed sequence.
+    pub last_committed: u64,
+    /// The sequence of the last committed `checkpoint_to`.
+    pub checkpointed_to: u64,
+    /// The last WAL entry moved into the strata.
+    pub wal_checkpointed_entry: u64,
+}
+
+impl Stats {
+    /// Bytes of every file of the database.
+    #[must_use]
+    pub fn total_bytes(&self) -> u64 {
+        self.basins.iter().map(|b| b.bytes_on_disk).sum::<u64>()
+            + self.wal_files.iter().map(|(_, b)| b).sum::<u64>()
+            + self.commit_log_bytes
+            + self.index_bytes
+    }
+}
+
+pub(crate) fn collect(db: &Database) -> Result<Stats> {
+    let shared = &db.shared;
+    let (archived, last_committed, checkpointed_to, wal_checkpointed_entry) = {
+        let meta = shared.meta.lock();
+        let mut archived = vec![0_u64; BASINS];
+        for id in &meta.archived_set {
+            archived[usize::from(id.basin())] += u64::from(id.count());
+        }
+        (
+            archived,
+            meta.last_committed,
+            meta.checkpointed_to,
+            meta.wal_checkpointed_entry,
+        )
+    };
+    let mut basins = Vec::new();
+    for (number, basin) in shared.basins.iter().enumerate() {
+        let strata = basin.strata.read().clone();
+        if strata.is_empty() {
+            continue;
+        }
+        let number = number as u8;
+        let mut stats = BasinStats {
+            basin: number,
+            grain_size: grain_size(number),
+            strata: strata.len() as u32,
+            grains_used: 0,
+            grains_archived: archived[usize::from(number)],
+            grains_free: 0,
+            bytes_on_disk: 0,
+        };
+        for stratum in &strata {
+            let bits = stratum.bits.read();
+            stats.grains_used += bits
+                .live_allocated
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum::<u64>();
+            stats.grains_free += u64::from(stratum_capacity(number) - bits.busy_count);
+            drop(bits);
+            stats.bytes_on_disk += stratum.file.len()?;
+        }
+        basins.push(stats);
+    }
+    let mut wal_files = Vec::new();
+    let mut index_bytes = 0;
+    for name in shared.fs.list_files(&shared.directory)? {
+        let path = shared.directory.join(&name);
+        if name.starts_with("wal-") {
+            let len = shared.fs.open(&path, okaywal::fs::OpenMode::Read)?.len()?;
+            wal_files.push((name, len));
+        } else if name == INDEX_FILE {
+            index_bytes = shared.fs.open(&path, okaywal::fs::OpenMode::Read)?.len()?;
+        }
+    }
+    wal_files.sort();
+    let commit_log_bytes = shared.store.lock().commit_log.bytes();
+    Ok(Stats {
+        basins,
+        wal_files,
+        commit_log_bytes,
+        index_bytes,
+        blobs_in_wal: shared.pending.read().len() as u64,
+        last_committed,
+        checkpointed_to,
+        wal_checkpointed_entry,
+    })
+}

@@ -1,0 +1,211 @@
+//! One stratum file: its double header and its grains.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+use parking_lot::{Mutex, RwLock};
+
+use crate::allocator::StratumBits;
+use crate::error::{Context, Error, Result};
+use crate::format::{
+    grain_offset, grain_size, newest, stratum_capacity, stratum_slot_size, HeaderError,
+    StratumHeader,
+};
+
+/// The file name of stratum `number` of `basin`.
+pub(crate) fn file_name(basin: u8, number: u32) -> String {
+    format!("stratum-{basin}-{number}")
+}
+
+/// Parses `stratum-{basin}-{number}`.
+pub(crate) fn parse_file_name(name: &str) -> Option<(u8, u32)> {
+    let rest = name.strip_prefix("stratum-")?;
+    let (basin, number) = rest.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(basin) || !digits(number) {
+        return None;
+    }
+    Some((basin.parse().ok()?, number.parse().ok()?))
+}
+
+/// A stratum file, open for the life of the database.
+#[derive(Debug)]
+pub(crate) struct Stratum {
+    pub basin: u8,
+    pub number: u32,
+    pub path: PathBuf,
+    pub file: Arc<dyn FileHandle>,
+    pub bits: RwLock<StratumBits>,
+    /// Which header copy to overwrite next, and the generation to write.
+    header: Mutex<(usize, u64)>,
+    /// The durable bitmaps changed since the header was last written.
+    pub dirty: AtomicBool,
+    /// Bumped whenever freed grains become reusable, so a reader can tell
+    /// that the grain it read may have been reused underneath it.
+    pub reuse_epoch: AtomicU64,
+}
+
+impl Stratum {
+    /// Creates a new, empty stratum file and makes it durable (file and
+    /// directory entry) before any grain in it is handed out.
+    pub fn create(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Self> {
+        let path = directory.join(file_name(basin, number));
+        let file = fs
+            .open(&path, OpenMode::Create)
+            .context(|| format!("creating stratum {}", path.display()))?;
+        let mut header = StratumHeader::empty(basin, number);
+        header.generation = 1;
+        file.set_len(0)
+            .and_then(|()| file.write_all_at(&header.encode(), 0))
+            .and_then(|()| file.sync_data())
+            .and_then(|()| fs.sync_dir(directory))
+            .context(|| format!("initializing stratum {}", path.display()))?;
+        Ok(Self::from_parts(basin, number, path, file, header, 0))
+    }
+
+    /// Opens an existing stratum, trusting the newer valid header copy.
+    pub fn open(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Self> {
+        let path = directory.join(file_name(basin, number));
+        let file = fs
+            .open(&path, OpenMode::ReadWrite)
+            .context(|| format!("opening stratum {}", path.display()))?;
+        let (first, second) = read_headers(&*file, basin, number)
+            .context(|| format!("reading stratum {}", path.display()))?;
+        let (slot, header) =
+            newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
+                path: path.clone(),
+                what: format!("both stratum header copies are invalid ({a}; {b})"),
+            })?;
+        Ok(Self::from_parts(basin, number, path, file, header, slot))
+    }
+
+    fn from_parts(
+        basin: u8,
+        number: u32,
+        path: PathBuf,
+        file: Arc<dyn FileHandle>,
+        header: StratumHeader,
+        newest_slot: usize,
+    ) -> Self {
+        let generation = header.generation;
+        Self {
+            basin,
+            number,
+            path,
+            file,
+            bits: RwLock::new(StratumBits::from_durable(
+                stratum_capacity(basin),
+                header.allocated,
+                header.starts,
+            )),
+            header: Mutex::new((1 - newest_slot, generation + 1)),
+            dirty: AtomicBool::new(false),
+            reuse_epoch: AtomicU64::new(0),
+        }
+    }
+
+    /// Byte offset of grain `index`.
+    pub fn offset_of(&self, index: u32) -> u64 {
+        grain_offset(self.basin, index)
+    }
+
+    /// Bytes per grain.
+    pub fn grain_size(&self) -> u64 {
+        grain_size(self.basin)
+    }
+
+    /// Writes the durable bitmaps into the older header copy (not synced).
+    pub fn write_header(&self) -> Result<()> {
+        let mut slot = self.header.lock();
+        let (allocated, starts) = {
+            let bits = self.bits.read();
+            (bits.durable_allocated.clone(), bits.durable_starts.clone())
+        };
+        let header = StratumHeader {
+            basin: self.basin,
+            stratum: self.number,
+            generation: slot.1,
+            allocated,
+            starts,
+        };
+        let offset = slot.0 as u64 * stratum_slot_size(self.basin);
+        self.file
+            .write_all_at(&header.encode(), offset)
+            .context(|| format!("writing header of {}", self.path.display()))?;
+        *slot = (1 - slot.0, slot.1 + 1);
+        Ok(())
+    }
+}
+
+/// Reads and decodes both header copies.
+pub(crate) fn read_headers(
+    file: &dyn FileHandle,
+    basin: u8,
+    number: u32,
+) -> std::io::Result<(
+    Result<StratumHeader, HeaderError>,
+    Result<StratumHeader, HeaderError>,
+)> {
+    let slot = stratum_slot_size(basin);
+    let len = file.len()?;
+    let mut copies = Vec::with_capacity(2);
+    for index in 0..2 {
+        let start = index * slot;
+        let available = len.saturating_sub(start).min(slot) as usize;
+        let mut bytes = vec![0; available];
+        file.read_exact_at(&mut bytes, start)?;
+        copies.push(StratumHeader::decode(&bytes, basin, number));
+    }
+    let second = copies.pop().expect("two copies");
+    let first = copies.pop().expect("two copies");
+    Ok((first, second))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        assert_eq!(parse_file_name(&file_name(3, 17)), Some((3, 17)));
+        for junk in [
+            "stratum-",
+            "stratum-1",
+            "stratum-1-",
+            "stratum-a-1",
+            "stratum-1-2-3",
+            "index",
+        ] {
+            assert_eq!(parse_file_name(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn header_copies_alternate_and_the_newest_wins() {
+        let fs = okaywal::fs::MemoryFileSystem::new();
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let stratum = Stratum::create(&fs, dir, 2, 0).unwrap();
+        stratum.bits.write().set_durable(3, 2, true);
+        stratum.write_header().unwrap();
+        stratum.bits.write().set_durable(10, 1, true);
+        stratum.write_header().unwrap();
+        let reopened = Stratum::open(&fs, dir, 2, 0).unwrap();
+        assert_eq!(reopened.bits.read().durable_blobs(), vec![(3, 2), (10, 1)]);
+        // Damage the newest copy (slot 0 was written last): the older one,
+        // with only the first blob, is used.
+        let path = dir.join(file_name(2, 0));
+        let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
+        file.write_all_at(&[0xFF; 8], 40).unwrap();
+        let fallback = Stratum::open(&fs, dir, 2, 0).unwrap();
+        assert_eq!(fallback.bits.read().durable_blobs(), vec![(3, 2)]);
+        file.write_all_at(&[0xFF; 8], stratum_slot_size(2) + 40)
+            .unwrap();
+        assert!(matches!(
+            Stratum::open(&fs, dir, 2, 0),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}

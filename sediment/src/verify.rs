@@ -1,0 +1,291 @@
+//! Checking every header, allocation, grain and commit record.
+
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+
+use crate::allocator::blobs;
+use crate::db::{Database, INDEX_FILE};
+use crate::error::Result;
+use crate::format::{
+    grain_crc, newest, placement, GrainHeader, HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
+    INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
+};
+use crate::grain_id::GrainId;
+use crate::stratum::read_headers;
+
+/// One thing `verify` found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file (and offset, where it applies) holding the problem.
+    pub location: String,
+    /// The grain concerned, if any.
+    pub grain: Option<GrainId>,
+    /// What is wrong.
+    pub description: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.grain {
+            Some(grain) => write!(f, "{}: grain {grain}: {}", self.location, self.description),
+            None => write!(f, "{}: {}", self.location, self.description),
+        }
+    }
+}
+
+/// What [`Database::verify`] checked and found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Every problem found; empty for a healthy database.
+    pub problems: Vec<Problem>,
+    /// Blobs whose checksum was checked.
+    pub grains_checked: u64,
+    /// Stratum files checked.
+    pub strata_checked: u64,
+    /// Commit records checked.
+    pub commit_records_checked: u64,
+}
+
+impl VerifyReport {
+    /// True if nothing is wrong.
+    #[must_use]
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for problem in &self.problems {
+            writeln!(f, "{problem}")?;
+        }
+        write!(
+            f,
+            "checked {} grains in {} strata and {} commit records: {} problem(s)",
+            self.grains_checked,
+            self.strata_checked,
+            self.commit_records_checked,
+            self.problems.len()
+        )
+    }
+}
+
+/// A header copy that was never written reads as zeros: not a problem.
+fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
+    !(bytes_were_zero && *error == HeaderError::BadMagic)
+}
+
+pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Result<VerifyReport> {
+    let shared = &db.shared;
+    let mut report = VerifyReport::default();
+    // Holding the store keeps checkpoints (the only writers of headers and
+    // of checkpointed grains) out while we look.
+    let store = shared.store.lock();
+    let problem = |location: String, grain: Option<GrainId>, description: String| Problem {
+        location,
+        grain,
+        description,
+    };
+
+    let index_path = shared.directory.join(INDEX_FILE);
+    for slot in 0..2_u64 {
+        let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
+        let read = store
+            .index_file
+            .read_exact_at(&mut bytes, slot * INDEX_SLOT_SIZE);
+        let zero = bytes.iter().all(|b| *b == 0);
+        match read.map(|()| IndexHeader::decode(&bytes)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if !damaged(&e, zero) => {}
+            Ok(Err(e)) => report.problems.push(problem(
+                format!("{} (copy {slot})", index_path.display()),
+                None,
+                format!("index header: {e}"),
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && slot == 1 => {}
+            Err(e) => report.problems.push(problem(
+                index_path.display().to_string(),
+                None,
+                format!("cannot read index header: {e}"),
+            )),
+        }
+    }
+
+    let strata: Vec<_> = (0..BASINS)
+        .flat_map(|b| shared.basins[b].strata.read().clone())
+        .collect();
+    let pending = shared.pending.read().clone();
+    let mut work = Vec::new();
+    for stratum in &strata {
+        report.strata_checked += 1;
+        let location = stratum.path.display().to_string();
+        let headers = read_headers(&*stratum.file, stratum.basin, stratum.number);
+        let (first, second) = match headers {
+            Ok(pair) => pair,
+            Err(e) => {
+                report
+                    .problems
+                    .push(problem(location, None, format!("cannot read headers: {e}")));
+                continue;
+            }
+        };
+        for (copy, decoded) in [(0, &first), (1, &second)] {
+            if let Err(e) = decoded {
+                // Never-written copies read as short or zeroed.
+                if !matches!(e, HeaderError::BadMagic | HeaderError::Truncated) {
+                    report.problems.push(problem(
+                        format!("{location} (header copy {copy})"),
+                        None,
+                        format!("stratum header: {e}"),
+                    ));
+                }
+            }
+        }
+        let bits = stratum.bits.read();
+        match newest(first, second, |h| h.generation) {
+            Ok((_, header)) => {
+                if !stratum.dirty.load(std::sync::atomic::Ordering::Acquire)
+                    && (header.allocated != bits.durable_allocated
+                        || header.starts != bits.durable_starts)
+                {
+                    report.problems.push(problem(
+                        location.clone(),
+                        None,
+                        "the newest header's bitmaps differ from the checkpointed state".into(),
+                    ));
+                }
+            }
+            Err((a, b)) => report.problems.push(problem(
+                location.clone(),
+                None,
+                format!("no valid header copy ({a}; {b})"),
+            )),
+        }
+        let mut runs = blobs(&bits.durable_allocated, &bits.durable_starts, bits.capacity);
+        runs.extend(blobs(
+            &bits.live_allocated,
+            &bits.live_starts,
+            bits.capacity,
+        ));
+        runs.sort_unstable();
+        runs.dedup();
+        drop(bits);
+        for (start, count) in runs {
+            if count == 0 || count > MAX_GRAINS_PER_BLOB {
+                report.problems.push(problem(
+                    format!("{location} offset {}", stratum.offset_of(start)),
+                    None,
+                    format!(
+                        "grain {start} is allocated but is not part of a blob of 1..=32 grains"
+                    ),
+                ));
+                continue;
+            }
+            let id = GrainId::new(stratum.basin, stratum.number, start, count)
+                .expect("bitmap runs fit a grain id");
+            work.push((stratum.clone(), id));
+        }
+    }
+
+    let total = work.len() as u64;
+    for (done, (stratum, id)) in work.into_iter().enumerate() {
+        progress(done as u64, total);
+        report.grains_checked += 1;
+        if let Some(p) = pending.get(&id) {
+            let result = db.wal.read_at(p.position).and_then(|mut chunk| {
+                let mut bytes = Vec::new();
+                chunk.read_to_end(&mut bytes)?;
+                Ok(chunk.crc_is_valid()?
+                    && bytes.len() >= 9
+                    && grain_crc(p.sequence, &bytes[9..]) == p.crc)
+            });
+            match result {
+                Ok(true) => {}
+                Ok(false) => report.problems.push(problem(
+                    format!("WAL {}", p.position),
+                    Some(id),
+                    "checksum mismatch in the WAL copy".into(),
+                )),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => report.problems.push(problem(
+                    format!("WAL {}", p.position),
+                    Some(id),
+                    format!("cannot read: {e}"),
+                )),
+            }
+            continue;
+        }
+        let offset = stratum.offset_of(id.index());
+        let location = format!("{} offset {offset}", stratum.path.display());
+        let size = u64::from(id.count()) * stratum.grain_size();
+        let mut bytes = vec![0; size as usize];
+        let mut filled = 0;
+        while filled < bytes.len() {
+            match stratum
+                .file
+                .read_at(&mut bytes[filled..], offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) => {
+                    report.problems.push(problem(
+                        location.clone(),
+                        Some(id),
+                        format!("cannot read: {e}"),
+                    ));
+                    break;
+                }
+            }
+        }
+        check_grain(&bytes[..filled], id, &location, &mut report);
+    }
+    progress(total, total);
+
+    match store.commit_log.read(0) {
+        Ok(records) => report.commit_records_checked = records.len() as u64,
+        Err(e) => report.problems.push(problem(
+            commit_log_location(&shared.directory),
+            None,
+            e.to_string(),
+        )),
+    }
+    Ok(report)
+}
+
+fn commit_log_location(directory: &Path) -> String {
+    format!("{} (commit log)", directory.display())
+}
+
+fn check_grain(bytes: &[u8], id: GrainId, location: &str, report: &mut VerifyReport) {
+    let mut fail = |what: String| {
+        report.problems.push(Problem {
+            location: location.to_string(),
+            grain: Some(id),
+            description: what,
+        });
+    };
+    let Some(header) = GrainHeader::decode(bytes) else {
+        fail("grain header is missing (file too short)".into());
+        return;
+    };
+    if placement(u64::from(header.length)) != Some((id.basin(), id.count())) {
+        fail(format!(
+            "stored length {} does not fit this {}-grain extent",
+            header.length,
+            id.count()
+        ));
+        return;
+    }
+    let end = GRAIN_HEADER_SIZE + header.length as usize;
+    let Some(data) = bytes.get(GRAIN_HEADER_SIZE..end) else {
+        fail("grain data is cut short by the end of the file".into());
+        return;
+    };
+    if grain_crc(header.sequence, data) != header.crc {
+        fail(format!(
+            "checksum mismatch (sequence {}, length {})",
+            header.sequence, header.length
+        ));
+    }
+}
