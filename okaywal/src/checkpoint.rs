@@ -2,6 +2,7 @@
 //! them once their readers are gone, and keeps a spare segment ready.
 
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -44,17 +45,13 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         let Some(inner) = weak.upgrade() else {
             return;
         };
+        let signal = inner.signal.clone();
+        let mut wait = None;
         recycle_finished(&inner);
         match next_work(&inner, backoff.is_some()) {
             Work::Stop => return,
             Work::Wait => {
-                let mut state = inner.state.lock();
-                if !state.shutting_down {
-                    inner
-                        .maintenance_wake
-                        .wait_for(&mut state, backoff.unwrap_or(IDLE_WAIT));
-                }
-                backoff = None;
+                wait = Some(backoff.take().unwrap_or(IDLE_WAIT));
             }
             Work::Spare => match inner.create_spare() {
                 Ok(spare) => {
@@ -72,11 +69,16 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 limit,
                 last_entry_id,
             } => {
-                let log = WriteAheadLog {
-                    inner: inner.clone(),
-                };
+                let log = WriteAheadLog::borrowed(inner.clone());
                 let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
+                drop(log);
                 finish_checkpoint(&inner, segment, result, &mut backoff);
+            }
+        }
+        drop(inner);
+        if let Some(wait) = wait {
+            if !signal.wait(wait) {
+                return;
             }
         }
     }
@@ -130,6 +132,17 @@ fn checkpoint(
     // Rolled-back records may still be unsynced; the segment must be fully
     // durable before it can be forgotten.
     segment.file.sync_data().map_err(|e| inner.poison(e))?;
+    if !segment.name_durable.load(Ordering::Acquire) {
+        inner
+            .fs
+            .sync_dir(inner.directory())
+            .map_err(|e| inner.poison(e))?;
+        segment.name_durable.store(true, Ordering::Release);
+    }
+    // Committers of this segment's last entries may still be waiting for a
+    // sync; once sealed it is no longer among the group commit's targets,
+    // so this sync is the one that covers them.
+    segment.synced_to.fetch_max(limit, Ordering::AcqRel);
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
@@ -242,7 +255,7 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     } else {
         active.saturating_sub(1)
     };
-    inner.maintenance_wake.notify_all();
+    inner.signal.wake();
     if *inner.maintenance_thread.lock() == Some(std::thread::current().id()) {
         return Ok(());
     }
@@ -279,7 +292,7 @@ pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
     {
         let mut state = inner.state.lock();
         state.shutting_down = true;
-        inner.maintenance_wake.notify_all();
+        inner.signal.wake();
         inner.checkpointed.notify_all();
     }
     let handle = inner.maintenance.lock().take();

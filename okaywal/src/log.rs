@@ -32,6 +32,30 @@ pub(crate) const MAX_SPARES: usize = 2;
 #[derive(Debug, Clone)]
 pub struct WriteAheadLog {
     pub(crate) inner: Arc<Inner>,
+    /// Shared by every handle the user holds (not by the one the
+    /// maintenance thread lends to `checkpoint_to`): when the last goes,
+    /// the maintenance thread is stopped and joined.
+    _owner: Option<Arc<Owner>>,
+}
+
+#[derive(Debug)]
+struct Owner {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        // Wait for the thread (and any checkpoint it is running) so that a
+        // log reopened right after this drop never overlaps with it.
+        self.inner.state.lock().shutting_down = true;
+        self.inner.signal.stop();
+        let handle = self.inner.maintenance.lock().take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -42,8 +66,8 @@ pub(crate) struct Inner {
     /// Signalled when an in-flight write's header lands (a sync leader may
     /// be waiting for a hole below its own record to fill).
     pub progress: Condvar,
-    /// Wakes the maintenance thread.
-    pub maintenance_wake: Condvar,
+    /// Wakes the maintenance thread (which waits without holding the log).
+    pub signal: Arc<Signal>,
     /// Signalled after every checkpoint attempt.
     pub checkpointed: Condvar,
     pub group: GroupCommit,
@@ -112,7 +136,7 @@ impl Inner {
         self.group.fail(err.to_string());
         let _state = self.state.lock();
         self.progress.notify_all();
-        self.maintenance_wake.notify_all();
+        self.signal.wake();
         self.checkpointed.notify_all();
         err
     }
@@ -126,7 +150,7 @@ impl Inner {
                 // Keep growing the full segment rather than stall every
                 // writer on a zero-fill; the maintenance thread makes one.
                 state.want_spare = true;
-                self.maintenance_wake.notify_all();
+                self.signal.wake();
             } else {
                 self.switch_segment(&mut state)?;
             }
@@ -164,7 +188,7 @@ impl Inner {
         let old_state = state.live(old)?;
         old_state.sealed = true;
         if old_state.ready_for_checkpoint() {
-            self.maintenance_wake.notify_all();
+            self.signal.wake();
         }
         let segment = Arc::new(Segment {
             id,
@@ -179,7 +203,7 @@ impl Inner {
         state.active = id;
         if state.spares.is_empty() {
             state.want_spare = true;
-            self.maintenance_wake.notify_all();
+            self.signal.wake();
         }
         Ok(())
     }
@@ -216,7 +240,7 @@ impl Inner {
         if finishes_entry {
             seg.open_entries -= 1;
             if seg.ready_for_checkpoint() {
-                self.maintenance_wake.notify_all();
+                self.signal.wake();
             }
         }
         if state.progress_waiters > 0 {
@@ -384,7 +408,7 @@ impl WriteAheadLog {
     ) -> io::Result<Self> {
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
-        fs.create_dir_all(&directory)?;
+        crate::fs::create_dir_durably(&*fs, &directory)?;
         let mut segments = Vec::new();
         let mut reusable = Vec::new();
         let mut max_id = 0_u64;
@@ -498,7 +522,7 @@ impl WriteAheadLog {
                 checkpointing: None,
             }),
             progress: Condvar::new(),
-            maintenance_wake: Condvar::new(),
+            signal: Arc::default(),
             checkpointed: Condvar::new(),
             group: GroupCommit::default(),
             maintenance: Mutex::new(None),
@@ -521,7 +545,12 @@ impl WriteAheadLog {
                 inner.switch_segment(state)?;
             }
         }
-        let log = WriteAheadLog { inner };
+        let log = WriteAheadLog {
+            _owner: Some(Arc::new(Owner {
+                inner: inner.clone(),
+            })),
+            inner,
+        };
         checkpoint::start(&log, manager)?;
         Ok(log)
     }
@@ -587,12 +616,46 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The maintenance thread holds only a weak reference; tell it to
-        // stop. It may be the thread running this drop, so never join here.
-        self.state.lock().shutting_down = true;
-        self.maintenance_wake.notify_all();
+impl WriteAheadLog {
+    /// A handle for the maintenance thread's callbacks: it does not keep
+    /// the thread running.
+    pub(crate) fn borrowed(inner: Arc<Inner>) -> Self {
+        Self {
+            inner,
+            _owner: None,
+        }
+    }
+}
+
+/// Wake-ups for the maintenance thread, kept outside [`Inner`] so the
+/// thread can wait without keeping the log alive.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    state: Mutex<(bool, bool)>,
+    condvar: Condvar,
+}
+
+impl Signal {
+    /// Asks the maintenance thread to look for work.
+    pub fn wake(&self) {
+        self.state.lock().0 = true;
+        self.condvar.notify_all();
+    }
+
+    /// Asks the maintenance thread to exit.
+    pub fn stop(&self) {
+        self.state.lock().1 = true;
+        self.condvar.notify_all();
+    }
+
+    /// Waits for a wake-up or `timeout`; returns false once stopped.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut state = self.state.lock();
+        if !state.0 && !state.1 {
+            self.condvar.wait_for(&mut state, timeout);
+        }
+        state.0 = false;
+        !state.1
     }
 }
 

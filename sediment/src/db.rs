@@ -283,9 +283,11 @@ impl Shared {
         if let Some(to) = record.checkpointed_to {
             // Archived entries at or below `to` were freed by this record;
             // dropping them again is harmless when replaying.
-            meta.archived = meta.archived.split_off(&(to.0 + 1));
+            meta.archived = meta.archived.split_off(&to.0.saturating_add(1));
             meta.checkpointed_to = meta.checkpointed_to.max(to.0);
-            meta.recent = meta.recent.split_off(&(meta.checkpointed_to + 1));
+            meta.recent = meta
+                .recent
+                .split_off(&meta.checkpointed_to.saturating_add(1));
         }
         meta.last_committed = meta.last_committed.max(sequence);
         meta.in_flight.remove(&sequence);
@@ -416,7 +418,7 @@ impl Database {
     pub(crate) fn open(config: Config) -> Result<Self> {
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
-        fs.create_dir_all(&directory)
+        okaywal::fs::create_dir_durably(&*fs, &directory)
             .context(|| format!("creating {}", directory.display()))?;
         let names = fs
             .list_files(&directory)
@@ -438,7 +440,7 @@ impl Database {
             wal_checkpointed_entry: index.wal_checkpointed_entry,
             ..Meta::default()
         };
-        for record in commit_log.read(index.checkpointed_to + 1)? {
+        for record in commit_log.read(index.checkpointed_to.saturating_add(1))? {
             meta.last_committed = meta.last_committed.max(record.sequence.0);
             if !record.archived.is_empty() {
                 meta.archived_set.extend(record.archived.iter().copied());
@@ -570,14 +572,17 @@ impl Database {
         let (recent, through, checkpointed_to) = {
             let meta = self.shared.meta.lock();
             let through = meta.finished_through();
-            let recent: Vec<CommitRecord> = meta
-                .recent
-                .range(since.0..=through)
-                .map(|(_, r)| r.clone())
-                .collect();
+            let recent: Vec<CommitRecord> = if since.0 <= through {
+                meta.recent
+                    .range(since.0..=through)
+                    .map(|(_, r)| r.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            };
             (recent, through, meta.checkpointed_to)
         };
-        let from = since.0.max(checkpointed_to + 1);
+        let from = since.0.max(checkpointed_to.saturating_add(1));
         let mut records: BTreeMap<u64, CommitRecord> = self
             .shared
             .store

@@ -284,9 +284,9 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
     // strata, their freed grains may be reused, their records are on disk.
     let mut meta = shared.meta.lock();
     meta.wal_checkpointed_entry = meta.wal_checkpointed_entry.max(last_id);
-    meta.recent = meta.recent.split_off(&(last_id + 1));
+    meta.recent = meta.recent.split_off(&last_id.saturating_add(1));
     let reusable = {
-        let later = meta.freeing.split_off(&(last_id + 1));
+        let later = meta.freeing.split_off(&last_id.saturating_add(1));
         std::mem::replace(&mut meta.freeing, later)
     };
     for id in reusable.into_values().flatten() {

@@ -207,7 +207,7 @@ impl<'db> Transaction<'db> {
         let mut freed = Vec::new();
         if let Some(to) = self.checkpoint_to {
             let mut meta = shared.meta.lock();
-            let keep = meta.archived.split_off(&(to + 1));
+            let keep = meta.archived.split_off(&to.saturating_add(1));
             self.taken = std::mem::replace(&mut meta.archived, keep);
             freed.extend(self.taken.values().flatten().copied());
         }

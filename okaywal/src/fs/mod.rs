@@ -126,6 +126,19 @@ pub fn zero_fill(file: &dyn FileHandle, offset: u64, len: u64) -> io::Result<()>
     Ok(())
 }
 
+/// Creates `directory` (and missing parents) if it does not exist, and
+/// then syncs its parent so that the new directory survives power loss.
+pub fn create_dir_durably(fs: &dyn FileSystem, directory: &Path) -> io::Result<()> {
+    if fs.exists(directory)? {
+        return Ok(());
+    }
+    fs.create_dir_all(directory)?;
+    match directory.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => fs.sync_dir(parent),
+        _ => fs.sync_dir(Path::new(".")),
+    }
+}
+
 /// Returns an error of kind `kind` whose message names `path`.
 pub(crate) fn path_error(kind: io::ErrorKind, what: &str, path: &Path) -> io::Error {
     io::Error::new(kind, format!("{what}: {}", path.display()))

@@ -1,0 +1,131 @@
+//! Side-by-side comparison of this project with the systems a user would
+//! pick instead. `cargo run --release -p benchmarks --bin compare -- --help`.
+
+use std::time::Duration;
+
+use benchmarks::harness::{self, Measurement};
+use benchmarks::{machine_description, payload, temp_dir, wal};
+
+struct Options {
+    quick: bool,
+    only: Option<String>,
+    systems: Option<Vec<String>>,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut options = Options {
+        quick: false,
+        only: None,
+        systems: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--only" => options.only = Some(args.next().ok_or("--only needs wal, blob or scale")?),
+            "--systems" => {
+                let list = args
+                    .next()
+                    .ok_or("--systems needs a comma-separated list")?;
+                options.systems = Some(list.split(',').map(str::to_string).collect());
+            }
+            "--help" | "-h" => {
+                println!("compare [--quick] [--only wal|blob|scale] [--systems a,b,...]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(options)
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e6)
+}
+
+fn main() {
+    let options = match parse_options() {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("compare: {err}");
+            std::process::exit(2);
+        }
+    };
+    println!("# Benchmark results\n\n{}\n", machine_description());
+    if options.only.as_deref().is_none_or(|o| o == "wal") {
+        wal_section(&options);
+    }
+}
+
+fn wal_section(options: &Options) {
+    let (warmup, duration) = if options.quick {
+        (Duration::from_millis(200), Duration::from_millis(700))
+    } else {
+        (Duration::from_millis(300), Duration::from_secs(2))
+    };
+    let systems: Vec<&str> = wal::systems()
+        .into_iter()
+        .filter(|s| {
+            options
+                .systems
+                .as_ref()
+                .is_none_or(|l| l.iter().any(|x| x == s))
+        })
+        .collect();
+    println!("## WAL: one entry per commit\n");
+    println!("| payload | threads | system | commits/s | p50 µs | p99 µs | × floor |");
+    println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
+    for size in [256_usize, 4096, 1 << 20] {
+        for threads in [1_usize, 4, 16] {
+            let payloads: Vec<Vec<u8>> = (0..threads).map(|t| payload(size, t as u64)).collect();
+            let mut floor: Option<f64> = None;
+            for system in &systems {
+                eprint!("wal {} × {threads} threads: {system} … ", human(size));
+                let dir = temp_dir();
+                let result = wal::open(system, dir.path(), threads).and_then(|log| {
+                    let m = harness::run(threads, warmup, duration, |thread, _| {
+                        log.commit(thread, &payloads[thread]).map(|()| size as u64)
+                    });
+                    drop(log);
+                    m
+                });
+                match result {
+                    Ok(m) => {
+                        eprintln!("{:.0} commits/s", m.per_second());
+                        if *system == "floor" {
+                            floor = Some(m.per_second());
+                        }
+                        print_row(size, threads, system, &m, floor);
+                    }
+                    Err(err) => {
+                        eprintln!("failed: {err}");
+                        println!(
+                            "| {} | {threads} | {system} | failed: {err} | | | |",
+                            human(size)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    println!();
+}
+
+fn print_row(size: usize, threads: usize, system: &str, m: &Measurement, floor: Option<f64>) {
+    let ratio = floor.map_or("–".to_string(), |f| format!("{:.2}", m.per_second() / f));
+    println!(
+        "| {} | {threads} | {system} | {:.0} | {} | {} | {ratio} |",
+        human(size),
+        m.per_second(),
+        micros(m.p50),
+        micros(m.p99)
+    );
+}

@@ -1,0 +1,61 @@
+//! The systems of the WAL section: each commits one entry per call.
+
+use std::path::Path;
+
+use crate::floor::{Floor, ParallelLimit};
+
+/// A log that can durably commit a payload from many threads.
+pub trait WalSystem: Sync {
+    /// Commits one entry holding `payload`; returns once it is durable.
+    fn commit(&self, thread: usize, payload: &[u8]) -> Result<(), String>;
+}
+
+/// Every WAL system this build knows, in report order.
+#[must_use]
+pub fn systems() -> Vec<&'static str> {
+    vec!["floor", "parallel-limit", "okaywal"]
+}
+
+/// Opens `name` in `dir`.
+pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn WalSystem>, String> {
+    let _ = threads;
+    match name {
+        "floor" => Ok(Box::new(Floor::open(dir).map_err(|e| e.to_string())?)),
+        "parallel-limit" => Ok(Box::new(
+            ParallelLimit::open(dir).map_err(|e| e.to_string())?,
+        )),
+        "okaywal" => Ok(Box::new(OkayWal(
+            okaywal::WriteAheadLog::recover(dir, okaywal::LogVoid).map_err(|e| e.to_string())?,
+        ))),
+        other => Err(format!("unknown WAL system {other:?}")),
+    }
+}
+
+impl WalSystem for Floor {
+    fn commit(&self, _thread: usize, payload: &[u8]) -> Result<(), String> {
+        Floor::commit(self, payload).map_err(|e| e.to_string())
+    }
+}
+
+impl WalSystem for ParallelLimit {
+    fn commit(&self, _thread: usize, payload: &[u8]) -> Result<(), String> {
+        ParallelLimit::commit(self, payload).map_err(|e| e.to_string())
+    }
+}
+
+struct OkayWal(okaywal::WriteAheadLog);
+
+impl WalSystem for OkayWal {
+    fn commit(&self, _thread: usize, payload: &[u8]) -> Result<(), String> {
+        let mut entry = self.0.begin_entry().map_err(|e| e.to_string())?;
+        entry.write_chunk(payload).map_err(|e| e.to_string())?;
+        entry.commit().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+impl Drop for OkayWal {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown();
+    }
+}
