@@ -4,7 +4,7 @@
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner, Spare, MAX_SPARES};
@@ -38,7 +38,9 @@ enum Work {
 }
 
 fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
-    let mut backoff: Option<Duration> = None;
+    // Checkpoints and spare files fail (and are retried) independently.
+    let mut checkpoint_backoff = Backoff::default();
+    let mut spare_backoff = Backoff::default();
     loop {
         // Hold the log only while working, so dropping every user handle
         // ends this thread.
@@ -48,20 +50,25 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         let signal = inner.signal.clone();
         let mut wait = None;
         recycle_finished(&inner);
-        match next_work(&inner, backoff.is_some()) {
+        match next_work(&inner, checkpoint_backoff.ready(), spare_backoff.ready()) {
             Work::Stop => return,
             Work::Wait => {
-                wait = Some(backoff.take().unwrap_or(IDLE_WAIT));
+                let retry = [checkpoint_backoff.remaining(), spare_backoff.remaining()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                wait = Some(retry.unwrap_or(IDLE_WAIT).min(IDLE_WAIT));
             }
             Work::Spare => match inner.create_spare() {
                 Ok(spare) => {
+                    spare_backoff = Backoff::default();
                     let mut state = inner.state.lock();
                     state.spares.push(spare);
                     state.want_spare = false;
                 }
                 Err(err) => {
                     inner.state.lock().checkpoint_error = Some(err.to_string());
-                    backoff = Some(next_backoff(backoff));
+                    spare_backoff.failed();
                 }
             },
             Work::Checkpoint {
@@ -72,7 +79,13 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 let log = WriteAheadLog::borrowed(inner.clone());
                 let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
                 drop(log);
-                finish_checkpoint(&inner, segment, result, &mut backoff);
+                if result.is_ok() {
+                    checkpoint_backoff = Backoff::default();
+                } else {
+                    checkpoint_backoff.failed();
+                }
+                finish_checkpoint(&inner, segment, result);
+                recycle_finished(&inner);
             }
         }
         drop(inner);
@@ -84,23 +97,39 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
     }
 }
 
-fn next_backoff(backoff: Option<Duration>) -> Duration {
-    backoff.map_or(IDLE_WAIT, |b| (b * 2).min(MAX_BACKOFF))
+/// Retry delays after failures: 100 ms doubling up to 2 s.
+#[derive(Debug, Default)]
+struct Backoff {
+    delay: Option<Duration>,
+    retry_at: Option<Instant>,
 }
 
-fn next_work(inner: &Inner, backing_off: bool) -> Work {
+impl Backoff {
+    fn failed(&mut self) {
+        let delay = self.delay.map_or(IDLE_WAIT, |d| (d * 2).min(MAX_BACKOFF));
+        self.delay = Some(delay);
+        self.retry_at = Some(Instant::now() + delay);
+    }
+
+    fn ready(&self) -> bool {
+        self.retry_at.is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        self.retry_at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero())
+    }
+}
+
+fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work {
     let mut state = inner.state.lock();
     if state.shutting_down {
         return Work::Stop;
     }
-    if state.want_spare && state.spares.is_empty() && !backing_off {
-        return Work::Spare;
-    }
-    if backing_off {
-        return Work::Wait;
-    }
     // Segments are checkpointed strictly in order: only the oldest sealed
     // segment is a candidate, and only once its entries are all finished.
+    // Checkpoints come before making spares: they free recycled files.
     let active = state.active;
     let candidate = state
         .segments
@@ -108,17 +137,18 @@ fn next_work(inner: &Inner, backing_off: bool) -> Work {
         .next()
         .filter(|seg| seg.segment.id != active && seg.ready_for_checkpoint())
         .map(|seg| (seg.segment.clone(), seg.reserved_end, seg.last_entry_id));
-    match candidate {
-        Some((segment, limit, last_entry_id)) => {
-            state.checkpointing = Some(segment.id);
-            Work::Checkpoint {
-                segment,
-                limit,
-                last_entry_id,
-            }
-        }
-        None => Work::Wait,
+    if let (true, Some((segment, limit, last_entry_id))) = (may_checkpoint, candidate) {
+        state.checkpointing = Some(segment.id);
+        return Work::Checkpoint {
+            segment,
+            limit,
+            last_entry_id,
+        };
     }
+    if may_make_spare && state.want_spare && state.spares.is_empty() && state.recycling.is_empty() {
+        return Work::Spare;
+    }
+    Work::Wait
 }
 
 fn checkpoint(
@@ -131,18 +161,12 @@ fn checkpoint(
     let inner = &log.inner;
     // Rolled-back records may still be unsynced; the segment must be fully
     // durable before it can be forgotten.
-    segment.file.sync_data().map_err(|e| inner.poison(e))?;
-    if !segment.name_durable.load(Ordering::Acquire) {
-        inner
-            .fs
-            .sync_dir(inner.directory())
-            .map_err(|e| inner.poison(e))?;
-        segment.name_durable.store(true, Ordering::Release);
-    }
     // Committers of this segment's last entries may still be waiting for a
-    // sync; once sealed it is no longer among the group commit's targets,
-    // so this sync is the one that covers them.
-    segment.synced_to.fetch_max(limit, Ordering::AcqRel);
+    // sync: once sealed, it is no longer among the group commit's targets,
+    // so this sync (which also names the file, if no commit did) covers
+    // them.
+    let name = !segment.name_durable.load(Ordering::Acquire);
+    inner.sync_targets(&[(segment.clone(), limit, name)])?;
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
@@ -156,20 +180,20 @@ fn checkpoint(
     manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
 }
 
-fn finish_checkpoint(
-    inner: &Inner,
-    segment: Arc<Segment>,
-    result: io::Result<()>,
-    backoff: &mut Option<Duration>,
-) {
+fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()>) {
     match result {
         Ok(()) => {
-            *backoff = None;
-            {
+            let highest_id = {
                 let mut state = inner.state.lock();
-                state.segments.remove(&segment.id);
-            }
-            let recycled = FileName::Recycled(segment.id).path_in(inner.directory());
+                state
+                    .segments
+                    .remove(&segment.id)
+                    .map_or(segment.id, |s| s.highest_id)
+            };
+            // Named for the highest id it held: if the active segment's own
+            // name never became durable, this name still keeps a reopened
+            // log from handing out an id the manager has already seen.
+            let recycled = FileName::Recycled(highest_id).path_in(inner.directory());
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
                 .fs
@@ -194,7 +218,6 @@ fn finish_checkpoint(
             }
         }
         Err(err) => {
-            *backoff = Some(next_backoff(*backoff));
             let mut state = inner.state.lock();
             state.checkpointing = None;
             state.checkpoint_attempts += 1;

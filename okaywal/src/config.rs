@@ -44,6 +44,8 @@ pub struct Configuration {
     pub version_info: Arc<Vec<u8>>,
     /// The file system the log lives on.
     pub file_system: Arc<dyn FileSystem>,
+    /// Entry ids handed out after opening are at least this.
+    pub minimum_next_entry_id: u64,
 }
 
 impl Configuration {
@@ -57,6 +59,7 @@ impl Configuration {
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             version_info: Arc::default(),
             file_system: Arc::new(StdFileSystem),
+            minimum_next_entry_id: 1,
         }
     }
 
@@ -101,6 +104,17 @@ impl Configuration {
     #[must_use]
     pub fn shared_file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
         self.file_system = file_system;
+        self
+    }
+
+    /// Makes every entry id handed out after opening at least `id`.
+    ///
+    /// A manager that records the last entry id it checkpointed can pass
+    /// the next one here as a second guard (besides the log's own files)
+    /// that ids never go backwards.
+    #[must_use]
+    pub fn minimum_next_entry_id(mut self, id: u64) -> Self {
+        self.minimum_next_entry_id = id;
         self
     }
 

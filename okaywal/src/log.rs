@@ -24,6 +24,9 @@ use crate::{checkpoint, EntryId};
 
 /// Spare segment files kept for reuse; more are deleted after recycling.
 pub(crate) const MAX_SPARES: usize = 2;
+/// Live segments (active plus those waiting for their checkpoint) above
+/// which `begin_entry` waits for the checkpointer.
+const MAX_UNCHECKPOINTED: usize = 4;
 
 /// A write-ahead log: many threads append entries; each commit returns once
 /// its entry is durable, and concurrent commits share one `fdatasync`.
@@ -145,6 +148,18 @@ impl Inner {
     pub fn begin(&self) -> io::Result<(u64, Arc<Segment>)> {
         let mut state = self.state.lock();
         self.check_usable(&state)?;
+        // Writers that outrun the checkpointer wait for it instead of
+        // filling the disk with segments (a write stall).
+        // A failing checkpoint reports its error instead (through
+        // `checkpoint_active`); stalling then would only hang the writers.
+        while state.segments.len() > MAX_UNCHECKPOINTED
+            && state.checkpoint_error.is_none()
+            && *self.maintenance_thread.lock() != Some(std::thread::current().id())
+        {
+            self.checkpointed
+                .wait_for(&mut state, Duration::from_millis(100));
+            self.check_usable(&state)?;
+        }
         if state.segments[&state.active].full {
             if state.spares.is_empty() {
                 // Keep growing the full segment rather than stall every
@@ -161,6 +176,7 @@ impl Inner {
         let segment = state.live(active)?;
         segment.open_entries += 1;
         segment.last_entry_id = Some(id);
+        segment.highest_id = id;
         Ok((id, segment.segment.clone()))
     }
 
@@ -178,12 +194,11 @@ impl Inner {
             version_info: self.config.version_info.to_vec(),
         }
         .encode();
-        // On failure the spare is dropped: it may be half renamed or
-        // written, and the next open sorts out whatever is left on disk.
-        spare
-            .file
-            .write_all_at(&header, 0)
-            .and_then(|()| self.fs.rename(&spare.path, &path))?;
+        // The header is only written here: the file keeps its spare name
+        // until the first sync makes the header durable (see
+        // `sync_targets`). On failure the spare is dropped; the next open
+        // sorts out whatever is left on disk.
+        spare.file.write_all_at(&header, 0)?;
         let old = state.active;
         let old_state = state.live(old)?;
         old_state.sealed = true;
@@ -194,6 +209,7 @@ impl Inner {
             id,
             file: spare.file,
             path,
+            pending_name: Mutex::new(Some(spare.path)),
             synced_to: 0.into(),
             name_durable: false.into(),
         });
@@ -293,6 +309,18 @@ impl Inner {
         }
         let needs_dir = targets.iter().any(|(_, _, name)| *name);
         if needs_dir {
+            // Headers are durable now; only then may the names appear.
+            for (segment, _, name) in targets {
+                if *name {
+                    let mut pending = segment.pending_name.lock();
+                    if let Some(from) = pending.as_ref() {
+                        self.fs
+                            .rename(from, &segment.path)
+                            .map_err(|e| self.poison(e))?;
+                        *pending = None;
+                    }
+                }
+            }
             self.fs
                 .sync_dir(self.directory())
                 .map_err(|e| self.poison(e))?;
@@ -408,6 +436,7 @@ impl WriteAheadLog {
     ) -> io::Result<Self> {
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
+        let minimum_next_entry_id = config.minimum_next_entry_id;
         crate::fs::create_dir_durably(&*fs, &directory)?;
         let mut segments = Vec::new();
         let mut reusable = Vec::new();
@@ -416,7 +445,9 @@ impl WriteAheadLog {
         for name in fs.list_files(&directory)? {
             match FileName::parse(&name) {
                 Some(FileName::Segment(id)) => {
-                    max_id = max_id.max(id);
+                    // A segment may hold ids from `id` on; whether `id`
+                    // itself was used, its records tell.
+                    max_id = max_id.max(id.saturating_sub(1));
                     segments.push(id);
                 }
                 Some(file @ FileName::Recycled(id)) => {
@@ -476,12 +507,14 @@ impl WriteAheadLog {
                 id,
                 file: file.clone(),
                 path,
+                pending_name: Mutex::new(None),
                 synced_to: scan.end.into(),
                 name_durable: true.into(),
             });
             let mut state = SegmentState::new(segment, scan.end);
             state.sealed = true;
             state.last_entry_id = scan.max_entry_id;
+            state.highest_id = scan.max_entry_id.unwrap_or(id).max(id);
             if decision == Recovery::Recover {
                 let mut reader = SegmentReader::new(id, file.clone(), scan.committed, None);
                 while let Some(mut entry) = reader.read_entry()? {
@@ -508,7 +541,7 @@ impl WriteAheadLog {
             config,
             fs,
             state: Mutex::new(State {
-                next_entry_id: max_id + 1,
+                next_entry_id: (max_id + 1).max(minimum_next_entry_id),
                 active: 0,
                 segments: live,
                 spares,
@@ -605,6 +638,7 @@ impl Inner {
             id: 0,
             file: state.spares[0].file.clone(),
             path: PathBuf::new(),
+            pending_name: Mutex::new(None),
             synced_to: 0.into(),
             name_durable: true.into(),
         });

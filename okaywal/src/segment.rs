@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use crate::fs::FileHandle;
 
 /// A segment file while it is live (active, sealed or being checkpointed).
@@ -13,7 +15,12 @@ pub(crate) struct Segment {
     /// The first entry id the segment may hold; also its name and CRC salt.
     pub id: u64,
     pub file: Arc<dyn FileHandle>,
+    /// The segment's name, `wal-{id}`.
     pub path: PathBuf,
+    /// The name the file still has (a spare's) until the first sync of the
+    /// segment renames it to `path`: the header must be durable before the
+    /// name is, or recovery would find a `wal-{id}` whose header was lost.
+    pub pending_name: Mutex<Option<PathBuf>>,
     /// Bytes below this offset are durable (the last completed sync).
     pub synced_to: AtomicU64,
     /// The directory entry naming this file is durable.
@@ -34,12 +41,17 @@ pub(crate) struct SegmentState {
     pub full: bool,
     /// No new entries go here; it is checkpointed once `open_entries` is 0.
     pub sealed: bool,
-    /// The highest entry id begun in this segment.
+    /// The highest entry id begun in this segment; `None` also for an
+    /// abandoned segment, whose entries are not checkpointed.
     pub last_entry_id: Option<u64>,
+    /// The highest entry id known to be used in this segment (for naming
+    /// the file when it is recycled, so ids never go backwards).
+    pub highest_id: u64,
 }
 
 impl SegmentState {
     pub fn new(segment: Arc<Segment>, reserved_end: u64) -> Self {
+        let highest_id = segment.id;
         Self {
             segment,
             reserved_end,
@@ -48,6 +60,7 @@ impl SegmentState {
             full: false,
             sealed: false,
             last_entry_id: None,
+            highest_id,
         }
     }
 
@@ -71,7 +84,8 @@ impl SegmentState {
 pub(crate) enum FileName {
     /// `wal-{id}`: a segment whose first entry id is `id`.
     Segment(u64),
-    /// `wal-recycled-{id}`: segment `id`, checkpointed; reusable.
+    /// `wal-recycled-{id}`: a checkpointed segment whose entry ids were at
+    /// most `id`; reusable.
     Recycled(u64),
     /// `wal-spare-{n}`: a fresh preallocated file; reusable.
     Spare(u64),

@@ -424,6 +424,7 @@ impl Database {
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;
         let (index_file, index, next_slot) = open_index(&*fs, &directory)?;
+        let wal_floor = index.wal_checkpointed_entry;
         let basins = open_strata(&*fs, &directory, &names)?;
         let commit_log = CommitLogFiles::open(
             &directory,
@@ -436,7 +437,7 @@ impl Database {
         let mut meta = Meta {
             embedded_header: index.embedded_header,
             checkpointed_to: index.checkpointed_to,
-            last_committed: index.wal_checkpointed_entry,
+            last_committed: index.last_committed,
             wal_checkpointed_entry: index.wal_checkpointed_entry,
             ..Meta::default()
         };
@@ -468,6 +469,9 @@ impl Database {
         let mut wal_config = config.wal;
         wal_config.directory = directory;
         wal_config.file_system = fs;
+        // Sequences are WAL entry ids: never hand out one the strata have
+        // already seen, whatever happened to the WAL's files.
+        wal_config = wal_config.minimum_next_entry_id(wal_floor.saturating_add(1));
         let wal = wal_config
             .open(Manager::new(shared.clone()))
             .context(|| "opening the write-ahead log".to_string())?;
@@ -840,7 +844,12 @@ impl Read for GrainReader {
         if self.remaining == 0 && self.hasher.clone().finalize() != self.expected_crc {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("grain {} failed its checksum", self.id),
+                format!(
+                    "grain {} failed its checksum ({}, offset {})",
+                    self.id,
+                    self.location.0.display(),
+                    self.location.1
+                ),
             ));
         }
         Ok(n)

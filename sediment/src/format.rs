@@ -270,6 +270,8 @@ pub struct IndexHeader {
     pub commit_log_file: u64,
     /// Valid length of that file.
     pub commit_log_end: u64,
+    /// The highest committed sequence applied so far.
+    pub last_committed: u64,
 }
 
 impl IndexHeader {
@@ -288,6 +290,7 @@ impl IndexHeader {
         }
         bytes[56..64].copy_from_slice(&self.commit_log_file.to_le_bytes());
         bytes[64..72].copy_from_slice(&self.commit_log_end.to_le_bytes());
+        bytes[72..80].copy_from_slice(&self.last_committed.to_le_bytes());
         let crc_at = INDEX_SLOT_SIZE as usize - 4;
         let crc = crc32fast::hash(&bytes[..crc_at]);
         bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
@@ -328,6 +331,7 @@ impl IndexHeader {
             embedded_header,
             commit_log_file: read_u64(bytes, 56),
             commit_log_end: read_u64(bytes, 64),
+            last_committed: read_u64(bytes, 72),
         })
     }
 }
@@ -420,6 +424,7 @@ mod tests {
             embedded_header: GrainId::new(1, 2, 3, 4),
             commit_log_file: 7,
             commit_log_end: 999,
+            last_committed: 98,
         };
         let bytes = header.encode();
         assert_eq!(IndexHeader::decode(&bytes).unwrap(), header);

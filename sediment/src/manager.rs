@@ -220,6 +220,7 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
             if let Some(to) = record.checkpointed_to {
                 index.checkpointed_to = index.checkpointed_to.max(to.0);
             }
+            index.last_committed = index.last_committed.max(sequence);
             encoded.clear();
             record.encode(&mut encoded);
             store.commit_log.append(sequence, &encoded)?;

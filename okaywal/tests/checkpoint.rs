@@ -1,0 +1,506 @@
+//! Checkpointing: what `checkpoint_to` is handed and in which order,
+//! recycling of segment files, and managers whose checkpoints fail.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    checkpoint_until_ok, files_in, occurrences, run_workload, Checkpoint, Mix, Model, Recorder,
+    Rng, Workload, REFUSAL,
+};
+use okaywal::fs::{FileHandle, FileSystem, MemoryFileSystem, OpenMode};
+use okaywal::Configuration;
+
+const SEGMENT: u64 = 64 * 1024;
+
+fn small_segments(dir: &Path) -> Configuration {
+    Configuration::default_for(dir)
+        .preallocate_bytes(SEGMENT)
+        .checkpoint_after_bytes(SEGMENT)
+}
+
+/// Checks the order and contents of successful checkpoints: ids ascending
+/// inside a call, never above the call's `last_checkpointed_id`, always
+/// above every earlier call's; each commit of `model` exactly once with its
+/// bytes, and nothing else.
+fn check_checkpoints(model: &Model, checkpoints: &[Checkpoint]) -> Result<(), String> {
+    let mut previous_last: Option<u64> = None;
+    let mut previous_segment: Option<u64> = None;
+    for (n, checkpoint) in checkpoints.iter().enumerate() {
+        if let Some(last) = previous_last {
+            if checkpoint.last_id <= last {
+                return Err(format!(
+                    "checkpoint {n}: last id {} not above the previous {last}",
+                    checkpoint.last_id
+                ));
+            }
+        }
+        if let Some(segment) = previous_segment {
+            if checkpoint.segment_id <= segment {
+                return Err(format!(
+                    "checkpoint {n}: segment {} after segment {segment}",
+                    checkpoint.segment_id
+                ));
+            }
+        }
+        let mut previous_id = None;
+        for (id, chunks) in &checkpoint.entries {
+            model.check(*id, chunks, &format!("checkpoint {n}"))?;
+            if *id > checkpoint.last_id {
+                return Err(format!(
+                    "checkpoint {n}: entry {id} above last_checkpointed_id {}",
+                    checkpoint.last_id
+                ));
+            }
+            if *id < checkpoint.segment_id {
+                return Err(format!(
+                    "checkpoint {n}: entry {id} below its segment's first id {}",
+                    checkpoint.segment_id
+                ));
+            }
+            if previous_last.is_some_and(|last| *id <= last) {
+                return Err(format!(
+                    "checkpoint {n}: entry {id} at or below an earlier checkpoint's last id {}",
+                    previous_last.unwrap_or_default()
+                ));
+            }
+            if previous_id.is_some_and(|previous| *id <= previous) {
+                return Err(format!("checkpoint {n}: entry {id} out of order"));
+            }
+            previous_id = Some(*id);
+        }
+        previous_last = Some(checkpoint.last_id);
+        previous_segment = Some(checkpoint.segment_id);
+    }
+    let counts = occurrences(
+        checkpoints
+            .iter()
+            .flat_map(|c| c.entries.iter().map(|(id, _)| *id)),
+    );
+    if let Some((id, n)) = counts.iter().find(|(_, n)| **n > 1) {
+        return Err(format!("entry {id} checkpointed {n} times"));
+    }
+    let missing: Vec<_> = model
+        .committed
+        .keys()
+        .filter(|id| !counts.contains_key(id))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} committed entries never checkpointed, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(10)]
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn checkpoints_hand_over_every_entry_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new();
+    let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
+    let model = run_workload(
+        &log,
+        &Workload {
+            threads: 4,
+            entries_per_thread: 400,
+            seed: 11,
+            mix: Mix {
+                max_chunk: 2500,
+                ..Mix::default()
+            },
+        },
+    );
+    assert!(model.errors.is_empty(), "errors: {:?}", model.errors);
+    log.checkpoint_active().unwrap();
+    {
+        let seen = recorder.seen();
+        assert!(seen.checkpoints.len() >= 5, "{}", seen.checkpoints.len());
+        check_checkpoints(&model, &seen.checkpoints).unwrap();
+    }
+    log.shutdown().unwrap();
+    drop(log);
+
+    let reopened = Recorder::new();
+    let log = small_segments(dir.path()).open(reopened.clone()).unwrap();
+    assert!(reopened.seen().recovered.is_empty());
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn recovered_segments_are_checkpointed_in_order_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Recorder::refusing();
+    let log = small_segments(dir.path()).open(first.clone()).unwrap();
+    let mut rng = Rng::new(12);
+    let mut model = Model::default();
+    for i in 0..200 {
+        let mut entry = log.begin_entry().unwrap();
+        let len = rng.range(0, 3000);
+        let data = rng.bytes(len);
+        entry.write_chunk(&data).unwrap();
+        model
+            .committed
+            .insert(entry.commit().unwrap().0, vec![data]);
+        if i % 40 == 39 {
+            assert!(log.checkpoint_active().is_err());
+        }
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    assert!(first.seen().checkpoints.is_empty());
+
+    let second = Recorder::new();
+    let log = small_segments(dir.path()).open(second.clone()).unwrap();
+    log.checkpoint_active().unwrap();
+    let seen = second.seen();
+    let recovered: BTreeSet<u64> = seen.recovered_ids().into_iter().collect();
+    assert_eq!(recovered.len(), model.committed.len());
+    assert!(seen.checkpoints.len() >= 5, "{}", seen.checkpoints.len());
+    check_checkpoints(&model, &seen.checkpoints).unwrap();
+    drop(seen);
+    log.shutdown().unwrap();
+}
+
+/// Samples the files in the log directory while `body` runs; returns the
+/// largest listing seen.
+fn max_files_during<T>(
+    list: impl Fn() -> Vec<String> + Send + 'static,
+    body: impl FnOnce() -> T,
+) -> (T, Vec<String>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut largest = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let mut files = list();
+                if files.len() > largest.len() {
+                    files.sort();
+                    largest = files;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            largest
+        })
+    };
+    let result = body();
+    stop.store(true, Ordering::SeqCst);
+    (result, sampler.join().unwrap())
+}
+
+#[test]
+fn segment_files_are_recycled_in_a_long_run() {
+    let fs = MemoryFileSystem::new();
+    let recorder = Recorder::new();
+    let log = Configuration::default_for("/long")
+        .file_system(fs.clone())
+        .preallocate_bytes(SEGMENT)
+        .checkpoint_after_bytes(SEGMENT)
+        .open(recorder.clone())
+        .unwrap();
+    let lister = fs.clone();
+    let (model, max_files) = max_files_during(
+        move || lister.list_files(Path::new("/long")).unwrap(),
+        || {
+            run_workload(
+                &log,
+                &Workload {
+                    threads: 4,
+                    entries_per_thread: 5000,
+                    seed: 13,
+                    mix: Mix {
+                        max_chunk: 1100,
+                        multi_chunk: 10,
+                        streamed: 10,
+                        rollback: 2,
+                        drop: 2,
+                        ..Mix::default()
+                    },
+                },
+            )
+        },
+    );
+    assert!(model.errors.is_empty(), "errors: {:?}", model.errors);
+    log.checkpoint_active().unwrap();
+    let seen = recorder.seen();
+    // (Segments grow past 64 KiB while no spare file is ready, so there are
+    // fewer checkpoints than 64 KiB pieces of data.)
+    assert!(seen.checkpoints.len() > 10, "{}", seen.checkpoints.len());
+    check_checkpoints(&model, &seen.checkpoints).unwrap();
+    drop(seen);
+    assert!(
+        max_files.len() <= 8,
+        "{} files in the log directory at once: {max_files:?}",
+        max_files.len()
+    );
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn segment_files_are_recycled_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new();
+    let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
+    let path = dir.path().to_path_buf();
+    let (model, max_files) = max_files_during(
+        move || files_in(&path),
+        || {
+            run_workload(
+                &log,
+                &Workload {
+                    threads: 8,
+                    entries_per_thread: 400,
+                    seed: 14,
+                    mix: Mix {
+                        max_chunk: 2000,
+                        ..Mix::default()
+                    },
+                },
+            )
+        },
+    );
+    assert!(model.errors.is_empty(), "errors: {:?}", model.errors);
+    log.checkpoint_active().unwrap();
+    check_checkpoints(&model, &recorder.seen().checkpoints).unwrap();
+    assert!(
+        max_files.len() <= 8,
+        "{} files in the log directory at once: {max_files:?}",
+        max_files.len()
+    );
+    log.shutdown().unwrap();
+    let left = files_in(dir.path());
+    assert!(left.len() <= 4, "{left:?}");
+}
+
+#[test]
+fn failing_checkpoints_are_retried_and_lose_nothing() {
+    let fs = MemoryFileSystem::new();
+    let recorder = Recorder::refusing();
+    let config = || {
+        Configuration::default_for("/failing")
+            .file_system(fs.clone())
+            .preallocate_bytes(16 * 1024)
+            .checkpoint_after_bytes(16 * 1024)
+    };
+    let log = config().open(recorder.clone()).unwrap();
+    let mut rng = Rng::new(15);
+    let mut model = Model::default();
+    for i in 0..120 {
+        let mut entry = log.begin_entry().unwrap();
+        let len = rng.range(100, 1500);
+        let data = rng.bytes(len);
+        entry.write_chunk(&data).unwrap();
+        model
+            .committed
+            .insert(entry.commit().unwrap().0, vec![data]);
+        if i % 30 == 29 {
+            // While the manager fails, checkpoint_active reports it.
+            let err = log.checkpoint_active().expect_err("the manager refuses");
+            assert!(err.to_string().contains(REFUSAL), "{err}");
+        }
+    }
+    let err = log
+        .checkpoint_active()
+        .expect_err("the manager still refuses");
+    assert!(err.to_string().contains(REFUSAL), "{err}");
+    assert!(recorder.seen().checkpoints.is_empty());
+    let refused_before = recorder.seen().refused.len();
+    assert!(refused_before >= 5, "{refused_before}");
+
+    // The manager recovers but fails a few more times after reading every
+    // entry; then everything is checkpointed, once.
+    recorder.fail_next.store(3, Ordering::SeqCst);
+    recorder.allow_checkpoints();
+    checkpoint_until_ok(&log).unwrap();
+    assert_eq!(recorder.fail_next.load(Ordering::SeqCst), 0);
+    {
+        let seen = recorder.seen();
+        assert!(seen.refused.len() >= refused_before + 3);
+        check_checkpoints(&model, &seen.checkpoints).unwrap();
+    }
+    // More entries after the failures are checkpointed normally.
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"after").unwrap();
+    model
+        .committed
+        .insert(entry.commit().unwrap().0, vec![b"after".to_vec()]);
+    log.checkpoint_active().unwrap();
+    check_checkpoints(&model, &recorder.seen().checkpoints).unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+
+    let reopened = Recorder::new();
+    let log = config().open(reopened.clone()).unwrap();
+    assert!(reopened.seen().recovered.is_empty());
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn entries_survive_a_reopen_while_checkpoints_fail() {
+    let fs = MemoryFileSystem::new();
+    let config = || {
+        Configuration::default_for("/refused")
+            .file_system(fs.clone())
+            .preallocate_bytes(16 * 1024)
+            .checkpoint_after_bytes(16 * 1024)
+    };
+    let first = Recorder::refusing();
+    let log = config().open(first.clone()).unwrap();
+    let mut rng = Rng::new(16);
+    let mut model = Model::default();
+    for i in 0..60 {
+        let mut entry = log.begin_entry().unwrap();
+        let data = rng.bytes(1000);
+        entry.write_chunk(&data).unwrap();
+        model
+            .committed
+            .insert(entry.commit().unwrap().0, vec![data]);
+        if i % 20 == 19 {
+            assert!(log.checkpoint_active().is_err());
+        }
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    let second = Recorder::new();
+    let log = config().open(second.clone()).unwrap();
+    common::check_exactly_once(&model, &first.seen(), &second.seen()).unwrap();
+    log.shutdown().unwrap();
+}
+
+/// A file system whose `sync_data` takes 300 ms on the thread named
+/// `slow-leader`, to hold a group-commit sync open at a chosen moment.
+#[derive(Debug, Clone)]
+struct SlowLeaderFs(MemoryFileSystem);
+
+#[derive(Debug)]
+struct SlowLeaderFile(Arc<dyn FileHandle>);
+
+const SLOW_THREAD: &str = "slow-leader";
+
+impl FileHandle for SlowLeaderFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if std::thread::current().name() == Some(SLOW_THREAD) {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.0.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+}
+
+impl FileSystem for SlowLeaderFs {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.0.create_dir_all(path)
+    }
+    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.0.list_files(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.0.exists(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>> {
+        Ok(Arc::new(SlowLeaderFile(self.0.open(path, mode)?)))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.0.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.0.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.0.sync_dir(dir)
+    }
+}
+
+/// A commit whose segment is checkpointed (by the background thread, which
+/// syncs it) while the commit waits behind another thread's sync must still
+/// return.
+#[test]
+fn a_commit_returns_when_its_segment_is_checkpointed_while_it_waits() {
+    let fs = SlowLeaderFs(MemoryFileSystem::new());
+    let recorder = Recorder::new();
+    let log = Configuration::default_for("/race")
+        .file_system(fs.clone())
+        .preallocate_bytes(SEGMENT)
+        .checkpoint_after_bytes(1 << 30)
+        .open(recorder.clone())
+        .unwrap();
+
+    // Thread B begins an entry in the first segment and waits.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel();
+    let writer = log.clone();
+    std::thread::spawn(move || {
+        let mut entry = writer.begin_entry().unwrap();
+        entry.write_chunk(b"waits behind a slow sync").unwrap();
+        ready_tx.send(entry.id()).unwrap();
+        go_rx.recv().unwrap();
+        done_tx
+            .send(entry.commit().map_err(|e| e.to_string()))
+            .unwrap();
+    });
+    let waiting_id = ready_rx.recv().unwrap();
+
+    // Thread C seals that segment: its checkpoint waits for B's entry.
+    let sealer = log.clone();
+    let sealed = std::thread::spawn(move || sealer.checkpoint_active());
+    // A new segment is named only at its first sync, so there is no file
+    // to watch for: give the sealer time to switch segments.
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Thread A commits in the new segment and leads a slow sync.
+    let leader = log.clone();
+    let slow = std::thread::Builder::new()
+        .name(SLOW_THREAD.into())
+        .spawn(move || {
+            let mut entry = leader.begin_entry().unwrap();
+            entry.write_chunk(b"slow leader").unwrap();
+            entry.commit().map_err(|e| e.to_string())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    // B commits now: its segment becomes checkpointable at once and is
+    // checkpointed while B waits for A's sync to end.
+    go_tx.send(()).unwrap();
+    let committed = done_rx.recv_timeout(Duration::from_secs(10));
+    let committed = committed.unwrap_or_else(|_| {
+        panic!(
+            "the commit of entry {waiting_id} never returned (its segment was \
+             checkpointed while it waited: {} checkpoints so far)",
+            recorder.seen().checkpoints.len()
+        )
+    });
+    assert_eq!(committed.unwrap(), waiting_id);
+    slow.join().unwrap().unwrap();
+    sealed.join().unwrap().unwrap();
+    let seen = recorder.seen();
+    assert_eq!(seen.checkpoints.len(), 1);
+    assert_eq!(seen.checkpoints[0].entries.len(), 1);
+    assert_eq!(seen.checkpoints[0].entries[0].0, waiting_id.0);
+    drop(seen);
+    log.shutdown().unwrap();
+}

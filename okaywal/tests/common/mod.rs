@@ -1,0 +1,795 @@
+//! Shared helpers for the integration tests: a seedable generator, a
+//! recording `LogManager`, a workload driver and the model of what was
+//! committed, against which recovered entries are checked.
+//!
+//! Every test binary compiles this module on its own and uses a different
+//! part of it.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
+use okaywal::{
+    ChunkRecord, Entry, EntryId, LogManager, ReadChunkResult, RecoveredSegment, Recovery,
+    SegmentReader, WriteAheadLog,
+};
+
+/// splitmix64: deterministic, seedable, no dependencies.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x5DEE_CE66_D1CE_5EED)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// A value in `lo..hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        assert!(lo < hi, "empty range {lo}..{hi}");
+        lo + self.below((hi - lo) as u64) as usize
+    }
+
+    /// True with the given probability in percent.
+    pub fn percent(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut pieces = buf.chunks_exact_mut(8);
+        for piece in &mut pieces {
+            piece.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = pieces.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        let n = rest.len();
+        rest.copy_from_slice(&last[..n]);
+    }
+
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut bytes = vec![0; len];
+        self.fill(&mut bytes);
+        bytes
+    }
+}
+
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One successful (or attempted) `checkpoint_to` call.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub last_id: u64,
+    pub segment_id: u64,
+    pub entries: Vec<(u64, Vec<Vec<u8>>)>,
+}
+
+/// Everything a [`Recorder`] was handed.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// `should_recover_segment` calls: (segment id, version info).
+    pub segments: Vec<(u64, Vec<u8>)>,
+    /// Entries passed to `recover`, in call order.
+    pub recovered: Vec<(u64, Vec<Vec<u8>>)>,
+    /// Entries passed to `recover` that reported `AbortedEntry`.
+    pub aborted: Vec<u64>,
+    /// `checkpoint_to` calls that returned `Ok`.
+    pub checkpoints: Vec<Checkpoint>,
+    /// `checkpoint_to` calls that the recorder failed on purpose.
+    pub refused: Vec<Checkpoint>,
+}
+
+impl Seen {
+    pub fn checkpointed_ids(&self) -> Vec<u64> {
+        self.checkpoints
+            .iter()
+            .flat_map(|c| c.entries.iter().map(|(id, _)| *id))
+            .collect()
+    }
+
+    pub fn recovered_ids(&self) -> Vec<u64> {
+        self.recovered.iter().map(|(id, _)| *id).collect()
+    }
+
+    /// The highest id handed over by any callback.
+    pub fn max_id(&self) -> u64 {
+        let checkpointed = self.checkpointed_ids().into_iter().max().unwrap_or(0);
+        let recovered = self.recovered_ids().into_iter().max().unwrap_or(0);
+        let refused = self
+            .refused
+            .iter()
+            .flat_map(|c| c.entries.iter().map(|(id, _)| *id))
+            .max()
+            .unwrap_or(0);
+        checkpointed.max(recovered).max(refused)
+    }
+}
+
+/// A `LogManager` that records every callback into shared state.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    pub seen: Arc<Mutex<Seen>>,
+    /// While true, `checkpoint_to` lists the entries and then fails.
+    pub refuse: Arc<AtomicBool>,
+    /// `checkpoint_to` reads every entry and then fails, this many more
+    /// times.
+    pub fail_next: Arc<AtomicUsize>,
+    /// Segments whose version info equals this are abandoned.
+    pub abandon: Option<Vec<u8>>,
+}
+
+pub const REFUSAL: &str = "the recording manager refuses this checkpoint";
+
+impl Recorder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A recorder whose checkpoints fail until `allow_checkpoints`.
+    pub fn refusing() -> Self {
+        let recorder = Self::default();
+        recorder.refuse.store(true, Ordering::SeqCst);
+        recorder
+    }
+
+    pub fn allow_checkpoints(&self) {
+        self.refuse.store(false, Ordering::SeqCst);
+    }
+
+    pub fn seen(&self) -> MutexGuard<'_, Seen> {
+        lock(&self.seen)
+    }
+}
+
+/// Reads an entry chunk by chunk through `Read`, checking every CRC.
+/// `None` if the entry reported itself aborted.
+pub fn read_entry_streaming(entry: &mut Entry<'_>) -> io::Result<Option<Vec<Vec<u8>>>> {
+    let mut chunks = Vec::with_capacity(entry.chunk_count());
+    loop {
+        match entry.read_chunk()? {
+            ReadChunkResult::Chunk(mut chunk) => {
+                let len = chunk.len() as usize;
+                assert_eq!(chunk.bytes_remaining() as usize, len);
+                let mut data = Vec::with_capacity(len);
+                chunk.read_to_end(&mut data)?;
+                assert_eq!(data.len(), len, "chunk at {} is short", chunk.position());
+                if !chunk.check_crc()? {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("chunk at {} fails its CRC in recovery", chunk.position()),
+                    ));
+                }
+                chunks.push(data);
+            }
+            ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
+            ReadChunkResult::AbortedEntry => return Ok(None),
+        }
+    }
+}
+
+impl LogManager for Recorder {
+    fn should_recover_segment(&mut self, segment: &RecoveredSegment) -> io::Result<Recovery> {
+        assert_eq!(segment.version_info(), &segment.version_info[..]);
+        lock(&self.seen)
+            .segments
+            .push((segment.id, segment.version_info.clone()));
+        if self.abandon.as_deref() == Some(segment.version_info()) {
+            Ok(Recovery::Abandon)
+        } else {
+            Ok(Recovery::Recover)
+        }
+    }
+
+    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
+        let id = entry.id().0;
+        match read_entry_streaming(entry)? {
+            Some(chunks) => lock(&self.seen).recovered.push((id, chunks)),
+            None => lock(&self.seen).aborted.push(id),
+        }
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        last_checkpointed_id: EntryId,
+        entries: &mut SegmentReader,
+        _wal: &WriteAheadLog,
+    ) -> io::Result<()> {
+        let mut checkpoint = Checkpoint {
+            last_id: last_checkpointed_id.0,
+            segment_id: entries.segment_id(),
+            entries: Vec::new(),
+        };
+        if self.refuse.load(Ordering::SeqCst) {
+            // Note which entries were offered, without reading their bytes
+            // (refused checkpoints are retried often).
+            while let Some(entry) = entries.read_entry()? {
+                checkpoint.entries.push((entry.id().0, Vec::new()));
+            }
+            lock(&self.seen).refused.push(checkpoint);
+            return Err(io::Error::other(REFUSAL));
+        }
+        while let Some(mut entry) = entries.read_entry()? {
+            let id = entry.id().0;
+            let chunks = entry.read_all_chunks()?.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("entry {id} was aborted while being checkpointed"),
+                )
+            })?;
+            checkpoint.entries.push((id, chunks));
+        }
+        let fail = self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            lock(&self.seen).refused.push(checkpoint);
+            return Err(io::Error::other(REFUSAL));
+        }
+        lock(&self.seen).checkpoints.push(checkpoint);
+        Ok(())
+    }
+}
+
+/// How an entry ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Commit,
+    Rollback,
+    /// Dropped without commit or rollback.
+    Drop,
+    /// A `begin_chunk` is left unfinished; the commit must then fail.
+    UnfinishedChunk,
+}
+
+/// One chunk: its bytes and whether it is streamed through `begin_chunk`.
+#[derive(Debug, Clone)]
+pub struct PlannedChunk {
+    pub data: Vec<u8>,
+    pub streamed: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub chunks: Vec<PlannedChunk>,
+    pub end: End,
+}
+
+impl Plan {
+    pub fn data(&self) -> Vec<Vec<u8>> {
+        self.chunks.iter().map(|c| c.data.clone()).collect()
+    }
+}
+
+/// Shape of a random workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Mix {
+    /// Chunk sizes are drawn from `0..max_chunk`.
+    pub max_chunk: usize,
+    /// Percent of entries with several chunks.
+    pub multi_chunk: u64,
+    /// Percent of chunks written with `begin_chunk`.
+    pub streamed: u64,
+    pub rollback: u64,
+    pub drop: u64,
+    pub unfinished: u64,
+    /// Percent of entries with one chunk of 64..160 KiB (written header
+    /// first by the log).
+    pub large: u64,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Self {
+            max_chunk: 8 * 1024,
+            multi_chunk: 25,
+            streamed: 25,
+            rollback: 6,
+            drop: 6,
+            unfinished: 0,
+            large: 0,
+        }
+    }
+}
+
+pub fn random_plan(rng: &mut Rng, mix: &Mix) -> Plan {
+    let roll = rng.below(100);
+    let end = if roll < mix.rollback {
+        End::Rollback
+    } else if roll < mix.rollback + mix.drop {
+        End::Drop
+    } else if roll < mix.rollback + mix.drop + mix.unfinished {
+        End::UnfinishedChunk
+    } else {
+        End::Commit
+    };
+    let count = if rng.percent(3) {
+        0
+    } else if rng.percent(mix.multi_chunk) {
+        rng.range(2, 5)
+    } else {
+        1
+    };
+    let large = mix.large > 0 && rng.percent(mix.large);
+    let chunks = (0..count)
+        .map(|i| {
+            let len = if large && i == 0 {
+                rng.range(64 * 1024, 160 * 1024)
+            } else if count > 1 {
+                rng.below((mix.max_chunk / 2) as u64 + 1) as usize
+            } else {
+                rng.below(mix.max_chunk as u64 + 1) as usize
+            };
+            PlannedChunk {
+                data: rng.bytes(len),
+                streamed: rng.percent(mix.streamed),
+            }
+        })
+        .collect();
+    Plan { chunks, end }
+}
+
+/// What happened to one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// `commit` returned `Ok`.
+    Committed,
+    /// `commit` was called and failed: not acknowledged, but the entry
+    /// may be present after recovery (whole).
+    Failed,
+    /// A chunk write failed before the commit: the entry can never be
+    /// committed.
+    Aborted,
+    /// Rolled back, dropped, or refused because of an unfinished chunk.
+    RolledBack,
+    /// `begin_entry` failed.
+    NotBegun,
+}
+
+#[derive(Debug)]
+pub struct Done {
+    pub id: Option<u64>,
+    pub outcome: Outcome,
+    pub records: Vec<ChunkRecord>,
+    pub error: Option<io::Error>,
+}
+
+fn write_streamed(
+    entry: &mut okaywal::EntryWriter<'_>,
+    data: &[u8],
+    rng: &mut Rng,
+) -> io::Result<ChunkRecord> {
+    let mut writer = entry.begin_chunk(data.len() as u32)?;
+    let mut at = 0;
+    while at < data.len() {
+        let piece = rng.range(1, (data.len() - at).min(3000) + 1);
+        writer.write_all(&data[at..at + piece])?;
+        at += piece;
+    }
+    assert_eq!(writer.bytes_remaining(), 0);
+    writer.flush()?;
+    writer.finish()
+}
+
+/// Writes one entry as `plan` says.
+pub fn execute(log: &WriteAheadLog, plan: &Plan, rng: &mut Rng) -> Done {
+    let mut entry = match log.begin_entry() {
+        Ok(entry) => entry,
+        Err(error) => {
+            return Done {
+                id: None,
+                outcome: Outcome::NotBegun,
+                records: Vec::new(),
+                error: Some(error),
+            }
+        }
+    };
+    let id = entry.id().0;
+    let mut records = Vec::new();
+    let fail = |records: Vec<ChunkRecord>, error: io::Error| Done {
+        id: Some(id),
+        outcome: Outcome::Aborted,
+        records,
+        error: Some(error),
+    };
+    for chunk in &plan.chunks {
+        let result = if chunk.streamed {
+            write_streamed(&mut entry, &chunk.data, rng)
+        } else {
+            entry.write_chunk(&chunk.data)
+        };
+        match result {
+            Ok(record) => {
+                assert_eq!(record.length as usize, chunk.data.len());
+                assert_eq!(record.crc, crc32fast::hash(&chunk.data), "entry {id}");
+                records.push(record);
+            }
+            Err(error) => {
+                drop(entry);
+                return fail(records, error);
+            }
+        }
+    }
+    match plan.end {
+        End::Commit => match entry.commit() {
+            Ok(committed) => {
+                assert_eq!(committed.0, id);
+                Done {
+                    id: Some(id),
+                    outcome: Outcome::Committed,
+                    records,
+                    error: None,
+                }
+            }
+            Err(error) => Done {
+                id: Some(id),
+                outcome: Outcome::Failed,
+                records,
+                error: Some(error),
+            },
+        },
+        End::Rollback => {
+            // A failed rollback still leaves the entry uncommitted.
+            let error = entry.rollback().err();
+            Done {
+                id: Some(id),
+                outcome: Outcome::RolledBack,
+                records,
+                error,
+            }
+        }
+        End::Drop => {
+            drop(entry);
+            Done {
+                id: Some(id),
+                outcome: Outcome::RolledBack,
+                records,
+                error: None,
+            }
+        }
+        End::UnfinishedChunk => {
+            let len = rng.range(2, 5000);
+            let half = rng.bytes(len / 2);
+            let started = match entry.begin_chunk(len as u32) {
+                Ok(mut writer) => {
+                    let written = writer.write_all(&half);
+                    assert!(written.is_err() || writer.bytes_remaining() > 0);
+                    written
+                }
+                Err(error) => Err(error),
+            };
+            if let Err(error) = started {
+                drop(entry);
+                return fail(records, error);
+            }
+            let result = entry.commit();
+            assert!(
+                result.is_err(),
+                "entry {id} committed although one of its chunks was never finished"
+            );
+            Done {
+                id: Some(id),
+                outcome: Outcome::RolledBack,
+                records,
+                error: None,
+            }
+        }
+    }
+}
+
+/// What the test knows it wrote.
+#[derive(Debug, Default, Clone)]
+pub struct Model {
+    /// Acknowledged commits.
+    pub committed: BTreeMap<u64, Vec<Vec<u8>>>,
+    /// Begun, meant to commit, not acknowledged: may be present only whole.
+    pub unacked: BTreeMap<u64, Vec<Vec<u8>>>,
+    /// Rolled back: must never come back.
+    pub rolled_back: BTreeSet<u64>,
+    /// Chunk positions of acknowledged commits, with their bytes.
+    pub positions: Vec<(ChunkRecord, Vec<u8>)>,
+    /// First error seen by any writer.
+    pub errors: Vec<String>,
+}
+
+impl Model {
+    pub fn record(&mut self, plan: &Plan, done: &Done) {
+        if let Some(error) = &done.error {
+            self.errors.push(error.to_string());
+        }
+        let Some(id) = done.id else { return };
+        match done.outcome {
+            Outcome::Committed => {
+                for (record, chunk) in done.records.iter().zip(&plan.chunks) {
+                    self.positions.push((*record, chunk.data.clone()));
+                }
+                self.committed.insert(id, plan.data());
+            }
+            Outcome::Failed => {
+                self.unacked.insert(id, plan.data());
+            }
+            Outcome::RolledBack | Outcome::Aborted => {
+                self.rolled_back.insert(id);
+            }
+            Outcome::NotBegun => {}
+        }
+    }
+
+    pub fn merge(&mut self, other: Model) {
+        let before = self.committed.len() + other.committed.len();
+        self.committed.extend(other.committed);
+        assert_eq!(self.committed.len(), before, "two entries share an id");
+        self.unacked.extend(other.unacked);
+        self.rolled_back.extend(other.rolled_back);
+        self.positions.extend(other.positions);
+        self.errors.extend(other.errors);
+    }
+
+    pub fn max_committed(&self) -> u64 {
+        self.committed.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// Checks one entry handed to the manager: it must be a commit (or an
+    /// unacknowledged attempt) with exactly the bytes written.
+    pub fn check(&self, id: u64, chunks: &[Vec<u8>], what: &str) -> Result<(), String> {
+        let expected = if let Some(expected) = self.committed.get(&id) {
+            expected
+        } else if let Some(expected) = self.unacked.get(&id) {
+            expected
+        } else if self.rolled_back.contains(&id) {
+            return Err(format!("{what}: rolled-back entry {id} came back"));
+        } else {
+            return Err(format!("{what}: entry {id} was never written"));
+        };
+        if expected.as_slice() != chunks {
+            return Err(format!(
+                "{what}: entry {id} has the wrong bytes: expected chunk lengths {:?}, got {:?}",
+                expected.iter().map(Vec::len).collect::<Vec<_>>(),
+                chunks.iter().map(Vec::len).collect::<Vec<_>>(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A multi-threaded workload of random entries.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub threads: usize,
+    pub entries_per_thread: usize,
+    pub seed: u64,
+    pub mix: Mix,
+}
+
+/// How long a workload may take before the test declares it hung.
+pub const WORKLOAD_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `workload` on `log`; each thread stops once `begin_entry` fails.
+///
+/// The writers run on detached threads so that a commit that never returns
+/// fails the test (after [`WORKLOAD_DEADLINE`]) instead of hanging it.
+pub fn run_workload(log: &WriteAheadLog, workload: &Workload) -> Model {
+    try_run_workload(log, workload, WORKLOAD_DEADLINE).unwrap_or_else(|stuck| panic!("{stuck}"))
+}
+
+/// [`run_workload`], returning a description of the stuck writers instead
+/// of panicking when the deadline passes.
+pub fn try_run_workload(
+    log: &WriteAheadLog,
+    workload: &Workload,
+    deadline: Duration,
+) -> Result<Model, String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let progress = Arc::new(AtomicUsize::new(0));
+    for thread in 0..workload.threads {
+        let log = log.clone();
+        let sender = sender.clone();
+        let progress = progress.clone();
+        let workload = *workload;
+        std::thread::Builder::new()
+            .name(format!("writer-{thread}"))
+            .spawn(move || {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut model = Model::default();
+                    let mut rng = Rng::new(workload.seed.wrapping_mul(1_000_003) ^ thread as u64);
+                    for _ in 0..workload.entries_per_thread {
+                        let plan = random_plan(&mut rng, &workload.mix);
+                        let done = execute(&log, &plan, &mut rng);
+                        model.record(&plan, &done);
+                        progress.fetch_add(1, Ordering::Relaxed);
+                        if done.outcome == Outcome::NotBegun {
+                            break;
+                        }
+                    }
+                    model
+                }));
+                let _ = sender.send(result);
+            })
+            .expect("spawning a writer");
+    }
+    drop(sender);
+    let start = Instant::now();
+    let mut model = Model::default();
+    for finished in 0..workload.threads {
+        let left = deadline.saturating_sub(start.elapsed());
+        match receiver.recv_timeout(left) {
+            Ok(Ok(part)) => model.merge(part),
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => {
+                return Err(format!(
+                    "the workload hung: after {deadline:?}, {} of {} writer threads had not \
+                     finished ({} of {} entries done); a commit or write never returned",
+                    workload.threads - finished,
+                    workload.threads,
+                    progress.load(Ordering::Relaxed),
+                    workload.threads * workload.entries_per_thread,
+                ))
+            }
+        }
+    }
+    Ok(model)
+}
+
+/// Runs `body` while another thread keeps sealing the active segment with
+/// `checkpoint_active` (whose result is ignored: the manager may refuse).
+pub fn with_sealer<T>(log: &WriteAheadLog, body: impl FnOnce() -> T) -> T {
+    let stop = Arc::new(AtomicBool::new(false));
+    let sealer = {
+        let log = log.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let _ = log.checkpoint_active();
+                std::thread::sleep(Duration::from_millis(15));
+            }
+        })
+    };
+    let result = body();
+    stop.store(true, Ordering::SeqCst);
+    sealer.join().expect("the sealing thread panicked");
+    result
+}
+
+/// Counts how often each id occurs.
+pub fn occurrences(ids: impl IntoIterator<Item = u64>) -> BTreeMap<u64, usize> {
+    let mut counts = BTreeMap::new();
+    for id in ids {
+        *counts.entry(id).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks that the entries a first run checkpointed plus the entries a
+/// second run recovered are exactly the commits of `model`, each once and
+/// with its bytes.
+pub fn check_exactly_once(model: &Model, first: &Seen, second: &Seen) -> Result<(), String> {
+    let mut handed = Vec::new();
+    for checkpoint in &first.checkpoints {
+        for (id, chunks) in &checkpoint.entries {
+            model.check(*id, chunks, "checkpoint before reopen")?;
+            handed.push(*id);
+        }
+    }
+    for (id, chunks) in &first.recovered {
+        model.check(*id, chunks, "recovery of first run")?;
+        handed.push(*id);
+    }
+    for (id, chunks) in &second.recovered {
+        model.check(*id, chunks, "recovery after reopen")?;
+        handed.push(*id);
+    }
+    if !second.aborted.is_empty() {
+        return Err(format!("aborted entries in recovery: {:?}", second.aborted));
+    }
+    let counts = occurrences(handed);
+    let duplicated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    if !duplicated.is_empty() {
+        return Err(format!(
+            "entries handed over more than once (id, times): {:?}",
+            &duplicated[..duplicated.len().min(10)]
+        ));
+    }
+    let missing: Vec<_> = model
+        .committed
+        .keys()
+        .filter(|id| !counts.contains_key(id))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} of {} committed entries were neither checkpointed nor recovered, e.g. {:?}",
+            missing.len(),
+            model.committed.len(),
+            &missing[..missing.len().min(10)]
+        ));
+    }
+    Ok(())
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if condition() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Calls `checkpoint_active` until it succeeds (checkpoints that began
+/// while the manager was refusing may still fail once).
+pub fn checkpoint_until_ok(log: &WriteAheadLog) -> io::Result<()> {
+    let mut last = None;
+    for _ in 0..50 {
+        match log.checkpoint_active() {
+            Ok(()) => return Ok(()),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+pub const ALL_OPERATIONS: [Operation; 8] = [
+    Operation::Write,
+    Operation::Sync,
+    Operation::SyncDir,
+    Operation::Rename,
+    Operation::Read,
+    Operation::Create,
+    Operation::Remove,
+    Operation::SetLen,
+];
+
+/// Cuts the power now: the next few operations of every kind are planned
+/// to fail as a power cut, so whatever the log's background thread does
+/// next cannot reach the disk.
+pub fn cut_power(fs: &CrashFileSystem) {
+    for op in ALL_OPERATIONS {
+        let now = fs.operation_count(op);
+        for n in now..now + 16 {
+            fs.inject(op, n, FaultKind::PowerOff);
+        }
+    }
+}
+
+/// The names of the files in a real directory.
+pub fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("listing the log directory")
+        .map(|entry| {
+            entry
+                .expect("directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}

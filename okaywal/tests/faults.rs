@@ -1,0 +1,411 @@
+//! Injected I/O errors: a failed sync or write fails its commit and
+//! poisons the log until it is reopened; acknowledged commits survive; a
+//! full disk while opening gives a clear error.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Model, Recorder, Rng, ALL_OPERATIONS};
+use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
+use okaywal::{Configuration, WriteAheadLog};
+
+const DIR: &str = "/faults";
+const PREALLOCATE: u64 = 4 * 1024 * 1024;
+
+fn config(fs: &CrashFileSystem) -> Configuration {
+    // One big segment: no segment switch or checkpoint interferes with the
+    // counting of operations.
+    Configuration::default_for(DIR)
+        .file_system(fs.clone())
+        .preallocate_bytes(PREALLOCATE)
+        .checkpoint_after_bytes(1 << 30)
+        .buffer_bytes(64 * 1024)
+}
+
+fn counts(fs: &CrashFileSystem) -> Vec<u64> {
+    ALL_OPERATIONS
+        .iter()
+        .map(|op| fs.operation_count(*op))
+        .collect()
+}
+
+/// Waits until the log's background thread has stopped touching the disk
+/// (it makes a spare segment file right after opening).
+fn quiesce(fs: &CrashFileSystem) {
+    let start = Instant::now();
+    let mut last = counts(fs);
+    loop {
+        std::thread::sleep(Duration::from_millis(40));
+        let now = counts(fs);
+        if now == last {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never quiet");
+        last = now;
+    }
+}
+
+fn open_quiet(fs: &CrashFileSystem, recorder: &Recorder) -> WriteAheadLog {
+    let log = config(fs).open(recorder.clone()).unwrap();
+    quiesce(fs);
+    log
+}
+
+/// Reopens without faults and checks the commits of `model`: every
+/// acknowledged one present with its bytes, nothing rolled back, failed
+/// commits whole or absent.
+fn reopen_and_check(fs: &CrashFileSystem, model: &Model, what: &str) -> Vec<u64> {
+    fs.clear_faults();
+    let recorder = Recorder::new();
+    let log = config(fs)
+        .open(recorder.clone())
+        .unwrap_or_else(|e| panic!("{what}: reopening: {e}"));
+    common::check_exactly_once(model, &common::Seen::default(), &recorder.seen())
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let ids = recorder.seen().recovered_ids();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"after reopening").unwrap();
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+    ids
+}
+
+fn assert_poisoned(log: &WriteAheadLog, what: &str) {
+    for _ in 0..3 {
+        assert!(
+            log.begin_entry().is_err(),
+            "{what}: begin_entry works on a poisoned log"
+        );
+    }
+    assert!(
+        log.checkpoint_active().is_err(),
+        "{what}: checkpoint_active works on a poisoned log"
+    );
+}
+
+#[test]
+fn a_failed_sync_fails_its_commit_and_every_later_one() {
+    for k in 0..6 {
+        for power_loss in [false, true] {
+            let what = format!("sync error on the {k}th commit's sync (power loss: {power_loss})");
+            let fs = CrashFileSystem::new();
+            let log = open_quiet(&fs, &Recorder::new());
+            // An entry begun before the fault, finished after it.
+            let mut held = log.begin_entry().unwrap();
+            held.write_chunk(b"begun before the fault").unwrap();
+            let held_id = held.id().0;
+
+            fs.inject(
+                Operation::Sync,
+                fs.operation_count(Operation::Sync) + k,
+                FaultKind::Error(io::ErrorKind::Other),
+            );
+            let mut model = Model::default();
+            model.rolled_back.insert(held_id);
+            let mut rng = Rng::new(k);
+            let mut failed_at = None;
+            for i in 0..12 {
+                let mut entry = match log.begin_entry() {
+                    Ok(entry) => entry,
+                    Err(_) => {
+                        assert!(failed_at.is_some(), "{what}: begin failed first");
+                        continue;
+                    }
+                };
+                assert!(failed_at.is_none(), "{what}: begin after a failed commit");
+                let data = rng.bytes(200);
+                entry.write_chunk(&data).unwrap();
+                let id = entry.id().0;
+                match entry.commit() {
+                    Ok(_) => {
+                        model.committed.insert(id, vec![data]);
+                    }
+                    Err(err) => {
+                        assert!(!err.to_string().is_empty());
+                        model.unacked.insert(id, vec![data]);
+                        failed_at = Some(i);
+                    }
+                }
+            }
+            assert_eq!(failed_at, Some(k), "{what}: the wrong commit failed");
+            assert_eq!(model.committed.len() as u64, k);
+            assert!(held.write_chunk(b"more").is_err(), "{what}");
+            assert!(held.commit().is_err(), "{what}");
+            assert_poisoned(&log, &what);
+            assert!(
+                log.shutdown().is_err(),
+                "{what}: shutdown hides the failure"
+            );
+            drop(log);
+            if power_loss {
+                fs.power_loss(PowerLoss::Clean);
+            }
+            reopen_and_check(&fs, &model, &what);
+        }
+    }
+}
+
+#[test]
+fn a_failed_sync_under_concurrent_commits() {
+    for fault in [3_u64, 10, 25] {
+        let fs = CrashFileSystem::new();
+        let log = open_quiet(&fs, &Recorder::new());
+        fs.inject(
+            Operation::Sync,
+            fs.operation_count(Operation::Sync) + fault,
+            FaultKind::Error(io::ErrorKind::Other),
+        );
+        let threads: Vec<_> = (0..4_u64)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(t);
+                    let mut outcomes = Vec::new();
+                    for _ in 0..40 {
+                        let mut entry = match log.begin_entry() {
+                            Ok(entry) => entry,
+                            Err(_) => {
+                                outcomes.push((None, Vec::new(), false));
+                                continue;
+                            }
+                        };
+                        let len = rng.range(1, 2000);
+                        let data = rng.bytes(len);
+                        let id = entry.id().0;
+                        let ok = entry.write_chunk(&data).is_ok() && entry.commit().is_ok();
+                        outcomes.push((Some(id), data, ok));
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        let mut model = Model::default();
+        for thread in threads {
+            let outcomes = thread.join().unwrap();
+            let first_failure = outcomes
+                .iter()
+                .position(|(_, _, ok)| !ok)
+                .expect("the fault fired");
+            assert!(
+                outcomes[first_failure..].iter().all(|(_, _, ok)| !ok),
+                "fault at sync {fault}: a commit succeeded after a failed one: {:?}",
+                outcomes.iter().map(|o| o.2).collect::<Vec<_>>()
+            );
+            for (id, data, ok) in outcomes {
+                if let Some(id) = id {
+                    if ok {
+                        model.committed.insert(id, vec![data]);
+                    } else {
+                        model.unacked.insert(id, vec![data]);
+                    }
+                }
+            }
+        }
+        assert!(!model.committed.is_empty(), "fault at sync {fault}");
+        assert_poisoned(&log, &format!("fault at sync {fault}"));
+        drop(log);
+        reopen_and_check(&fs, &model, &format!("fault at sync {fault}"));
+    }
+}
+
+/// Each entry: a small chunk, a 200 KiB chunk streamed in small pieces
+/// (written out in 64 KiB buffers), then the commit.
+fn write_entry(log: &WriteAheadLog, rng: &mut Rng) -> (Option<u64>, Vec<Vec<u8>>, io::Result<()>) {
+    let small = rng.bytes(100);
+    let large = rng.bytes(200 * 1024);
+    let mut entry = match log.begin_entry() {
+        Ok(entry) => entry,
+        Err(err) => return (None, Vec::new(), Err(err)),
+    };
+    let id = entry.id().0;
+    let chunks = vec![small.clone(), large.clone()];
+    let result = (|| {
+        entry.write_chunk(&small)?;
+        let mut writer = entry.begin_chunk(large.len() as u32)?;
+        for piece in large.chunks(1000) {
+            writer.write_all(piece)?;
+        }
+        writer.finish()?;
+        Ok(())
+    })();
+    let result = match result {
+        Ok(()) => entry.commit().map(|_| ()),
+        Err(err) => {
+            // The entry cannot be committed any more.
+            assert!(
+                entry.commit().is_err(),
+                "entry {id} committed after a failed write"
+            );
+            Err(err)
+        }
+    };
+    (Some(id), chunks, result)
+}
+
+#[test]
+fn a_failed_write_fails_its_entry_and_poisons_the_log() {
+    let mut fired = 0;
+    for k in 0..24 {
+        let what = format!("write error at the {k}th write");
+        let fs = CrashFileSystem::new();
+        let log = open_quiet(&fs, &Recorder::new());
+        let base = fs.operation_count(Operation::Write);
+        fs.inject(
+            Operation::Write,
+            base + k,
+            FaultKind::Error(io::ErrorKind::Other),
+        );
+        let mut rng = Rng::new(k);
+        let mut model = Model::default();
+        let mut failed = None;
+        for _ in 0..4 {
+            let (id, chunks, result) = write_entry(&log, &mut rng);
+            match (id, result) {
+                (Some(id), Ok(())) => {
+                    assert!(failed.is_none(), "{what}: a commit after the failure");
+                    model.committed.insert(id, chunks);
+                }
+                (Some(id), Err(_)) => {
+                    assert!(failed.is_none(), "{what}: a write after the failure");
+                    // Its commit record was never written: it must not
+                    // come back.
+                    model.rolled_back.insert(id);
+                    failed = Some(id);
+                }
+                (None, Err(_)) => assert!(failed.is_some(), "{what}: begin failed first"),
+                (None, Ok(())) => unreachable!(),
+            }
+        }
+        if fs.operation_count(Operation::Write) > base + k {
+            fired += 1;
+            assert!(failed.is_some(), "{what}: no entry failed");
+            assert_poisoned(&log, &what);
+        }
+        drop(log);
+        reopen_and_check(&fs, &model, &what);
+    }
+    assert!(fired >= 20, "{fired}");
+}
+
+fn spare_files_are_whole(fs: &CrashFileSystem, what: &str) {
+    for name in fs.list_files(Path::new(DIR)).unwrap_or_default() {
+        if name.starts_with("wal-spare-") {
+            let len = fs.contents(&Path::new(DIR).join(&name)).unwrap().len() as u64;
+            assert!(
+                len >= PREALLOCATE,
+                "{what}: a half-filled spare file {name} ({len} bytes) was left behind"
+            );
+        }
+    }
+}
+
+/// Injects "no space left on device" at the `n`th operation of each kind
+/// while opening a new or an existing log.
+#[test]
+fn a_full_disk_while_opening_gives_a_clear_error() {
+    let mut refused = BTreeMap::new();
+    for existing in [false, true] {
+        for op in [
+            Operation::Create,
+            Operation::Write,
+            Operation::Sync,
+            Operation::SyncDir,
+            Operation::Rename,
+        ] {
+            for n in 0..4 {
+                let what = format!("{op:?} #{n} fails with StorageFull (existing log: {existing})");
+                let fs = CrashFileSystem::new();
+                let mut model = Model::default();
+                if existing {
+                    let log = open_quiet(&fs, &Recorder::new());
+                    for i in 0..5_u8 {
+                        let mut entry = log.begin_entry().unwrap();
+                        entry.write_chunk(&[i; 64]).unwrap();
+                        model
+                            .committed
+                            .insert(entry.commit().unwrap().0, vec![vec![i; 64]]);
+                    }
+                    log.shutdown().unwrap();
+                    drop(log);
+                }
+                fs.inject(
+                    op,
+                    fs.operation_count(op) + n,
+                    FaultKind::Error(io::ErrorKind::StorageFull),
+                );
+                // Refusing checkpoints keeps recovered entries in the log
+                // for the final check.
+                let recorder = Recorder::refusing();
+                match config(&fs).open(recorder.clone()) {
+                    Ok(log) => {
+                        // The fault hit later work (or nothing): the log
+                        // must still be consistent.
+                        let recovered = recorder.seen().recovered_ids();
+                        assert_eq!(
+                            recovered,
+                            model.committed.keys().copied().collect::<Vec<_>>(),
+                            "{what}"
+                        );
+                        let _ = log.shutdown();
+                    }
+                    Err(err) => {
+                        assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{what}: {err}");
+                        assert!(err.to_string().contains("injected"), "{what}: {err}");
+                        *refused.entry(op).or_insert(0) += 1;
+                    }
+                }
+                spare_files_are_whole(&fs, &what);
+                // Once space is back, nothing acknowledged is lost.
+                reopen_and_check(&fs, &model, &what);
+            }
+        }
+    }
+    println!("opens refused per operation: {refused:?}");
+    for op in [Operation::Create, Operation::Write, Operation::Sync] {
+        assert!(
+            refused.get(&op).copied().unwrap_or(0) > 0,
+            "{op:?}: {refused:?}"
+        );
+    }
+}
+
+#[test]
+fn a_read_error_during_recovery_is_reported() {
+    for n in 0..6 {
+        let what = format!("read #{n} fails during recovery");
+        let fs = CrashFileSystem::new();
+        let log = open_quiet(&fs, &Recorder::new());
+        let mut model = Model::default();
+        for i in 0..4_u8 {
+            let mut entry = log.begin_entry().unwrap();
+            entry.write_chunk(&[i; 5000]).unwrap();
+            model
+                .committed
+                .insert(entry.commit().unwrap().0, vec![vec![i; 5000]]);
+        }
+        log.shutdown().unwrap();
+        drop(log);
+        fs.inject(
+            Operation::Read,
+            fs.operation_count(Operation::Read) + n,
+            FaultKind::Error(io::ErrorKind::PermissionDenied),
+        );
+        let recorder = Recorder::refusing();
+        match config(&fs).open(recorder.clone()) {
+            Ok(log) => {
+                assert_eq!(
+                    recorder.seen().recovered_ids(),
+                    model.committed.keys().copied().collect::<Vec<_>>(),
+                    "{what}"
+                );
+                let _ = log.shutdown();
+            }
+            Err(err) => assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{what}: {err}"),
+        }
+        reopen_and_check(&fs, &model, &what);
+    }
+}
