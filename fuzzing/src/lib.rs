@@ -31,8 +31,11 @@ pub fn run(name: &str, data: &[u8]) {
     }
 }
 
+/// An entry id with its chunks.
+type Recovered = (u64, Vec<Vec<u8>>);
+
 #[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<(u64, Vec<Vec<u8>>)>>>);
+struct Recorder(Arc<Mutex<Vec<Recovered>>>);
 
 impl LogManager for Recorder {
     fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {

@@ -112,7 +112,7 @@ impl Backoff {
     }
 
     fn ready(&self) -> bool {
-        self.retry_at.is_none_or(|at| Instant::now() >= at)
+        self.retry_at.map_or(true, |at| Instant::now() >= at)
     }
 
     fn remaining(&self) -> Option<Duration> {

@@ -1,0 +1,130 @@
+//! The command's error type: a one-line message and an exit code.
+
+use std::io;
+use std::path::Path;
+
+/// Exit code when `verify` found problems.
+pub const EXIT_PROBLEMS: u8 = 1;
+/// Exit code for bad input: usage errors (clap's own code), a missing
+/// directory, a directory that is not a store, a malformed grain id or
+/// sequence, a free grain, a sequence in the future.
+pub const EXIT_INPUT: u8 = 2;
+/// Exit code for everything else: damaged files, I/O errors.
+pub const EXIT_FAILURE: u8 = 3;
+
+/// Why a command failed.
+#[derive(Debug)]
+pub struct CliError {
+    /// The process exit code.
+    pub code: u8,
+    /// Printed as `sediment: <message>` on stderr; `None` when everything
+    /// was already said (verification problems, a closed output pipe).
+    pub message: Option<String>,
+}
+
+impl CliError {
+    /// Bad input from the user: exit code 2.
+    pub fn input(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_INPUT,
+            message: Some(message.into()),
+        }
+    }
+
+    /// Anything else that went wrong: exit code 3.
+    pub fn failure(message: impl Into<String>) -> Self {
+        Self {
+            code: EXIT_FAILURE,
+            message: Some(message.into()),
+        }
+    }
+
+    /// `verify` found (and printed) problems: exit code 1.
+    pub fn problems() -> Self {
+        Self {
+            code: EXIT_PROBLEMS,
+            message: None,
+        }
+    }
+
+    /// An error writing our own output. A reader that went away (`sediment
+    /// log | head`) is not an error worth a message.
+    pub fn output(err: io::Error) -> Self {
+        if err.kind() == io::ErrorKind::BrokenPipe {
+            Self {
+                code: 0,
+                message: None,
+            }
+        } else {
+            Self::failure(format!("writing output: {}", describe_io(&err)))
+        }
+    }
+
+    /// An I/O error on `path` while doing `what` (e.g. "reading").
+    pub fn io(what: &str, path: &Path, err: &io::Error) -> Self {
+        let message = format!("{what} {}: {}", path.display(), describe_io(err));
+        match err.kind() {
+            io::ErrorKind::NotFound
+            | io::ErrorKind::PermissionDenied
+            | io::ErrorKind::IsADirectory
+            | io::ErrorKind::NotADirectory => Self::input(message),
+            _ => Self::failure(message),
+        }
+    }
+}
+
+/// An I/O error without the "(os error N)" suffix.
+pub fn describe_io(err: &io::Error) -> String {
+    let text = err.to_string();
+    match text.find(" (os error") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// True for errors that mean the store's files are damaged (as opposed to
+/// bad input or a failing disk).
+pub fn is_corruption(err: &sediment::Error) -> bool {
+    match err {
+        sediment::Error::Corrupt { .. }
+        | sediment::Error::ChecksumMismatch { .. }
+        | sediment::Error::Verification(_) => true,
+        sediment::Error::Io { source, .. } => source.kind() == io::ErrorKind::InvalidData,
+        _ => false,
+    }
+}
+
+impl From<sediment::Error> for CliError {
+    fn from(err: sediment::Error) -> Self {
+        use sediment::Error;
+        match &err {
+            Error::InvalidGrainId(_)
+            | Error::AlreadyArchived(_)
+            | Error::TooLarge { .. }
+            | Error::FutureSequence { .. } => Self::input(err.to_string()),
+            Error::NotAllocated(id) => Self::input(not_allocated(*id)),
+            Error::Corrupt { .. } | Error::ChecksumMismatch { .. } => {
+                Self::failure(format!("the store is damaged: {err}"))
+            }
+            _ => Self::failure(err.to_string()),
+        }
+    }
+}
+
+/// The message for a grain id that names no committed blob.
+pub fn not_allocated(id: sediment::GrainId) -> String {
+    format!(
+        "grain {id} is not allocated (it is free, was freed by a checkpoint, or is not the start of a blob)"
+    )
+}
+
+/// Folds a message onto one line.
+pub fn one_line(message: &str) -> String {
+    let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut out = lines.next().unwrap_or_default().to_string();
+    for line in lines {
+        out.push_str("; ");
+        out.push_str(line);
+    }
+    out
+}

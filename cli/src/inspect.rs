@@ -1,0 +1,473 @@
+//! `log`, `stats` and `verify`.
+
+use std::io::Write;
+use std::path::Path;
+
+use sediment::{CommitRecord, GrainId, SequenceId};
+use serde::Serialize;
+
+use crate::error::{describe_io, is_corruption, one_line, CliError};
+use crate::progress::{busy, count_bar};
+use crate::store::{self, parse_sequence, run_then_shutdown, Create};
+use crate::wal::{self, HeaderInfo, WalName};
+
+fn write_json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
+    serde_json::to_writer(&mut *out, value)
+        .map_err(|e| CliError::failure(format!("writing JSON: {e}")))?;
+    writeln!(out).map_err(CliError::output)
+}
+
+fn ids(ids: &[GrainId]) -> String {
+    if ids.is_empty() {
+        "-".to_string()
+    } else {
+        ids.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// A new grain in `log --json`.
+#[derive(Serialize)]
+struct JsonNewGrain {
+    grain: String,
+    length: u32,
+    crc: u32,
+}
+
+/// One line of `log --json`.
+#[derive(Serialize)]
+struct JsonRecord {
+    sequence: u64,
+    new: Vec<JsonNewGrain>,
+    archived: Vec<String>,
+    freed: Vec<String>,
+    /// Present when the transaction set the embedded header (`null` when it
+    /// cleared it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    embedded_header: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpointed_to: Option<u64>,
+}
+
+impl From<&CommitRecord> for JsonRecord {
+    fn from(record: &CommitRecord) -> Self {
+        let strings = |ids: &[GrainId]| ids.iter().map(ToString::to_string).collect();
+        Self {
+            sequence: record.sequence.0,
+            new: record
+                .new_grains
+                .iter()
+                .map(|g| JsonNewGrain {
+                    grain: g.id.to_string(),
+                    length: g.length,
+                    crc: g.crc,
+                })
+                .collect(),
+            archived: strings(&record.archived),
+            freed: strings(&record.freed),
+            embedded_header: record
+                .embedded_header
+                .map(|header| header.map(|id| id.to_string())),
+            checkpointed_to: record.checkpointed_to.map(|s| s.0),
+        }
+    }
+}
+
+fn log_line(record: &CommitRecord) -> String {
+    let new = if record.new_grains.is_empty() {
+        "-".to_string()
+    } else {
+        record
+            .new_grains
+            .iter()
+            .map(|g| format!("{}:{}B", g.id, g.length))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut line = format!(
+        "{:<6} new {new}  archived {}  freed {}",
+        record.sequence,
+        ids(&record.archived),
+        ids(&record.freed)
+    );
+    if let Some(to) = record.checkpointed_to {
+        line.push_str(&format!("  checkpoint-to {to}"));
+    }
+    match record.embedded_header {
+        Some(Some(id)) => line.push_str(&format!("  header {id}")),
+        Some(None) => line.push_str("  header cleared"),
+        None => {}
+    }
+    line
+}
+
+/// `sediment log DB [--since SEQUENCE] [--json]`
+pub fn log(
+    db_path: &Path,
+    since: Option<&str>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let since = since.map(parse_sequence).transpose()?.unwrap_or(0);
+    let db = store::open(db_path, Create::Never)?;
+    run_then_shutdown(db, |db| {
+        let last = db.last_committed().0;
+        if since > last.saturating_add(1) {
+            return Err(CliError::input(format!(
+                "sequence {since} is in the future (the last committed sequence is {last})"
+            )));
+        }
+        let checkpointed = db.checkpointed_to().0;
+        if !json && checkpointed > 0 && since <= checkpointed {
+            eprintln!(
+                "sediment: note: records through sequence {checkpointed} were dropped by a checkpoint"
+            );
+        }
+        for record in db.commit_log(SequenceId(since))? {
+            if json {
+                write_json(out, &JsonRecord::from(&record))?;
+            } else {
+                writeln!(out, "{}", log_line(&record)).map_err(CliError::output)?;
+            }
+        }
+        out.flush().map_err(CliError::output)
+    })
+}
+
+/// One basin in `stats --json`.
+#[derive(Serialize)]
+struct JsonBasin {
+    basin: u8,
+    grain_size: u64,
+    strata: u32,
+    grains_used: u64,
+    grains_archived: u64,
+    grains_free: u64,
+    bytes_on_disk: u64,
+}
+
+/// One WAL file in `stats --json`.
+#[derive(Serialize)]
+struct JsonWalFile {
+    file: String,
+    bytes: u64,
+    state: String,
+}
+
+/// `stats --json`.
+#[derive(Serialize)]
+struct JsonStats {
+    directory: String,
+    last_committed: u64,
+    checkpointed_to: u64,
+    wal_checkpointed_entry: u64,
+    blobs_in_wal: u64,
+    embedded_header: Option<String>,
+    basins: Vec<JsonBasin>,
+    wal_files: Vec<JsonWalFile>,
+    index_bytes: u64,
+    commit_log_bytes: u64,
+    total_bytes: u64,
+}
+
+/// Describes one WAL file of a store for `stats`.
+fn wal_state(dir: &Path, name: &str, bytes: u64) -> String {
+    let Some(kind) = WalName::parse(name) else {
+        return "not a WAL file name".into();
+    };
+    let id = match kind {
+        WalName::Segment(id) => id,
+        WalName::Recycled(_) => return "recycled: checkpointed, reusable".into(),
+        WalName::Spare(_) => return "spare: unused, reusable".into(),
+    };
+    let file = wal::WalFile {
+        name: name.to_string(),
+        kind,
+        path: dir.join(name),
+        bytes,
+    };
+    match wal::scan_segment(&file, id, false, &indicatif::ProgressBar::hidden()) {
+        Ok(dump) => match dump.header {
+            HeaderInfo::Invalid { reason, .. } => {
+                format!("unused: header never became durable ({reason}), reusable")
+            }
+            HeaderInfo::Valid { .. } => {
+                let committed = dump.count(wal::EntryStatus::Committed);
+                let ids = dump
+                    .entries
+                    .iter()
+                    .filter(|e| e.status == wal::EntryStatus::Committed)
+                    .map(|e| e.id);
+                let range = match (ids.clone().min(), ids.max()) {
+                    (Some(low), Some(high)) if low == high => format!(" (entry {low})"),
+                    (Some(low), Some(high)) => format!(" (entries {low}..={high})"),
+                    _ => String::new(),
+                };
+                let others = dump.entries.len() - committed;
+                let others = if others > 0 {
+                    format!(", {others} rolled back or incomplete")
+                } else {
+                    String::new()
+                };
+                if dump.entries.is_empty() {
+                    format!("segment from entry {id}: empty")
+                } else {
+                    format!(
+                        "segment from entry {id}: {committed} committed entr{}{range}{others}",
+                        if committed == 1 { "y" } else { "ies" }
+                    )
+                }
+            }
+        },
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            "gone: recycled while the store was open".into()
+        }
+        Err(err) => format!("unreadable: {}", describe_io(&err)),
+    }
+}
+
+/// `sediment stats DB [--json]`
+pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let db = store::open(db_path, Create::Never)?;
+    let (stats, header, wal_files) = run_then_shutdown(db, |db| {
+        let stats = db.stats()?;
+        let wal_files: Vec<JsonWalFile> = stats
+            .wal_files
+            .iter()
+            .map(|(name, bytes)| JsonWalFile {
+                file: name.clone(),
+                bytes: *bytes,
+                state: wal_state(db_path, name, *bytes),
+            })
+            .collect();
+        Ok((stats, db.embedded_header(), wal_files))
+    })?;
+    let report = JsonStats {
+        directory: db_path.display().to_string(),
+        last_committed: stats.last_committed,
+        checkpointed_to: stats.checkpointed_to,
+        wal_checkpointed_entry: stats.wal_checkpointed_entry,
+        blobs_in_wal: stats.blobs_in_wal,
+        embedded_header: header.map(|id| id.to_string()),
+        basins: stats
+            .basins
+            .iter()
+            .map(|b| JsonBasin {
+                basin: b.basin,
+                grain_size: b.grain_size,
+                strata: b.strata,
+                grains_used: b.grains_used,
+                grains_archived: b.grains_archived,
+                grains_free: b.grains_free,
+                bytes_on_disk: b.bytes_on_disk,
+            })
+            .collect(),
+        wal_files,
+        index_bytes: stats.index_bytes,
+        commit_log_bytes: stats.commit_log_bytes,
+        total_bytes: stats.total_bytes(),
+    };
+    if json {
+        return write_json(out, &report);
+    }
+    print_stats(&report, out).map_err(CliError::output)
+}
+
+fn print_stats(report: &JsonStats, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "store directory: {}", report.directory)?;
+    writeln!(
+        out,
+        "last committed sequence {}, checkpointed to {}, WAL checkpointed through entry {}, {} blob(s) only in the WAL",
+        report.last_committed, report.checkpointed_to, report.wal_checkpointed_entry, report.blobs_in_wal
+    )?;
+    writeln!(
+        out,
+        "embedded header: {}",
+        report.embedded_header.as_deref().unwrap_or("none")
+    )?;
+    if report.basins.is_empty() {
+        writeln!(out, "no strata yet")?;
+    } else {
+        writeln!(
+            out,
+            "{:>5} {:>10} {:>6} {:>10} {:>10} {:>10} {:>14}",
+            "basin", "grain size", "strata", "used", "archived", "free", "bytes on disk"
+        )?;
+        for b in &report.basins {
+            writeln!(
+                out,
+                "{:>5} {:>10} {:>6} {:>10} {:>10} {:>10} {:>14}",
+                b.basin,
+                b.grain_size,
+                b.strata,
+                b.grains_used,
+                b.grains_archived,
+                b.grains_free,
+                b.bytes_on_disk
+            )?;
+        }
+    }
+    writeln!(out, "WAL files:")?;
+    if report.wal_files.is_empty() {
+        writeln!(out, "  none")?;
+    }
+    for file in &report.wal_files {
+        writeln!(
+            out,
+            "  {:<18} {:>10} bytes  {}",
+            file.file, file.bytes, file.state
+        )?;
+    }
+    writeln!(
+        out,
+        "index {} bytes, commit log {} bytes, total {} bytes",
+        report.index_bytes, report.commit_log_bytes, report.total_bytes
+    )?;
+    out.flush()
+}
+
+/// One problem in `verify --json`.
+#[derive(Serialize)]
+struct JsonProblem {
+    location: String,
+    grain: Option<String>,
+    description: String,
+}
+
+/// `verify --json`.
+#[derive(Serialize)]
+struct JsonVerify {
+    ok: bool,
+    grains_checked: u64,
+    strata_checked: u64,
+    commit_records_checked: u64,
+    problems: Vec<JsonProblem>,
+}
+
+fn print_verify(report: &JsonVerify, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    if json {
+        return write_json(out, report);
+    }
+    let mut print = || -> std::io::Result<()> {
+        for problem in &report.problems {
+            match &problem.grain {
+                Some(grain) => writeln!(
+                    out,
+                    "problem: {}: grain {grain}: {}",
+                    problem.location, problem.description
+                )?,
+                None => writeln!(
+                    out,
+                    "problem: {}: {}",
+                    problem.location, problem.description
+                )?,
+            }
+        }
+        writeln!(
+            out,
+            "checked {} grain(s) in {} stratum file(s) and {} commit record(s): {}",
+            report.grains_checked,
+            report.strata_checked,
+            report.commit_records_checked,
+            match report.problems.len() {
+                0 => "no problems".to_string(),
+                1 => "1 problem".to_string(),
+                n => format!("{n} problems"),
+            }
+        )?;
+        out.flush()
+    };
+    print().map_err(CliError::output)
+}
+
+/// `sediment verify DB [--progress] [--json]`
+pub fn verify(
+    db_path: &Path,
+    progress: bool,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    store::prepare(db_path, Create::Never)?;
+    let db = match store::recover(db_path) {
+        Ok(db) => db,
+        Err(err) if is_corruption(&err) => return open_failure_as_problem(&err, json, out),
+        Err(err) => return Err(err.into()),
+    };
+    let bar = if progress {
+        count_bar("verifying grains")
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let result = db.verify_report(|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    // Shut down even when problems were found, but report them first.
+    let shutdown = busy("checkpointing the store", || db.shutdown());
+    let report = result?;
+    let report = JsonVerify {
+        ok: report.is_ok(),
+        grains_checked: report.grains_checked,
+        strata_checked: report.strata_checked,
+        commit_records_checked: report.commit_records_checked,
+        problems: report
+            .problems
+            .iter()
+            .map(|p| JsonProblem {
+                location: p.location.clone(),
+                grain: p.grain.map(|g| g.to_string()),
+                description: one_line(&p.description),
+            })
+            .collect(),
+    };
+    print_verify(&report, json, out)?;
+    match shutdown {
+        Err(err) if report.ok => Err(err.into()),
+        Err(err) => {
+            eprintln!(
+                "sediment: {}",
+                one_line(&CliError::from(err).message.unwrap_or_default())
+            );
+            Err(CliError::problems())
+        }
+        Ok(()) if report.ok => Ok(()),
+        Ok(()) => Err(CliError::problems()),
+    }
+}
+
+/// For `verify`: a store that cannot even be opened because a file is
+/// damaged is a verification problem (exit 1), reported with its location.
+fn open_failure_as_problem(
+    err: &sediment::Error,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let (location, description) = match err {
+        sediment::Error::Corrupt { path, what } => (path.display().to_string(), one_line(what)),
+        sediment::Error::ChecksumMismatch {
+            grain,
+            path,
+            offset,
+        } => (
+            format!("{} offset {offset}", path.display()),
+            format!("grain {grain}: checksum mismatch"),
+        ),
+        other => ("store".to_string(), one_line(&other.to_string())),
+    };
+    let report = JsonVerify {
+        ok: false,
+        grains_checked: 0,
+        strata_checked: 0,
+        commit_records_checked: 0,
+        problems: vec![JsonProblem {
+            location,
+            grain: None,
+            description: format!("the store cannot be opened: {description}"),
+        }],
+    };
+    print_verify(&report, json, out)?;
+    Err(CliError::problems())
+}

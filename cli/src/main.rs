@@ -1,0 +1,201 @@
+//! `sediment`: store, read, archive and inspect blobs in a
+//! [`sediment`] store, and dump the okaywal segments under it.
+//!
+//! ```text
+//! sediment put DB FILE...            store files (or `-` for stdin) as blobs
+//! sediment get DB GRAIN [-o FILE]    write a blob to stdout or a file
+//! sediment archive DB GRAIN...       archive blobs
+//! sediment checkpoint DB SEQUENCE    free grains archived up to SEQUENCE
+//! sediment log DB [--since SEQ]      the commit log (`--json` for scripts)
+//! sediment stats DB                  space per basin, WAL files
+//! sediment verify DB [--progress]    check every header and checksum
+//! sediment wal-dump DIR              read-only dump of an okaywal directory
+//! ```
+//!
+//! Exit codes: 0 success, 1 `verify` found problems, 2 bad input (usage,
+//! missing directory, not a store, malformed or free grain id, sequence in
+//! the future), 3 other failures (damaged files, I/O errors). Errors are one
+//! line on stderr, `sediment: <message>`.
+#![forbid(unsafe_code)]
+
+mod blobs;
+mod error;
+mod inspect;
+mod progress;
+mod store;
+mod wal;
+mod wal_dump;
+
+use std::io::{self, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::{one_line, CliError};
+
+const EXIT_CODES: &str = "\
+Exit codes: 0 success; 1 verify found problems; 2 bad input (usage, missing
+directory, not a store, malformed or free grain id, sequence in the future);
+3 other failures (damaged files, I/O errors).
+
+Grain ids are written basin-stratum-index-count (e.g. 3-0-17-20); a raw u64
+in decimal or 0x hex is accepted too.";
+
+/// Command-line access to sediment blob stores and okaywal logs.
+#[derive(Debug, Parser)]
+#[command(name = "sediment", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Store files as blobs in one transaction; print their grain ids.
+    ///
+    /// Each FILE becomes one blob; one grain id is printed per line, in the
+    /// order of the files.
+    ///
+    /// Creates a new store if DB does not exist (its parent directory must)
+    /// or is an empty directory. A non-empty directory without an `index`
+    /// file is refused.
+    Put {
+        /// The store directory.
+        db: PathBuf,
+        /// Files to store; `-` reads standard input.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Write the blob GRAIN to standard output, or to FILE with `-o`.
+    Get {
+        /// The store directory.
+        db: PathBuf,
+        /// The grain id, as printed by `put`.
+        grain: String,
+        /// Write the blob to this file instead of standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Archive blobs, in one transaction.
+    ///
+    /// Archived blobs stay readable until a checkpoint at or after the
+    /// printed sequence frees them.
+    Archive {
+        /// The store directory.
+        db: PathBuf,
+        /// Grain ids to archive.
+        #[arg(required = true)]
+        grains: Vec<String>,
+    },
+    /// Free the grains archived at or before SEQUENCE.
+    ///
+    /// Also drops the commit records up to SEQUENCE.
+    Checkpoint {
+        /// The store directory.
+        db: PathBuf,
+        /// A committed sequence (see `sediment log`).
+        sequence: String,
+    },
+    /// Print the commit log, one line per transaction.
+    ///
+    /// Each line has the sequence and the grains the transaction wrote
+    /// (id:length), archived and freed, and its checkpoint if any.
+    Log {
+        /// The store directory.
+        db: PathBuf,
+        /// Start at this sequence.
+        #[arg(long, value_name = "SEQUENCE", allow_hyphen_values = true)]
+        since: Option<String>,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show space per basin and the WAL files.
+    ///
+    /// Per basin: grain size, strata, grains used, archived and free, and
+    /// bytes on disk. Then every WAL file with its state.
+    Stats {
+        /// The store directory.
+        db: PathBuf,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every header, allocation and checksum; exit 1 on problems.
+    ///
+    /// Checks every stratum header, allocation, grain checksum and commit
+    /// record, and prints each problem with its location.
+    Verify {
+        /// The store directory.
+        db: PathBuf,
+        /// Show a progress bar (on a terminal).
+        #[arg(long)]
+        progress: bool,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Dump the WAL segments of an okaywal directory, read-only.
+    ///
+    /// For every segment: its header and version info, each entry with its
+    /// chunk lengths, CRC status and fate (committed, rolled back or
+    /// incomplete), and where a torn tail begins. Only reads: never
+    /// recovers or writes anything. A sediment store directory works too.
+    WalDump {
+        /// The okaywal directory (a sediment store directory works too).
+        dir: PathBuf,
+        /// Also list every record (offset, kind, entry, length, durable mark).
+        #[arg(long)]
+        records: bool,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let result = match &cli.command {
+        Command::Put { db, files } => blobs::put(db, files, &mut out),
+        Command::Get { db, grain, output } => blobs::get(db, grain, output.as_deref(), &mut out),
+        Command::Archive { db, grains } => blobs::archive(db, grains, &mut out),
+        Command::Checkpoint { db, sequence } => blobs::checkpoint(db, sequence, &mut out),
+        Command::Log { db, since, json } => inspect::log(db, since.as_deref(), *json, &mut out),
+        Command::Stats { db, json } => inspect::stats(db, *json, &mut out),
+        Command::Verify { db, progress, json } => inspect::verify(db, *progress, *json, &mut out),
+        Command::WalDump { dir, records, json } => {
+            wal_dump::wal_dump(dir, *records, *json, &mut out)
+        }
+    };
+    let flushed = out.flush().map_err(CliError::output);
+    result.and(flushed)
+}
+
+fn main() -> ExitCode {
+    // A bug must still end in one line, not a backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("sediment: internal error: {}{at}", one_line(&what));
+    }));
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if let Some(message) = &err.message {
+                eprintln!("sediment: {}", one_line(message));
+            }
+            ExitCode::from(err.code)
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Finding, opening and closing stores; parsing grain ids and sequences.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use sediment::{Database, GrainId};
+
+use crate::error::CliError;
+use crate::progress::busy;
+
+/// What is at a store path before anything is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirState {
+    /// Nothing exists there.
+    Missing,
+    /// An empty directory.
+    Empty,
+    /// A directory with an `index` file.
+    Store,
+    /// A directory with other files and no `index`.
+    NotStore,
+}
+
+/// Whether a command may create a new store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Create {
+    /// Only existing stores are opened.
+    Never,
+    /// A missing directory (whose parent exists) or an empty one becomes a
+    /// new store.
+    IfNewOrEmpty,
+}
+
+/// Looks at `path` without changing anything.
+pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
+    let metadata = match fs::metadata(path) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(DirState::Missing),
+        Err(err) => return Err(CliError::io("cannot access", path, &err)),
+    };
+    if !metadata.is_dir() {
+        return Err(CliError::input(format!(
+            "{}: not a directory",
+            path.display()
+        )));
+    }
+    match fs::metadata(path.join("index")) {
+        Ok(index) if index.is_file() => return Ok(DirState::Store),
+        Ok(_) => return Ok(DirState::NotStore),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => return Err(CliError::io("cannot access", &path.join("index"), &err)),
+    }
+    let mut entries = fs::read_dir(path).map_err(|e| CliError::io("cannot list", path, &e))?;
+    Ok(if entries.next().is_none() {
+        DirState::Empty
+    } else {
+        DirState::NotStore
+    })
+}
+
+/// Checks that `path` is a directory, without creating it.
+pub fn require_dir(path: &Path) -> Result<(), CliError> {
+    match fs::metadata(path) {
+        Ok(metadata) if metadata.is_dir() => Ok(()),
+        Ok(_) => Err(CliError::input(format!(
+            "{}: not a directory",
+            path.display()
+        ))),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Err(CliError::input(format!(
+            "{}: no such directory",
+            path.display()
+        ))),
+        Err(err) => Err(CliError::io("cannot access", path, &err)),
+    }
+}
+
+/// Checks what is at `path` and opens the store with
+/// [`Database::recover`]; never creates a directory unless `create`
+/// allows it.
+pub fn open(path: &Path, create: Create) -> Result<Database, CliError> {
+    prepare(path, create)?;
+    recover(path).map_err(CliError::from)
+}
+
+/// Opens the store at `path` (checked with [`prepare`]).
+pub fn recover(path: &Path) -> sediment::Result<Database> {
+    busy("opening the store", || Database::recover(path))
+}
+
+/// Checks what is at `path` before it is opened as a store, creating the
+/// directory if `create` allows it and nothing is there.
+pub fn prepare(path: &Path, create: Create) -> Result<(), CliError> {
+    match (dir_state(path)?, create) {
+        (DirState::Store, _) | (DirState::Empty, Create::IfNewOrEmpty) => {}
+        (DirState::Missing, Create::IfNewOrEmpty) => {
+            fs::create_dir(path).map_err(|err| {
+                if err.kind() == io::ErrorKind::NotFound {
+                    CliError::input(format!(
+                        "cannot create {}: its parent directory does not exist",
+                        path.display()
+                    ))
+                } else {
+                    CliError::io("cannot create", path, &err)
+                }
+            })?;
+        }
+        (DirState::Missing, Create::Never) => {
+            return Err(CliError::input(format!(
+                "{}: no such directory",
+                path.display()
+            )))
+        }
+        (DirState::Empty, Create::Never) => {
+            return Err(CliError::input(format!(
+                "{}: not a sediment store (the directory is empty)",
+                path.display()
+            )))
+        }
+        (DirState::NotStore, Create::Never) => {
+            return Err(CliError::input(format!(
+                "{}: not a sediment store (no index file)",
+                path.display()
+            )))
+        }
+        (DirState::NotStore, Create::IfNewOrEmpty) => {
+            return Err(CliError::input(format!(
+                "{}: not a sediment store (no index file), and not empty: new stores are created only in a new or empty directory",
+                path.display()
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` on the open store, then shuts it down (checkpointing the
+/// WAL into the strata) whatever `work` returned. The first error wins.
+pub fn run_then_shutdown<T>(
+    db: Database,
+    work: impl FnOnce(&Database) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    let result = work(&db);
+    let shutdown = busy("checkpointing the store", || db.shutdown());
+    let value = result?;
+    shutdown.map_err(CliError::from)?;
+    Ok(value)
+}
+
+/// Parses a grain id given on the command line.
+pub fn parse_grain(text: &str) -> Result<GrainId, CliError> {
+    text.parse::<GrainId>()
+        .map_err(|err| CliError::input(err.to_string()))
+}
+
+/// Parses a sequence given on the command line.
+pub fn parse_sequence(text: &str) -> Result<u64, CliError> {
+    text.trim().parse::<u64>().map_err(|_| {
+        CliError::input(format!(
+            "{text:?} is not a sequence number (expected a non-negative integer)"
+        ))
+    })
+}

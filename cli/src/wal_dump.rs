@@ -1,0 +1,211 @@
+//! `wal-dump`: every segment of an okaywal directory, read-only.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{describe_io, CliError};
+use crate::progress::bytes_bar;
+use crate::store::require_dir;
+use crate::wal::{self, EntryStatus, HeaderInfo, SegmentDump, WalName};
+
+/// A reusable file in the dump.
+#[derive(Serialize)]
+struct Reusable {
+    file: String,
+    bytes: u64,
+    kind: &'static str,
+}
+
+/// The whole dump (`--json`).
+#[derive(Serialize)]
+struct Dump {
+    directory: String,
+    segments: Vec<SegmentDump>,
+    reusable: Vec<Reusable>,
+}
+
+/// `sediment wal-dump DIR [--records] [--json]`
+pub fn wal_dump(
+    dir: &Path,
+    records: bool,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    require_dir(dir)?;
+    let files = wal::list(dir).map_err(|e| CliError::io("cannot list", dir, &e))?;
+    if files.is_empty() {
+        return Err(CliError::input(format!(
+            "{}: not an okaywal directory (no wal-* files)",
+            dir.display()
+        )));
+    }
+    let total: u64 = files
+        .iter()
+        .filter(|f| matches!(f.kind, WalName::Segment(_)))
+        .map(|f| f.bytes)
+        .sum();
+    let bar = bytes_bar(total, "reading segments");
+    let mut dump = Dump {
+        directory: dir.display().to_string(),
+        segments: Vec::new(),
+        reusable: Vec::new(),
+    };
+    for file in &files {
+        match file.kind {
+            WalName::Segment(id) => {
+                let segment = wal::scan_segment(file, id, records, &bar).map_err(|e| {
+                    CliError::failure(format!(
+                        "reading {}: {}",
+                        file.path.display(),
+                        describe_io(&e)
+                    ))
+                })?;
+                dump.segments.push(segment);
+            }
+            WalName::Recycled(_) | WalName::Spare(_) => dump.reusable.push(Reusable {
+                file: file.name.clone(),
+                bytes: file.bytes,
+                kind: if matches!(file.kind, WalName::Spare(_)) {
+                    "spare"
+                } else {
+                    "recycled"
+                },
+            }),
+        }
+    }
+    bar.finish_and_clear();
+    if json {
+        serde_json::to_writer(&mut *out, &dump)
+            .map_err(|e| CliError::failure(format!("writing JSON: {e}")))?;
+        writeln!(out).map_err(CliError::output)?;
+        return out.flush().map_err(CliError::output);
+    }
+    print(&dump, out).map_err(CliError::output)
+}
+
+fn version_info(hex: &str, utf8: Option<&str>) -> String {
+    if hex.is_empty() {
+        return "none".to_string();
+    }
+    let bytes = hex.len() / 2;
+    match utf8 {
+        Some(text) if !text.chars().any(char::is_control) => {
+            format!("{bytes} byte(s), hex {hex}, utf-8 {text:?}")
+        }
+        _ => format!("{bytes} byte(s), hex {hex}"),
+    }
+}
+
+fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "directory {}", dump.directory)?;
+    for segment in &dump.segments {
+        writeln!(out, "segment {} ({} bytes)", segment.file, segment.bytes)?;
+        match &segment.header {
+            HeaderInfo::Valid {
+                first_entry_id,
+                format_version,
+                version_info_hex,
+                version_info_utf8,
+            } => writeln!(
+                out,
+                "  header: first entry {first_entry_id}, format version {format_version}, version info {}",
+                version_info(version_info_hex, version_info_utf8.as_deref())
+            )?,
+            HeaderInfo::Invalid {
+                reason,
+                records_follow,
+            } => {
+                writeln!(out, "  header: INVALID ({reason})")?;
+                if *records_follow {
+                    writeln!(
+                        out,
+                        "  valid records follow the header: it was damaged after being written (okaywal will refuse to open this log)"
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "  no valid record follows: the header never became durable, the file holds no entries and is reusable"
+                    )?;
+                }
+                continue;
+            }
+        }
+        for record in &segment.records {
+            let crc = match record.data_crc_ok {
+                Some(true) => ", data crc ok",
+                Some(false) => ", DATA CRC MISMATCH",
+                None => "",
+            };
+            writeln!(
+                out,
+                "  record at {}: {} entry {} length {} durable mark {}{crc}",
+                record.offset, record.kind, record.entry_id, record.length, record.durable_mark
+            )?;
+        }
+        for entry in &segment.entries {
+            let chunks = if entry.chunks.is_empty() {
+                "no chunks".to_string()
+            } else {
+                let list = entry
+                    .chunks
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{} bytes {}",
+                            c.length,
+                            if c.crc_ok { "ok" } else { "CRC MISMATCH" }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!("{} chunk(s) [{list}]", entry.chunks.len())
+            };
+            let detail = entry
+                .detail
+                .as_deref()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  entry {}: {}{detail}, {chunks}",
+                entry.id,
+                entry.status.label()
+            )?;
+        }
+        if let Some(end) = &segment.end {
+            if end.torn {
+                writeln!(out, "  torn tail at offset {} ({})", end.offset, end.reason)?;
+            } else {
+                writeln!(
+                    out,
+                    "  records end at the end of the file (offset {})",
+                    end.offset
+                )?;
+            }
+        }
+        writeln!(
+            out,
+            "  {} committed, {} rolled back, {} incomplete",
+            segment.count(EntryStatus::Committed),
+            segment.count(EntryStatus::RolledBack),
+            segment.count(EntryStatus::Incomplete)
+        )?;
+    }
+    if dump.segments.is_empty() {
+        writeln!(out, "no segments")?;
+    }
+    if dump.reusable.is_empty() {
+        writeln!(out, "reusable: none")?;
+    } else {
+        let list = dump
+            .reusable
+            .iter()
+            .map(|r| format!("{} ({} bytes, {})", r.file, r.bytes, r.kind))
+            .collect::<Vec<_>>()
+            .join(", ");
+        writeln!(out, "reusable: {list}")?;
+    }
+    out.flush()
+}

@@ -1,0 +1,668 @@
+//! Runs the real `sediment` binary against stores in temporary directories.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::SystemTime;
+
+use okaywal::{Configuration, LogVoid, WriteAheadLog};
+use sediment::{Database, GrainId};
+
+/// The result of one run.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn sediment(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
+    sediment_with_stdin(args, None)
+}
+
+fn sediment_with_stdin(args: &[&dyn AsRef<std::ffi::OsStr>], stdin: Option<&[u8]>) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sediment"));
+    command
+        .args(args.iter().map(|a| a.as_ref()))
+        .env("RUST_BACKTRACE", "1")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("the binary runs");
+    if let Some(bytes) = stdin {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        pipe.write_all(bytes).expect("writing stdin");
+    }
+    let output: Output = child.wait_with_output().expect("the binary finishes");
+    let run = Run {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    assert!(
+        !run.stderr.contains("panicked") && !run.stderr.contains("stack backtrace"),
+        "panic or backtrace: {}",
+        run.stderr
+    );
+    run
+}
+
+/// Asserts a failed run printed exactly one `sediment: ...` line.
+fn assert_error(run: &Run, code: i32, needle: &str) {
+    assert_eq!(
+        run.code, code,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line of error: {:?}", run.stderr);
+    assert!(lines[0].starts_with("sediment: "), "{:?}", lines[0]);
+    assert!(
+        lines[0].contains(needle),
+        "{:?} should mention {needle:?}",
+        lines[0]
+    );
+}
+
+fn ok(run: Run) -> Run {
+    assert_eq!(
+        run.code, 0,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+/// A temp dir with a store made by `sediment put` of the given contents;
+/// returns the grain ids.
+fn store_with(contents: &[&[u8]]) -> (tempfile::TempDir, PathBuf, Vec<String>) {
+    let temp = tempfile::tempdir().unwrap();
+    let db = temp.path().join("db");
+    let mut files = Vec::new();
+    for (i, bytes) in contents.iter().enumerate() {
+        let file = temp.path().join(format!("in-{i}"));
+        fs::write(&file, bytes).unwrap();
+        files.push(file);
+    }
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"put", &db];
+    for file in &files {
+        args.push(file);
+    }
+    let run = ok(sediment(&args));
+    let ids: Vec<String> = run.stdout.lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), contents.len());
+    (temp, db, ids)
+}
+
+#[test]
+fn put_get_round_trip_and_stdin() {
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (temp, db, ids) = store_with(&[b"hello, world\n", b"", &big]);
+    for id in &ids {
+        id.parse::<GrainId>().expect("put prints grain ids");
+    }
+    assert_eq!(
+        ok(sediment(&[&"get", &db, &ids[0]])).stdout,
+        "hello, world\n"
+    );
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[1]])).stdout, "");
+    let out = temp.path().join("out.bin");
+    ok(sediment(&[&"get", &db, &ids[2], &"-o", &out]));
+    assert_eq!(fs::read(&out).unwrap(), big);
+
+    let run = ok(sediment_with_stdin(
+        &[&"put", &db, &"-"],
+        Some(b"from stdin"),
+    ));
+    let id = run.stdout.trim().to_string();
+    assert_eq!(ok(sediment(&[&"get", &db, &id])).stdout, "from stdin");
+
+    let run = sediment(&[&"put", &db, &"-", &"-"]);
+    assert_error(&run, 2, "only once");
+}
+
+#[test]
+fn put_creates_only_new_or_empty_stores() {
+    let temp = tempfile::tempdir().unwrap();
+    let file = temp.path().join("f");
+    fs::write(&file, b"x").unwrap();
+
+    // A new directory under an existing parent becomes a store.
+    let db = temp.path().join("new");
+    ok(sediment(&[&"put", &db, &file]));
+    assert!(db.join("index").is_file());
+
+    // An empty directory too.
+    let empty = temp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    ok(sediment(&[&"put", &empty, &file]));
+
+    // Not a directory with other files in it, nor a missing parent.
+    let other = temp.path().join("other");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("notes.txt"), b"mine").unwrap();
+    assert_error(
+        &sediment(&[&"put", &other, &file]),
+        2,
+        "not a sediment store",
+    );
+    assert_eq!(fs::read_dir(&other).unwrap().count(), 1);
+    let deep = temp.path().join("missing/parent/db");
+    assert_error(&sediment(&[&"put", &deep, &file]), 2, "parent directory");
+    assert!(!temp.path().join("missing").exists());
+
+    // Bad input files are refused before the store is touched.
+    let fresh = temp.path().join("fresh");
+    assert_error(
+        &sediment(&[&"put", &fresh, &temp.path().join("nope")]),
+        2,
+        "nope",
+    );
+    assert_error(
+        &sediment(&[&"put", &fresh, &temp.path()]),
+        2,
+        "is a directory",
+    );
+    assert!(!fresh.exists());
+
+    let help = ok(sediment(&[&"put", &"--help"])).stdout;
+    assert!(help.contains("Creates a new store"), "{help}");
+}
+
+#[test]
+fn other_commands_never_create_a_store() {
+    let temp = tempfile::tempdir().unwrap();
+    let missing = temp.path().join("missing");
+    for args in [
+        vec!["get", "0-0-0-1"],
+        vec!["archive", "0-0-0-1"],
+        vec!["checkpoint", "1"],
+        vec!["log"],
+        vec!["stats"],
+        vec!["verify"],
+        vec!["wal-dump"],
+    ] {
+        let mut full: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&args[0], &missing];
+        for arg in &args[1..] {
+            full.push(arg);
+        }
+        assert_error(&sediment(&full), 2, "no such directory");
+        assert!(!missing.exists(), "{args:?} created the directory");
+    }
+
+    let not_store = temp.path().join("plain");
+    fs::create_dir(&not_store).unwrap();
+    fs::write(not_store.join("readme"), b"hi").unwrap();
+    for command in ["log", "stats", "verify"] {
+        assert_error(
+            &sediment(&[&command, &not_store]),
+            2,
+            "not a sediment store",
+        );
+    }
+    assert_error(
+        &sediment(&[&"wal-dump", &not_store]),
+        2,
+        "not an okaywal directory",
+    );
+    assert_eq!(fs::read_dir(&not_store).unwrap().count(), 1);
+}
+
+#[test]
+fn bad_grain_ids_and_sequences() {
+    let (_temp, db, ids) = store_with(&[b"one", b"two"]);
+    for bad in ["x", "1-2-3", "99-0-0-1", "0-0-0-0", "0xzz"] {
+        assert_error(&sediment(&[&"get", &db, &bad]), 2, "not a grain id");
+        assert_error(
+            &sediment(&[&"archive", &db, &ids[0], &bad]),
+            2,
+            "not a grain id",
+        );
+    }
+    // A well-formed id with nothing there.
+    let free = "0-0-100-1";
+    assert_error(&sediment(&[&"get", &db, &free]), 2, "not allocated");
+    assert_error(&sediment(&[&"archive", &db, &free]), 2, "not allocated");
+    // The failed archive did not archive ids[0] along with it.
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "one");
+
+    assert_error(
+        &sediment(&[&"checkpoint", &db, &"abc"]),
+        2,
+        "not a sequence",
+    );
+    assert_error(
+        &sediment(&[&"checkpoint", &db, &"99999"]),
+        2,
+        "not committed yet",
+    );
+    assert_error(
+        &sediment(&[&"log", &db, &"--since", &"-3"]),
+        2,
+        "not a sequence",
+    );
+    assert_error(
+        &sediment(&[&"log", &db, &"--since", &"99999"]),
+        2,
+        "in the future",
+    );
+
+    // Usage errors are clap's, with exit code 2.
+    let run = sediment(&[&"get", &db]);
+    assert_eq!(run.code, 2);
+    let run = sediment(&[&"frobnicate"]);
+    assert_eq!(run.code, 2);
+}
+
+#[test]
+fn archive_checkpoint_and_log() {
+    let (_temp, db, ids) = store_with(&[b"keep", b"drop me", b"drop me too"]);
+    let run = ok(sediment(&[&"archive", &db, &ids[1], &ids[2]]));
+    assert!(
+        run.stdout.starts_with("archived 2 grain(s) in sequence "),
+        "{}",
+        run.stdout
+    );
+    let archived_at: u64 = run.stdout["archived 2 grain(s) in sequence ".len()..]
+        .split(';')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Archived grains stay readable and cannot be archived twice.
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[1]])).stdout, "drop me");
+    assert_error(
+        &sediment(&[&"archive", &db, &ids[1]]),
+        2,
+        "already archived",
+    );
+
+    let log = ok(sediment(&[&"log", &db])).stdout;
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(lines[0].contains(&format!("{}:4B", ids[0])), "{log}");
+    assert!(lines[1].starts_with(&archived_at.to_string()), "{log}");
+    assert!(
+        lines[1].contains(&format!("archived {},{}", ids[1], ids[2])),
+        "{log}"
+    );
+
+    let json = ok(sediment(&[&"log", &db, &"--json"])).stdout;
+    let records: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0]["new"].as_array().unwrap().len(), 3);
+    assert_eq!(records[0]["new"][1]["length"], 7);
+    assert_eq!(records[1]["sequence"], archived_at);
+    assert_eq!(records[1]["archived"][0], ids[1].as_str());
+
+    let since = ok(sediment(&[
+        &"log",
+        &db,
+        &"--since",
+        &archived_at.to_string(),
+    ]))
+    .stdout;
+    assert_eq!(since.lines().count(), 1, "{since}");
+
+    let run = ok(sediment(&[&"checkpoint", &db, &archived_at.to_string()]));
+    assert!(run.stdout.contains("freed 2 grain(s)"), "{}", run.stdout);
+    assert_error(&sediment(&[&"get", &db, &ids[1]]), 2, "not allocated");
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "keep");
+
+    // The checkpoint dropped the records up to it; its own record remains.
+    let json = ok(sediment(&[&"log", &db, &"--json"])).stdout;
+    let last: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
+    assert_eq!(last["checkpointed_to"], archived_at);
+    assert_eq!(last["freed"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn stats_reports_basins_and_wal_files() {
+    let (_temp, db, ids) = store_with(&[b"a", &[7u8; 1000], &[9u8; 5000]]);
+    ok(sediment(&[&"archive", &db, &ids[0]]));
+    let text = ok(sediment(&[&"stats", &db])).stdout;
+    assert!(text.contains("basin"), "{text}");
+    assert!(text.contains("WAL files:"), "{text}");
+    assert!(text.contains("wal-"), "{text}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"stats", &db, &"--json"])).stdout).unwrap();
+    let basins = json["basins"].as_array().unwrap();
+    assert!(!basins.is_empty());
+    let used: u64 = basins
+        .iter()
+        .map(|b| b["grains_used"].as_u64().unwrap())
+        .sum();
+    let archived: u64 = basins
+        .iter()
+        .map(|b| b["grains_archived"].as_u64().unwrap())
+        .sum();
+    let id0: GrainId = ids[0].parse().unwrap();
+    assert_eq!(archived, u64::from(id0.count()));
+    assert!(used >= archived);
+    for basin in basins {
+        assert!(basin["bytes_on_disk"].as_u64().unwrap() > 0);
+        assert_eq!(basin["strata"], 1);
+    }
+    let wal = json["wal_files"].as_array().unwrap();
+    assert!(!wal.is_empty());
+    assert!(wal
+        .iter()
+        .all(|f| f["state"].as_str().is_some_and(|s| !s.is_empty())));
+}
+
+/// Flips one byte of `needle` where it appears in the store's stratum
+/// files; returns the file and offset.
+fn damage(db: &Path, needle: &[u8]) -> (PathBuf, u64) {
+    for entry in fs::read_dir(db).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if !name.starts_with("stratum-") {
+            continue;
+        }
+        let bytes = fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let at = (at + needle.len() / 2) as u64;
+            file.write_all_at(&[bytes[at as usize] ^ 0x55], at).unwrap();
+            file.sync_all().unwrap();
+            return (path, at);
+        }
+    }
+    panic!("{needle:?} is not in any stratum file");
+}
+
+#[test]
+fn verify_finds_a_damaged_grain() {
+    let needle = b"THIS GRAIN WILL BE DAMAGED 0123456789";
+    let (_temp, db, ids) = store_with(&[b"healthy", needle]);
+    let run = ok(sediment(&[&"verify", &db]));
+    assert!(run.stdout.contains("no problems"), "{}", run.stdout);
+    ok(sediment(&[&"verify", &db, &"--progress"]));
+
+    let (file, _) = damage(&db, needle);
+    let run = sediment(&[&"verify", &db]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let problem = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("problem:"))
+        .unwrap_or_else(|| panic!("no problem line in {}", run.stdout));
+    assert!(problem.contains(&ids[1]), "{problem}");
+    assert!(
+        problem.contains(file.file_name().unwrap().to_str().unwrap()) && problem.contains("offset"),
+        "{problem}"
+    );
+    assert!(problem.contains("checksum"), "{problem}");
+    assert!(run.stdout.contains("1 problem"), "{}", run.stdout);
+
+    let json = sediment(&[&"verify", &db, &"--json"]);
+    assert_eq!(json.code, 1);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["ok"], false);
+    assert_eq!(json["problems"][0]["grain"], ids[1].as_str());
+
+    // Reading the damaged grain fails cleanly; the healthy one still reads.
+    assert_error(&sediment(&[&"get", &db, &ids[1]]), 3, "checksum mismatch");
+    let out = _temp.path().join("partial");
+    assert_error(
+        &sediment(&[&"get", &db, &ids[1], &"-o", &out]),
+        3,
+        "checksum",
+    );
+    assert!(!out.exists(), "a failed get leaves no partial file");
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "healthy");
+}
+
+#[test]
+fn a_damaged_index_is_a_clear_error() {
+    let (_temp, db, ids) = store_with(&[b"x"]);
+    fs::write(db.join("index"), vec![0xA5; 8192]).unwrap();
+    let run = sediment(&[&"verify", &db]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("index"), "{}", run.stdout);
+    assert!(run.stdout.contains("cannot be opened"), "{}", run.stdout);
+    assert_error(&sediment(&[&"get", &db, &ids[0]]), 3, "index");
+    assert_error(&sediment(&[&"stats", &db]), 3, "index");
+}
+
+/// Writes a log with okaywal itself: committed, rolled-back and damaged
+/// entries, then a torn commit record. Returns the directory and the
+/// torn offset.
+fn torn_log() -> (tempfile::TempDir, PathBuf, u64) {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("log");
+    let log = WriteAheadLog::recover(&dir, LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"first").unwrap();
+    entry.commit().unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"second, a").unwrap();
+    entry.write_chunk(b"second, b").unwrap();
+    entry.commit().unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"rolled back").unwrap();
+    entry.rollback().unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    let damaged = entry.write_chunk(b"damaged data").unwrap();
+    entry.commit().unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    let last = entry.write_chunk(b"torn").unwrap();
+    entry.commit().unwrap();
+    drop(log);
+
+    let segment = dir.join(format!("wal-{}", damaged.position.file_id));
+    let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    // One byte of the fourth entry's data...
+    file.write_all_at(b"X", damaged.position.offset + 25 + 3)
+        .unwrap();
+    // ...and the last entry's commit record, as if torn mid-write.
+    let commit_at = last.position.offset + 25 + 4 + 4;
+    file.write_all_at(&[0xEE; 10], commit_at + 5).unwrap();
+    (temp, dir, commit_at)
+}
+
+#[test]
+fn wal_dump_shows_entries_and_the_torn_tail() {
+    let (_temp, dir, torn_at) = torn_log();
+    let run = ok(sediment(&[&"wal-dump", &dir]));
+    let text = run.stdout;
+    assert!(
+        text.contains("header: first entry 1, format version 1"),
+        "{text}"
+    );
+    let entry_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("entry "))
+        .collect();
+    assert_eq!(entry_lines.len(), 5, "{text}");
+    assert!(
+        entry_lines[0].contains("committed") && entry_lines[0].contains("[5 bytes ok]"),
+        "{text}"
+    );
+    assert!(
+        entry_lines[1].contains("committed") && entry_lines[1].contains("[9 bytes ok, 9 bytes ok]"),
+        "{text}"
+    );
+    assert!(entry_lines[2].contains("rolled back"), "{text}");
+    assert!(
+        entry_lines[3].contains("incomplete") && entry_lines[3].contains("CRC MISMATCH"),
+        "{text}"
+    );
+    assert!(
+        entry_lines[4].contains("incomplete") && entry_lines[4].contains("no commit record"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "torn tail at offset {torn_at} (record header checksum mismatch"
+        )),
+        "{text}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json", &"--records"])).stdout)
+            .unwrap();
+    let segment = &json["segments"][0];
+    assert_eq!(segment["header"]["status"], "valid");
+    let statuses: Vec<&str> = segment["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "committed",
+            "committed",
+            "rolled_back",
+            "incomplete",
+            "incomplete"
+        ]
+    );
+    assert_eq!(segment["end"]["offset"], torn_at);
+    assert_eq!(segment["end"]["torn"], true);
+    // 1 + 1 + 2 + 1 + 1 + 1 + 1 + 1 + 1 records before the torn one.
+    assert_eq!(segment["records"].as_array().unwrap().len(), 10);
+    assert_eq!(segment["records"][0]["offset"], 512);
+}
+
+#[test]
+fn wal_dump_reports_truncation_and_unwritten_space() {
+    let (_temp, dir, _) = torn_log();
+    let segment = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap() == "wal-1")
+        .unwrap();
+    // Cut the file inside the second entry's second chunk.
+    let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    let cut = 512 + (25 + 5 + 4) + 25 + (25 + 9 + 4) + 25 + 3;
+    file.set_len(cut).unwrap();
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(
+        text.contains(&format!(
+            "torn tail at offset {} (a record of 38 bytes would extend past the end of the file)",
+            cut - 28
+        )),
+        "{text}"
+    );
+
+    // A fresh log ends in zeros.
+    let temp = tempfile::tempdir().unwrap();
+    let fresh = temp.path().join("log");
+    let log = WriteAheadLog::recover(&fresh, LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"only").unwrap();
+    entry.commit().unwrap();
+    drop(log);
+    let text = ok(sediment(&[&"wal-dump", &fresh])).stdout;
+    assert!(text.contains("(unwritten space)"), "{text}");
+    assert!(
+        text.contains("1 committed, 0 rolled back, 0 incomplete"),
+        "{text}"
+    );
+}
+
+/// Names, lengths, modification times and contents of every file.
+fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime, Vec<u8>)> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let meta = fs::metadata(&path).unwrap();
+            (
+                path.file_name().unwrap().to_str().unwrap().to_string(),
+                (
+                    meta.len(),
+                    meta.modified().unwrap(),
+                    fs::read(&path).unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn wal_dump_never_writes() {
+    // A store whose last transaction is only in the WAL: opening it would
+    // replay and checkpoint it.
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("db");
+    let db = Database::recover(&dir).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    tx.write(b"pending in the WAL").unwrap();
+    tx.commit().unwrap();
+    drop(db);
+
+    let before = snapshot(&dir);
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(text.contains("1 committed"), "{text}");
+    ok(sediment(&[&"wal-dump", &dir, &"--json", &"--records"]));
+    assert!(before == snapshot(&dir), "wal-dump changed the directory");
+
+    // The store still opens and has the pending blob.
+    let log = ok(sediment(&[&"log", &dir])).stdout;
+    assert_eq!(log.lines().count(), 1, "{log}");
+}
+
+#[test]
+fn wal_dump_shows_version_info_and_bad_headers() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("log");
+    let log = Configuration::default_for(&dir)
+        .version_info(b"app v2".to_vec())
+        .open(LogVoid)
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"data").unwrap();
+    entry.commit().unwrap();
+    drop(log);
+    // A segment whose header never became durable, and one whose header
+    // was damaged although records follow it.
+    fs::write(dir.join("wal-1000"), vec![0; 4096]).unwrap();
+    let first = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter_map(|n| n.strip_prefix("wal-")?.parse::<u64>().ok())
+        .min()
+        .unwrap();
+    let original = dir.join(format!("wal-{first}"));
+    let mut copy = fs::read(&original).unwrap();
+    copy[100] ^= 1;
+    fs::write(dir.join(format!("wal-{first}")), &copy).unwrap();
+
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(text.contains("segment wal-1000"), "{text}");
+    assert!(text.contains("no valid record follows"), "{text}");
+    assert!(
+        text.contains("header: INVALID (segment header checksum mismatch)"),
+        "{text}"
+    );
+    assert!(text.contains("valid records follow the header"), "{text}");
+
+    // Undo the damage: the version info shows as hex and text.
+    copy[100] ^= 1;
+    fs::write(&original, &copy).unwrap();
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(
+        text.contains("version info 6 byte(s), hex 617070207632, utf-8 \"app v2\""),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json"])).stdout).unwrap();
+    assert_eq!(json["segments"][0]["header"]["version_info_utf8"], "app v2");
+    assert_eq!(json["segments"][1]["file"], "wal-1000");
+    assert_eq!(json["segments"][1]["header"]["status"], "invalid");
+    assert_eq!(json["segments"][1]["header"]["records_follow"], false);
+}
