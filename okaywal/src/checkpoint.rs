@@ -165,6 +165,7 @@ fn checkpoint(
     // sync: once sealed, it is no longer among the group commit's targets,
     // so this sync (which also names the file, if no commit did) covers
     // them.
+    inner.flush_segment(segment.id)?;
     let name = !segment.name_durable.load(Ordering::Acquire);
     inner.sync_targets(&[(segment.clone(), limit, name)])?;
     let Some(last_entry_id) = last_entry_id else {

@@ -3,40 +3,45 @@
 //! A committer whose data is not yet durable either leads a sync or waits
 //! for one. Syncs never overlap (the disk serialises flushes anyway, and
 //! overlapping `fdatasync`s measured slower than one at a time). While sync
-//! *k* runs, the first thread to arrive becomes the leader of sync *k + 1*
-//! and waits alone on its own condition variable; later arrivals wait as
-//! followers on the condition variable of group *k + 1*. When sync *k*
-//! finishes, its leader wakes only group *k*'s followers (the waiters that
-//! sync covered) and the one next leader, instead of every waiting thread.
-//! Two follower condition variables alternate between consecutive groups.
+//! *k* runs, the first thread to arrive becomes the leader of sync *k + 1*;
+//! later arrivals become its followers. When sync *k* finishes, its leader
+//! wakes the next leader first (so sync *k + 1* starts at once) and then
+//! exactly the followers sync *k* covered, each with its own unpark.
 //!
 //! After a failed sync every current and later waiter gets an error: a
 //! failed `fdatasync` is never retried as if nothing had happened.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::{self, Thread};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
 struct State {
     /// A sync is running.
     syncing: bool,
-    /// Number of syncs that have finished (successfully or not).
-    completed: u64,
-    /// A thread is waiting to lead the next sync.
-    next_leader: bool,
-    /// Followers waiting for the next sync that has not started yet.
-    pending_followers: usize,
+    /// The thread waiting to lead the next sync.
+    next_leader: Option<Thread>,
+    /// Threads waiting for the next sync that has not started yet.
+    followers: Vec<Thread>,
     /// Set by the first failed sync; never cleared.
     failure: Option<String>,
 }
 
 /// Coordinates syncs between committing threads.
+///
+/// Waiting threads park and are unparked one by one by the leader whose
+/// sync covered them (the next leader first, so the next sync starts at
+/// once); they check an atomic counter instead of re-taking a mutex, which
+/// with a condition variable made woken threads queue on the mutex and
+/// wake each other one after another.
 #[derive(Debug, Default)]
 pub(crate) struct GroupCommit {
     state: Mutex<State>,
-    followers: [Condvar; 2],
-    leader: Condvar,
+    /// Number of syncs that have finished (successfully or not).
+    completed: AtomicU64,
+    failed: AtomicBool,
 }
 
 impl GroupCommit {
@@ -66,52 +71,63 @@ impl GroupCommit {
                 self.lead(state, &mut sync)?;
                 continue;
             }
-            if !state.next_leader {
-                state.next_leader = true;
-                while state.syncing && state.failure.is_none() {
-                    self.leader.wait(&mut state);
-                }
-                state.next_leader = false;
+            // Sync number `completed + 1` is running; the next one starts
+            // after it, with every thread waiting by then.
+            let running = self.completed.load(Ordering::Acquire) + 1;
+            if state.next_leader.is_none() {
+                state.next_leader = Some(thread::current());
+                drop(state);
+                self.park_until(running);
+                let state = self.state.lock();
                 // Followers are counting on this thread to start their sync,
                 // even if the sync that just ended covered its own data.
-                if state.failure.is_none() && !state.syncing && state.pending_followers > 0 {
+                if state.failure.is_none() && !state.syncing && !state.followers.is_empty() {
                     self.lead(state, &mut sync)?;
                 }
                 continue;
             }
-            let group = state.completed + 2;
-            state.pending_followers += 1;
-            while state.completed < group && state.failure.is_none() {
-                self.followers[(group % 2) as usize].wait(&mut state);
-            }
+            state.followers.push(thread::current());
+            drop(state);
+            self.park_until(running + 1);
+        }
+    }
+
+    /// Parks until sync number `sync` has finished or the log failed.
+    fn park_until(&self, sync: u64) {
+        while self.completed.load(Ordering::Acquire) < sync && !self.failed.load(Ordering::Acquire)
+        {
+            thread::park();
         }
     }
 
     fn lead(
         &self,
-        mut state: parking_lot::MutexGuard<'_, State>,
+        mut state: MutexGuard<'_, State>,
         sync: &mut impl FnMut() -> io::Result<()>,
     ) -> io::Result<()> {
         state.syncing = true;
-        state.pending_followers = 0;
-        let this_sync = state.completed + 1;
+        let covered = std::mem::take(&mut state.followers);
+        let this_sync = self.completed.load(Ordering::Acquire) + 1;
         drop(state);
         let result = sync();
         let mut state = self.state.lock();
         state.syncing = false;
-        state.completed = this_sync;
+        let mut wake = covered;
         if let Err(err) = &result {
             if state.failure.is_none() {
                 state.failure = Some(err.to_string());
             }
-            self.followers[0].notify_all();
-            self.followers[1].notify_all();
-            self.leader.notify_all();
-        } else {
-            self.followers[(this_sync % 2) as usize].notify_all();
-            if state.next_leader {
-                self.leader.notify_one();
-            }
+            self.failed.store(true, Ordering::Release);
+            wake.append(&mut state.followers);
+        }
+        self.completed.store(this_sync, Ordering::Release);
+        let next_leader = state.next_leader.take();
+        drop(state);
+        if let Some(next) = next_leader {
+            next.unpark();
+        }
+        for thread in wake {
+            thread.unpark();
         }
         result
     }
@@ -123,13 +139,18 @@ impl GroupCommit {
         if state.failure.is_none() {
             state.failure = Some(message);
         }
-        self.followers[0].notify_all();
-        self.followers[1].notify_all();
-        self.leader.notify_all();
+        self.failed.store(true, Ordering::Release);
+        let next = state.next_leader.take();
+        let followers = std::mem::take(&mut state.followers);
+        drop(state);
+        next.into_iter().chain(followers).for_each(|t| t.unpark());
     }
 
     /// The error every commit gets once the log has failed.
     pub fn failure(&self) -> Option<io::Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.state.lock().failure.as_deref().map(failed)
     }
 }

@@ -243,6 +243,95 @@ impl Inner {
         Ok((offset, seg.segment.synced_to.load(Ordering::Acquire)))
     }
 
+    /// Reserves room for a small record and copies it into the segment's
+    /// write buffer in the same critical section, so it never leaves a
+    /// hole; optionally finishes the entry that wrote it. Returns the
+    /// record's offset.
+    pub fn append(
+        &self,
+        segment: &Arc<Segment>,
+        header: RecordHeader,
+        data: Option<(&[u8], u32)>,
+        finishes_entry: bool,
+    ) -> io::Result<u64> {
+        let mut state = self.state.lock();
+        let active = state.active;
+        let seg = state.live(segment.id)?;
+        if finishes_entry {
+            seg.open_entries -= 1;
+        }
+        if let Some(err) = self.group.failure() {
+            return Err(err);
+        }
+        let offset = seg.reserved_end;
+        let header = RecordHeader {
+            durable_mark: seg.segment.synced_to.load(Ordering::Acquire),
+            ..header
+        };
+        seg.reserved_end += header.record_len();
+        let encoded = header.encode(segment.id);
+        match data {
+            Some((bytes, crc)) => seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]),
+            None => seg.buffer(offset, &[&encoded]),
+        }
+        if segment.id == active && seg.reserved_end >= self.config.checkpoint_after_bytes {
+            seg.full = true;
+        }
+        if seg.ready_for_checkpoint() {
+            self.signal.wake();
+        }
+        let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
+        drop(state);
+        if let Some(ranges) = flush {
+            self.write_ranges(segment, ranges)?;
+        }
+        Ok(offset)
+    }
+
+    /// Writes ranges taken with `take_buffered` and marks them written.
+    pub fn write_ranges(
+        &self,
+        segment: &Arc<Segment>,
+        ranges: Vec<(u64, Vec<u8>)>,
+    ) -> io::Result<()> {
+        let mut result = Ok(());
+        for (start, data) in &ranges {
+            if let Err(err) = segment.file.write_all_at(data, *start) {
+                result = Err(self.poison(err));
+                break;
+            }
+        }
+        let mut state = self.state.lock();
+        if let Some(seg) = state.segments.get_mut(&segment.id) {
+            for (start, _) in &ranges {
+                seg.in_flight.remove(start);
+            }
+            if seg.ready_for_checkpoint() {
+                self.signal.wake();
+            }
+        }
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+        result
+    }
+
+    /// Writes whatever `segment` has buffered.
+    pub fn flush_segment(&self, segment: u64) -> io::Result<()> {
+        let taken = {
+            let mut state = self.state.lock();
+            state
+                .segments
+                .get_mut(&segment)
+                .filter(|seg| !seg.buffered.is_empty())
+                .map(|seg| (seg.segment.clone(), seg.take_buffered()))
+        };
+        match taken {
+            Some((segment, ranges)) => self.write_ranges(&segment, ranges),
+            None => Ok(()),
+        }
+    }
+
     /// Marks the reservation at `offset` as written (its header is in the
     /// file), optionally finishing the entry that made it.
     pub fn complete(&self, segment: u64, offset: Option<u64>, finishes_entry: bool) {
@@ -296,11 +385,23 @@ impl Inner {
                 .wait_for(&mut state, Duration::from_millis(10));
             state.progress_waiters -= 1;
         }
+        // Take every segment's buffered records; the sync covers up to
+        // where each segment was written before taking them.
         let targets = sync_targets(&state);
+        let mut writes = Vec::new();
+        for (segment, _, _) in &targets {
+            if let Some(seg) = state.segments.get_mut(&segment.id) {
+                if !seg.buffered.is_empty() {
+                    writes.push((segment.clone(), seg.take_buffered()));
+                }
+            }
+        }
         drop(state);
+        for (segment, ranges) in writes {
+            self.write_ranges(&segment, ranges)?;
+        }
         self.sync_targets(&targets)
     }
-
     pub fn sync_targets(&self, targets: &[(Arc<Segment>, u64, bool)]) -> io::Result<()> {
         for (segment, written, _) in targets {
             if *written > segment.synced_to.load(Ordering::Acquire) {
@@ -336,11 +437,17 @@ impl Inner {
 
     /// Syncs everything written so far (used at shutdown).
     pub fn sync_all(&self) -> io::Result<()> {
+        let ids: Vec<u64> = self.state.lock().segments.keys().copied().collect();
+        for id in ids {
+            self.flush_segment(id)?;
+        }
         let targets = sync_targets(&self.state.lock());
         self.sync_targets(&targets)
     }
 
     pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        // The chunk may still be in the write buffer: put it in the file.
+        self.flush_segment(position.file_id)?;
         let (segment, limit) = {
             let state = self.state.lock();
             let seg = state.segments.get(&position.file_id).ok_or_else(|| {
@@ -414,8 +521,10 @@ fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<(Arc<Segment>, u64, bool)>
         .filter_map(|seg| {
             let written = seg.written_to();
             let name = !seg.segment.name_durable.load(Ordering::Acquire);
-            (written > seg.segment.synced_to.load(Ordering::Acquire) || name)
-                .then(|| (seg.segment.clone(), written, name))
+            (written > seg.segment.synced_to.load(Ordering::Acquire)
+                || name
+                || !seg.buffered.is_empty())
+            .then(|| (seg.segment.clone(), written, name))
         })
         .collect()
 }

@@ -35,6 +35,12 @@ pub(crate) struct SegmentState {
     pub reserved_end: u64,
     /// Reservations whose record header is not written yet: start → end.
     pub in_flight: BTreeMap<u64, u64>,
+    /// Small records copied into memory at reservation, in offset order,
+    /// not yet written to the file: (start, bytes). The next sync leader
+    /// (or a writer that finds too much buffered) writes them in one
+    /// `pwrite` per contiguous range.
+    pub buffered: Vec<(u64, Vec<u8>)>,
+    pub buffered_bytes: usize,
     /// Entries begun in this segment and not yet committed or rolled back.
     pub open_entries: usize,
     /// The active segment passed `checkpoint_after_bytes`.
@@ -56,6 +62,8 @@ impl SegmentState {
             segment,
             reserved_end,
             in_flight: BTreeMap::new(),
+            buffered: Vec::new(),
+            buffered_bytes: 0,
             open_entries: 0,
             full: false,
             sealed: false,
@@ -64,8 +72,9 @@ impl SegmentState {
         }
     }
 
-    /// Every record below this offset has its header on disk (in the page
-    /// cache), so a sync up to here leaves a log recovery can walk.
+    /// Every record below this offset has its header in the file (page
+    /// cache) or in the buffer that the next sync writes first, so a sync
+    /// up to here leaves a log recovery can walk.
     pub fn written_to(&self) -> u64 {
         self.in_flight
             .keys()
@@ -75,7 +84,34 @@ impl SegmentState {
     }
 
     pub fn ready_for_checkpoint(&self) -> bool {
-        self.sealed && self.open_entries == 0
+        self.sealed && self.open_entries == 0 && self.in_flight.is_empty()
+    }
+
+    /// Appends `bytes`, which start at `offset`, to the write buffer.
+    pub fn buffer(&mut self, offset: u64, bytes: &[&[u8]]) {
+        let contiguous = self
+            .buffered
+            .last()
+            .is_some_and(|(start, data)| start + data.len() as u64 == offset);
+        if !contiguous {
+            self.buffered.push((offset, Vec::new()));
+        }
+        let range = &mut self.buffered.last_mut().expect("just ensured").1;
+        for piece in bytes {
+            range.extend_from_slice(piece);
+            self.buffered_bytes += piece.len();
+        }
+    }
+
+    /// Takes the buffered ranges for writing; they count as in flight (a
+    /// hole) until written, so nobody syncs or checkpoints past them.
+    pub fn take_buffered(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let ranges = std::mem::take(&mut self.buffered);
+        self.buffered_bytes = 0;
+        for (start, data) in &ranges {
+            self.in_flight.insert(*start, start + data.len() as u64);
+        }
+        ranges
     }
 }
 

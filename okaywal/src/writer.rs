@@ -3,9 +3,7 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use crate::format::{
-    encode_chunk, RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE,
-};
+use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
 use crate::segment::Segment;
 use crate::WriteAheadLog;
@@ -35,7 +33,6 @@ pub struct EntryWriter<'log> {
     chunks: u32,
     broken: Option<String>,
     finished: bool,
-    scratch: Vec<u8>,
 }
 
 impl<'log> EntryWriter<'log> {
@@ -47,7 +44,6 @@ impl<'log> EntryWriter<'log> {
             chunks: 0,
             broken: None,
             finished: false,
-            scratch: Vec::new(),
         }
     }
 
@@ -87,17 +83,23 @@ impl<'log> EntryWriter<'log> {
         let length = chunk_length(data.len())?;
         let crc = crc32fast::hash(data);
         let inner = &self.log.inner;
-        let record_len = (RECORD_HEADER_SIZE + data.len() + CHUNK_TRAILER_SIZE) as u64;
-        let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
-        let header = self.header(RecordKind::Chunk, length, mark);
-        let file = &self.segment.file;
-        let result = if data.len() <= INLINE_CHUNK_LIMIT {
-            self.scratch.clear();
-            encode_chunk(&mut self.scratch, &header, self.segment.id, data, crc);
-            let result = file.write_all_at(&self.scratch, offset);
-            inner.complete(self.segment.id, Some(offset), false);
-            result
+        let header = self.header(RecordKind::Chunk, length, 0);
+        let offset = if data.len() <= INLINE_CHUNK_LIMIT {
+            // Small chunks go through the segment's write buffer: no
+            // system call here, one `pwrite` per sync for everyone.
+            inner
+                .append(&self.segment, header, Some((data, crc)), false)
+                .inspect_err(|e| self.broken = Some(e.to_string()))?
         } else {
+            // Large chunks are copied by their writers in parallel: header
+            // first, so the reservation stops being a hole at once.
+            let record_len = (RECORD_HEADER_SIZE + data.len() + CHUNK_TRAILER_SIZE) as u64;
+            let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
+            let header = RecordHeader {
+                durable_mark: mark,
+                ..header
+            };
+            let file = &self.segment.file;
             let result = file.write_all_at(&header.encode(self.segment.id), offset);
             inner.complete(self.segment.id, Some(offset), false);
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
@@ -106,8 +108,9 @@ impl<'log> EntryWriter<'log> {
                 .and_then(|()| {
                     file.write_all_at(&crc.to_le_bytes(), data_offset + u64::from(length))
                 })
+                .map_err(|e| self.fail(e))?;
+            offset
         };
-        result.map_err(|e| self.fail(e))?;
         self.chunks += 1;
         Ok(ChunkRecord {
             position: LogPosition {
@@ -171,23 +174,13 @@ impl<'log> EntryWriter<'log> {
     /// the offset just past the record.
     fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
         let inner = &self.log.inner;
-        let segment = self.segment.id;
         if kind == RecordKind::Rollback && self.chunks == 0 {
             // Nothing of this entry is on disk; nothing to mark.
-            inner.complete(segment, None, true);
+            inner.complete(self.segment.id, None, true);
             return Ok(0);
         }
-        let (offset, mark) = match inner.reserve(segment, RECORD_HEADER_SIZE as u64) {
-            Ok(reserved) => reserved,
-            Err(err) => {
-                inner.complete(segment, None, true);
-                return Err(err);
-            }
-        };
-        let bytes = self.header(kind, self.chunks, mark).encode(segment);
-        let result = self.segment.file.write_all_at(&bytes, offset);
-        inner.complete(segment, Some(offset), true);
-        result.map_err(|e| self.fail(e))?;
+        let header = self.header(kind, self.chunks, 0);
+        let offset = inner.append(&self.segment, header, None, true)?;
         Ok(offset + RECORD_HEADER_SIZE as u64)
     }
 }

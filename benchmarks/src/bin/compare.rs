@@ -10,6 +10,19 @@ struct Options {
     quick: bool,
     only: Option<String>,
     systems: Option<Vec<String>>,
+    payloads: Option<Vec<usize>>,
+    threads: Option<Vec<usize>>,
+    seconds: Option<f64>,
+}
+
+fn numbers(list: &str, what: &str) -> Result<Vec<usize>, String> {
+    list.split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .map_err(|_| format!("{what}: {n:?} is not a number"))
+        })
+        .collect()
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -17,6 +30,9 @@ fn parse_options() -> Result<Options, String> {
         quick: false,
         only: None,
         systems: None,
+        payloads: None,
+        threads: None,
+        seconds: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -29,8 +45,25 @@ fn parse_options() -> Result<Options, String> {
                     .ok_or("--systems needs a comma-separated list")?;
                 options.systems = Some(list.split(',').map(str::to_string).collect());
             }
+            "--payloads" => {
+                let list = args
+                    .next()
+                    .ok_or("--payloads needs sizes in bytes, e.g. 256,4096")?;
+                options.payloads = Some(numbers(&list, "--payloads")?);
+            }
+            "--threads" => {
+                let list = args.next().ok_or("--threads needs counts, e.g. 1,16")?;
+                options.threads = Some(numbers(&list, "--threads")?);
+            }
+            "--seconds" => {
+                let value = args.next().ok_or("--seconds needs a duration")?;
+                options.seconds = Some(value.parse().map_err(|_| format!("--seconds: {value:?}"))?);
+            }
             "--help" | "-h" => {
-                println!("compare [--quick] [--only wal|blob|scale] [--systems a,b,...]");
+                println!(
+                    "compare [--quick] [--only wal|blob|scale] [--systems a,b,...] \
+                     [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]"
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
@@ -66,11 +99,14 @@ fn main() {
 }
 
 fn wal_section(options: &Options) {
-    let (warmup, duration) = if options.quick {
+    let (warmup, mut duration) = if options.quick {
         (Duration::from_millis(200), Duration::from_millis(700))
     } else {
         (Duration::from_millis(300), Duration::from_secs(2))
     };
+    if let Some(seconds) = options.seconds {
+        duration = Duration::from_secs_f64(seconds);
+    }
     let systems: Vec<&str> = wal::systems()
         .into_iter()
         .filter(|s| {
@@ -83,8 +119,13 @@ fn wal_section(options: &Options) {
     println!("## WAL: one entry per commit\n");
     println!("| payload | threads | system | commits/s | p50 µs | p99 µs | × floor |");
     println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
-    for size in [256_usize, 4096, 1 << 20] {
-        for threads in [1_usize, 4, 16] {
+    let sizes = options
+        .payloads
+        .clone()
+        .unwrap_or_else(|| vec![256, 4096, 1 << 20]);
+    let thread_counts = options.threads.clone().unwrap_or_else(|| vec![1, 4, 16]);
+    for &size in &sizes {
+        for &threads in &thread_counts {
             let payloads: Vec<Vec<u8>> = (0..threads).map(|t| payload(size, t as u64)).collect();
             let mut floor: Option<f64> = None;
             for system in &systems {
