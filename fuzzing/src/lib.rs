@@ -72,6 +72,7 @@ pub fn wal_segment(data: &[u8]) {
         contents.extend(
             SegmentHeader {
                 first_entry_id: 1,
+                previous: None,
                 version_info: Vec::new(),
             }
             .encode(),

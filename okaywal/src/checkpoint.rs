@@ -171,7 +171,13 @@ fn checkpoint(
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
-    let scan = scan_segment(&*segment.file, segment.id, limit, inner.config.buffer_bytes)?;
+    let scan = scan_segment(
+        &*segment.file,
+        segment.id,
+        limit,
+        inner.config.buffer_bytes,
+        false,
+    )?;
     let mut reader = SegmentReader::new(
         segment.id,
         segment.file.clone(),

@@ -15,6 +15,26 @@ pub const DEFAULT_CHECKPOINT_AFTER_BYTES: u64 = 32 * 1024 * 1024;
 /// Default buffer size for streaming chunk writes and sequential reads.
 pub const DEFAULT_BUFFER_BYTES: usize = 256 * 1024;
 
+/// What recovery does with damage in the middle of the log: bytes that
+/// were synced once and no longer verify, with valid records after them.
+/// (A torn tail, the normal result of a crash, is always cut off.)
+///
+/// The damaged segment stays on disk until it has been checkpointed, so
+/// reopening before that needs the same mode again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Opening fails with an `InvalidData` error naming the segment and
+    /// offset: nothing committed is dropped silently.
+    #[default]
+    ErrorOnCorruption,
+    /// Keep everything before the first damaged record and drop the rest of
+    /// the log (like RocksDB's point-in-time recovery).
+    PointInTime,
+    /// Skip the damaged record (its entry is lost) and keep everything
+    /// after it.
+    SkipCorrupted,
+}
+
 /// How to open a [`WriteAheadLog`].
 ///
 /// The defaults are chosen for SSDs:
@@ -46,6 +66,8 @@ pub struct Configuration {
     pub file_system: Arc<dyn FileSystem>,
     /// Entry ids handed out after opening are at least this.
     pub minimum_next_entry_id: u64,
+    /// What to do with damage in the middle of the log.
+    pub recovery_mode: RecoveryMode,
 }
 
 impl Configuration {
@@ -60,6 +82,7 @@ impl Configuration {
             version_info: Arc::default(),
             file_system: Arc::new(StdFileSystem),
             minimum_next_entry_id: 1,
+            recovery_mode: RecoveryMode::default(),
         }
     }
 
@@ -104,6 +127,14 @@ impl Configuration {
     #[must_use]
     pub fn shared_file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
         self.file_system = file_system;
+        self
+    }
+
+    /// Chooses what recovery does with damage in the middle of the log
+    /// (default: [`RecoveryMode::ErrorOnCorruption`]).
+    #[must_use]
+    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.recovery_mode = mode;
         self
     }
 

@@ -20,6 +20,10 @@ pub struct SegmentHeader {
     /// The id of the first entry this segment may hold; also the segment's
     /// id and the salt of every record CRC inside it.
     pub first_entry_id: u64,
+    /// The segment before this one and where it ended, when it was closed
+    /// before this one was started: recovery checks that nothing of it was
+    /// lost before trusting this segment.
+    pub previous: Option<(u64, u64)>,
     /// The user's version information.
     pub version_info: Vec<u8>,
 }
@@ -61,8 +65,11 @@ impl SegmentHeader {
         bytes[..7].copy_from_slice(&MAGIC);
         bytes[7] = FORMAT_VERSION;
         bytes[8..16].copy_from_slice(&self.first_entry_id.to_le_bytes());
-        bytes[16] = self.version_info.len() as u8;
-        bytes[17..17 + self.version_info.len()].copy_from_slice(&self.version_info);
+        let (previous_id, previous_end) = self.previous.unwrap_or((0, 0));
+        bytes[16..24].copy_from_slice(&previous_id.to_le_bytes());
+        bytes[24..32].copy_from_slice(&previous_end.to_le_bytes());
+        bytes[32] = self.version_info.len() as u8;
+        bytes[33..33 + self.version_info.len()].copy_from_slice(&self.version_info);
         let crc_at = HEADER_SIZE as usize - 4;
         let crc = crc32fast::hash(&bytes[..crc_at]);
         bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
@@ -86,10 +93,13 @@ impl SegmentHeader {
             return Err(HeaderError::BadChecksum);
         }
         let first_entry_id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-        let len = usize::from(bytes[16]);
+        let previous_id = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
+        let previous_end = u64::from_le_bytes(bytes[24..32].try_into().expect("8 bytes"));
+        let len = usize::from(bytes[32]);
         Ok(Self {
             first_entry_id,
-            version_info: bytes[17..17 + len].to_vec(),
+            previous: (previous_end != 0).then_some((previous_id, previous_end)),
+            version_info: bytes[33..33 + len].to_vec(),
         })
     }
 }
@@ -209,6 +219,7 @@ mod tests {
     fn header_round_trips_and_rejects_damage() {
         let header = SegmentHeader {
             first_entry_id: 42,
+            previous: Some((7, 4096)),
             version_info: b"v1.2".to_vec(),
         };
         let bytes = header.encode();
@@ -233,6 +244,7 @@ mod tests {
     fn full_version_info_fits() {
         let header = SegmentHeader {
             first_entry_id: u64::MAX,
+            previous: None,
             version_info: vec![7; MAX_VERSION_INFO],
         };
         assert_eq!(SegmentHeader::decode(&header.encode()).unwrap(), header);

@@ -87,7 +87,8 @@ mod segment;
 mod writer;
 
 pub use config::{
-    Configuration, DEFAULT_BUFFER_BYTES, DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
+    Configuration, RecoveryMode, DEFAULT_BUFFER_BYTES, DEFAULT_CHECKPOINT_AFTER_BYTES,
+    DEFAULT_PREALLOCATE_BYTES,
 };
 pub use log::WriteAheadLog;
 pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};

@@ -17,7 +17,7 @@ use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::LogPosition;
 use crate::reader::ChunkReader;
-use crate::recovery::{scan_segment, SegmentReader};
+use crate::recovery::{find_segments, FoundSegment, SegmentReader};
 use crate::segment::{FileName, Segment, SegmentState};
 use crate::writer::EntryWriter;
 use crate::{checkpoint, EntryId};
@@ -73,6 +73,8 @@ pub(crate) struct Inner {
     pub signal: Arc<Signal>,
     /// Signalled after every checkpoint attempt.
     pub checkpointed: Condvar,
+    /// Signalled when a full active segment's last open entry finishes.
+    pub drained: Condvar,
     pub group: GroupCommit,
     pub maintenance: Mutex<Option<JoinHandle<()>>>,
     pub maintenance_thread: Mutex<Option<ThreadId>>,
@@ -161,6 +163,9 @@ impl Inner {
             self.check_usable(&state)?;
         }
         if state.segments[&state.active].full {
+            self.drain_active(&mut state)?;
+        }
+        if state.segments[&state.active].full {
             if state.spares.is_empty() {
                 // Keep growing the full segment rather than stall every
                 // writer on a zero-fill; the maintenance thread makes one.
@@ -180,6 +185,27 @@ impl Inner {
         Ok((id, segment.segment.clone()))
     }
 
+    /// Waits (briefly) for the entries still open in the full active
+    /// segment to finish, so that it can be closed at a known end before
+    /// the next segment starts: recovery relies on that end to never keep
+    /// a later segment when an earlier one lost its tail. An entry held
+    /// open longer than this only costs that check for one segment.
+    fn drain_active(&self, state: &mut MutexGuard<'_, State>) -> io::Result<()> {
+        const DRAIN_WAIT: Duration = Duration::from_millis(100);
+        let deadline = std::time::Instant::now() + DRAIN_WAIT;
+        let active = state.active;
+        while state.active == active
+            && state.segments[&active].open_entries > 0
+            && *self.maintenance_thread.lock() != Some(std::thread::current().id())
+        {
+            if self.drained.wait_until(state, deadline).timed_out() {
+                break;
+            }
+            self.check_usable(state)?;
+        }
+        Ok(())
+    }
+
     /// Makes a spare the active segment, named for the next entry id.
     /// Must hold the state lock so ids and segments change together.
     pub fn switch_segment(&self, state: &mut State) -> io::Result<()> {
@@ -189,8 +215,14 @@ impl Inner {
             .ok_or_else(|| io::Error::other("no spare segment file available"))?;
         let id = state.next_entry_id;
         let path = FileName::Segment(id).path_in(self.directory());
+        let previous = state
+            .segments
+            .get(&state.active)
+            .filter(|old| old.segment.id != 0 && old.open_entries == 0)
+            .map(|old| (old.segment.id, old.reserved_end));
         let header = SegmentHeader {
             first_entry_id: id,
+            previous,
             version_info: self.config.version_info.to_vec(),
         }
         .encode();
@@ -259,6 +291,9 @@ impl Inner {
         let seg = state.live(segment.id)?;
         if finishes_entry {
             seg.open_entries -= 1;
+            if seg.full && seg.open_entries == 0 {
+                self.drained.notify_all();
+            }
         }
         if let Some(err) = self.group.failure() {
             return Err(err);
@@ -347,6 +382,9 @@ impl Inner {
             if seg.ready_for_checkpoint() {
                 self.signal.wake();
             }
+            if seg.full && seg.open_entries == 0 {
+                self.drained.notify_all();
+            }
         }
         if state.progress_waiters > 0 {
             self.progress.notify_all();
@@ -374,7 +412,14 @@ impl Inner {
                 .segments
                 .get(&segment)
                 .map_or(u64::MAX, SegmentState::written_to);
-            if written >= end {
+            // Earlier segments that were closed must be synced whole with
+            // this one: recovery drops a segment whose predecessor ends
+            // short of where it was closed.
+            let earlier_complete = state
+                .segments
+                .range(..segment)
+                .all(|(_, seg)| seg.open_entries > 0 || seg.in_flight.is_empty());
+            if written >= end && earlier_complete {
                 break;
             }
             if let Some(err) = self.group.failure() {
@@ -572,42 +617,32 @@ impl WriteAheadLog {
         }
         segments.sort_unstable();
 
+        let found = find_segments(
+            &*fs,
+            &directory,
+            &segments,
+            config.buffer_bytes,
+            config.recovery_mode,
+        )?;
+        max_id = max_id.max(found.max_id);
+        reusable.extend(found.reusable);
+        if !found.dropped.is_empty() {
+            for (path, highest) in found.dropped {
+                let recycled = FileName::Recycled(highest).path_in(&directory);
+                fs.rename(&path, &recycled)?;
+                reusable.push(recycled);
+            }
+            fs.sync_dir(&directory)?;
+        }
         let mut live = BTreeMap::new();
-        for id in segments {
-            let path = FileName::Segment(id).path_in(&directory);
-            let file = fs.open(&path, OpenMode::ReadWrite)?;
-            let len = file.len()?;
-            let mut header_bytes = vec![0; HEADER_SIZE.min(len) as usize];
-            file.read_exact_at(&mut header_bytes, 0)?;
-            let header = match SegmentHeader::decode(&header_bytes) {
-                Ok(header) if header.first_entry_id == id => header,
-                result => {
-                    // A header that never became durable means nothing in
-                    // the file was ever acknowledged, unless records follow
-                    // it: then the header was written and later damaged.
-                    let mut first = [0_u8; RECORD_HEADER_SIZE];
-                    let records_follow = len >= HEADER_SIZE + RECORD_HEADER_SIZE as u64
-                        && file.read_exact_at(&mut first, HEADER_SIZE).is_ok()
-                        && RecordHeader::decode(&first, id).is_ok();
-                    if records_follow {
-                        let why = match result {
-                            Ok(_) => "names another segment".to_string(),
-                            Err(err) => err.to_string(),
-                        };
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            format!(
-                                "segment {}: header is damaged ({why}) but valid records follow it",
-                                path.display()
-                            ),
-                        ));
-                    }
-                    reusable.push(path);
-                    continue;
-                }
-            };
-            let scan = scan_segment(&*file, id, len, config.buffer_bytes)?;
-            max_id = max_id.max(scan.max_entry_id.unwrap_or(0));
+        for found in found.segments {
+            let FoundSegment {
+                id,
+                path,
+                file,
+                header,
+                scan,
+            } = found;
             let decision = manager.should_recover_segment(&RecoveredSegment {
                 id,
                 version_info: header.version_info.clone(),
@@ -666,6 +701,7 @@ impl WriteAheadLog {
             progress: Condvar::new(),
             signal: Arc::default(),
             checkpointed: Condvar::new(),
+            drained: Condvar::new(),
             group: GroupCommit::default(),
             maintenance: Mutex::new(None),
             maintenance_thread: Mutex::new(None),

@@ -3,12 +3,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
 use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::{RecordError, RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
-use crate::fs::FileHandle;
+use crate::config::RecoveryMode;
+use crate::format::{
+    RecordError, RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE,
+};
+use crate::fs::{FileHandle, FileSystem, OpenMode};
 use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
+use crate::segment::FileName;
 use crate::segment::Segment;
 
 /// Where one chunk record starts and how much data it holds.
@@ -21,8 +26,9 @@ pub(crate) struct ChunkLocation {
 /// What walking a segment found.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentScan {
-    /// Committed entries whose chunks all verified, in id order.
-    pub committed: BTreeMap<u64, Vec<ChunkLocation>>,
+    /// Committed entries whose chunks all verified, in id order, with the
+    /// offset of their commit record.
+    pub committed: BTreeMap<u64, (Vec<ChunkLocation>, u64)>,
     /// The offset just past the last record that was walked.
     pub end: u64,
     /// The highest entry id named by any record with a valid header.
@@ -31,6 +37,20 @@ pub(crate) struct SegmentScan {
     pub stopped: Option<(u64, String)>,
     /// Entries that were rolled back or never finished.
     pub discarded: usize,
+    /// The highest durable mark of any valid record: above zero, some sync
+    /// of this segment had completed before that record was written.
+    pub max_durable_mark: u64,
+    /// Bytes that were durable once and no longer verify (damage, not a
+    /// torn tail): the offset and what is wrong, the first one found.
+    pub damage: Option<(u64, String)>,
+}
+
+impl SegmentScan {
+    /// Keeps only what precedes `offset` (point-in-time recovery).
+    pub fn truncate(&mut self, offset: u64) {
+        self.committed.retain(|_, (_, commit)| *commit < offset);
+        self.end = self.end.min(offset);
+    }
 }
 
 /// Reads a file front to back through a buffer.
@@ -45,7 +65,7 @@ impl<'a> Sequential<'a> {
     fn new(file: &'a dyn FileHandle, buffer_bytes: usize) -> Self {
         Self {
             file,
-            buffer: vec![0; buffer_bytes.max(RECORD_HEADER_SIZE)],
+            buffer: vec![0; buffer_bytes.max(RECORD_HEADER_SIZE * 2)],
             buffer_start: 0,
             buffer_len: 0,
         }
@@ -74,76 +94,144 @@ impl<'a> Sequential<'a> {
         let available = self.buffer_len.saturating_sub(start).min(len);
         Ok(&self.buffer[start..start + available])
     }
+
+    /// Finds the next offset at or after `from` (and below `limit`) where a
+    /// record header of this segment verifies.
+    fn next_record(
+        &mut self,
+        from: u64,
+        limit: u64,
+        salt: u64,
+    ) -> io::Result<Option<(u64, RecordHeader)>> {
+        let mut at = from;
+        while at + RECORD_HEADER_SIZE as u64 <= limit {
+            let window = (self.buffer.len() - RECORD_HEADER_SIZE).min((limit - at) as usize);
+            let bytes = self.bytes_at(at, window + RECORD_HEADER_SIZE)?.to_vec();
+            if bytes.len() < RECORD_HEADER_SIZE {
+                return Ok(None);
+            }
+            for i in 0..=(bytes.len() - RECORD_HEADER_SIZE) {
+                // A record starts with its kind (1–3): skip everything else,
+                // which makes zeroed space cheap to cross.
+                if !(1..=3).contains(&bytes[i]) {
+                    continue;
+                }
+                if let Ok(header) = RecordHeader::decode(&bytes[i..], salt) {
+                    let offset = at + i as u64;
+                    if header.entry_id >= salt && offset + header.record_len() <= limit {
+                        return Ok(Some((offset, header)));
+                    }
+                }
+            }
+            at += (bytes.len() - RECORD_HEADER_SIZE + 1) as u64;
+        }
+        Ok(None)
+    }
+}
+
+fn describe(err: RecordError) -> String {
+    match err {
+        RecordError::Unwritten => "unwritten space".to_string(),
+        RecordError::BadChecksum => "record header checksum mismatch".to_string(),
+        RecordError::BadKind(kind) => format!("unknown record kind {kind}"),
+        RecordError::Truncated => "truncated record header".to_string(),
+    }
 }
 
 /// Walks the records of a segment from its header up to `limit` bytes,
 /// checking every header and chunk CRC.
 ///
-/// The walk stops at the first record whose header does not verify (the
-/// torn or unwritten tail). A chunk whose data fails its CRC does not stop
-/// the walk (its header says how long it is) but its entry is discarded.
+/// The walk stops at the first record whose header does not verify. If a
+/// valid record follows it whose durable mark lies beyond that point, the
+/// bad bytes had been synced once: that is damage, reported in
+/// `SegmentScan::damage`, and with `skip_damage` the walk resumes at the
+/// following record. Otherwise it is the torn or unwritten tail. A chunk
+/// whose data fails its CRC does not stop the walk (its header says how
+/// long it is) but its entry is discarded; if that entry's commit record
+/// was written after the chunk was durable, that is damage too.
 pub(crate) fn scan_segment(
     file: &dyn FileHandle,
     salt: u64,
     limit: u64,
     buffer_bytes: usize,
+    skip_damage: bool,
 ) -> io::Result<SegmentScan> {
     let mut reader = Sequential::new(file, buffer_bytes);
     let mut scan = SegmentScan::default();
-    let mut open: HashMap<u64, (Vec<ChunkLocation>, bool)> = HashMap::new();
+    // Entry id → (chunks, all chunks valid, offset of the first bad chunk).
+    let mut open: HashMap<u64, (Vec<ChunkLocation>, bool, Option<u64>)> = HashMap::new();
     let mut offset = HEADER_SIZE;
     while offset < limit {
-        if limit - offset < RECORD_HEADER_SIZE as u64 {
-            scan.stopped = Some((offset, "truncated record header".into()));
-            break;
-        }
         let bytes = reader.bytes_at(offset, RECORD_HEADER_SIZE)?;
-        let header = match RecordHeader::decode(bytes, salt) {
+        let decoded = RecordHeader::decode(bytes, salt)
+            .map_err(describe)
+            .and_then(|header| {
+                if header.entry_id < salt {
+                    Err(format!(
+                        "entry id {} is below the segment's first id {salt}",
+                        header.entry_id
+                    ))
+                } else if offset + header.record_len() > limit {
+                    Err("record extends past the end of the file".into())
+                } else {
+                    Ok(header)
+                }
+            });
+        let header = match decoded {
             Ok(header) => header,
-            Err(err) => {
-                let reason = match err {
-                    RecordError::Unwritten => "unwritten space".to_string(),
-                    RecordError::BadChecksum => "record header checksum mismatch".to_string(),
-                    RecordError::BadKind(kind) => format!("unknown record kind {kind}"),
-                    RecordError::Truncated => "truncated record header".to_string(),
-                };
+            Err(reason) => {
+                let next = reader.next_record(offset + 1, limit, salt)?;
+                match next {
+                    Some((next_offset, next_header)) if next_header.durable_mark > offset => {
+                        if scan.damage.is_none() {
+                            scan.damage = Some((offset, reason.clone()));
+                        }
+                        if skip_damage {
+                            offset = next_offset;
+                            continue;
+                        }
+                    }
+                    _ => {}
+                }
                 scan.stopped = Some((offset, reason));
                 break;
             }
         };
-        if header.entry_id < salt {
-            scan.stopped = Some((
-                offset,
-                format!(
-                    "entry id {} is below the segment's first id {salt}",
-                    header.entry_id
-                ),
-            ));
-            break;
-        }
         let record_end = offset + header.record_len();
-        if record_end > limit {
-            scan.stopped = Some((offset, "record extends past the end of the file".into()));
-            break;
-        }
         scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
+        scan.max_durable_mark = scan.max_durable_mark.max(header.durable_mark);
         match header.kind {
             RecordKind::Chunk => {
                 let valid = chunk_crc_matches(&mut reader, offset, header.length, buffer_bytes)?;
-                let entry = open.entry(header.entry_id).or_insert((Vec::new(), true));
+                let entry = open
+                    .entry(header.entry_id)
+                    .or_insert((Vec::new(), true, None));
                 entry.0.push(ChunkLocation {
                     offset,
                     length: header.length,
                 });
                 entry.1 &= valid;
+                if !valid && entry.2.is_none() {
+                    entry.2 = Some(offset);
+                }
             }
             RecordKind::Commit => {
-                let (chunks, valid) = open.remove(&header.entry_id).unwrap_or((Vec::new(), true));
+                let (chunks, valid, bad_chunk) =
+                    open.remove(&header.entry_id)
+                        .unwrap_or((Vec::new(), true, None));
+                if let Some(bad) = bad_chunk {
+                    if header.durable_mark > bad && scan.damage.is_none() {
+                        scan.damage = Some((
+                            bad,
+                            format!("chunk of entry {} failed its CRC", header.entry_id),
+                        ));
+                    }
+                }
                 if valid
                     && chunks.len() == header.length as usize
                     && !scan.committed.contains_key(&header.entry_id)
                 {
-                    scan.committed.insert(header.entry_id, chunks);
+                    scan.committed.insert(header.entry_id, (chunks, offset));
                 } else {
                     scan.discarded += 1;
                 }
@@ -183,6 +271,159 @@ fn chunk_crc_matches(
         && u32::from_le_bytes(trailer.try_into().expect("4 bytes")) == hasher.finalize())
 }
 
+/// A segment found at open, with its header and what its walk found.
+#[derive(Debug)]
+pub(crate) struct FoundSegment {
+    pub id: u64,
+    pub path: PathBuf,
+    pub file: Arc<dyn FileHandle>,
+    pub header: SegmentHeader,
+    pub scan: SegmentScan,
+}
+
+/// What opening a directory found.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    /// The segments to replay, in order.
+    pub segments: Vec<FoundSegment>,
+    /// Files that hold nothing to replay and may be reused.
+    pub reusable: Vec<PathBuf>,
+    /// Segments recovery decided not to replay (a suffix cut off after
+    /// lost or damaged records), with the highest entry id each held: they
+    /// must be renamed away before the log goes on, or the next open would
+    /// make the same cut and drop what is written after it.
+    pub dropped: Vec<(PathBuf, u64)>,
+    /// The highest entry id seen anywhere (replayed or not).
+    pub max_id: u64,
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// Opens and walks segments `ids` (ascending), then decides what survives:
+/// damage is handled as `mode` says, and a segment whose predecessor ends
+/// short of where it was closed is dropped with everything after it,
+/// unless it proves it was synced (then the predecessor is damaged).
+pub(crate) fn find_segments(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    ids: &[u64],
+    buffer_bytes: usize,
+    mode: RecoveryMode,
+) -> io::Result<Found> {
+    let mut found = Found::default();
+    for &id in ids {
+        let path = FileName::Segment(id).path_in(directory);
+        let file = fs.open(&path, OpenMode::ReadWrite)?;
+        let len = file.len()?;
+        let mut header_bytes = vec![0; HEADER_SIZE.min(len) as usize];
+        file.read_exact_at(&mut header_bytes, 0)?;
+        let header = match SegmentHeader::decode(&header_bytes) {
+            Ok(header) if header.first_entry_id == id => header,
+            result => {
+                // A header that never became durable means nothing in the
+                // file was ever acknowledged (the file is named only after
+                // its header is synced), unless records follow it: then
+                // the header was written and later damaged.
+                let mut first = [0_u8; RECORD_HEADER_SIZE];
+                let records_follow = len >= HEADER_SIZE + RECORD_HEADER_SIZE as u64
+                    && file.read_exact_at(&mut first, HEADER_SIZE).is_ok()
+                    && RecordHeader::decode(&first, id).is_ok();
+                if records_follow {
+                    let why = match result {
+                        Ok(_) => "names another segment".to_string(),
+                        Err(err) => err.to_string(),
+                    };
+                    return Err(invalid(format!(
+                        "segment {}: header is damaged ({why}) but valid records follow it",
+                        path.display()
+                    )));
+                }
+                found.reusable.push(path);
+                continue;
+            }
+        };
+        let scan = scan_segment(
+            &*file,
+            id,
+            len,
+            buffer_bytes,
+            mode == RecoveryMode::SkipCorrupted,
+        )?;
+        found.max_id = found.max_id.max(scan.max_entry_id.unwrap_or(0));
+        found.segments.push(FoundSegment {
+            id,
+            path,
+            file,
+            header,
+            scan,
+        });
+    }
+
+    let mut keep = found.segments.len();
+    for (i, segment) in found.segments.iter_mut().enumerate() {
+        if let Some((offset, reason)) = segment.scan.damage.clone() {
+            match mode {
+                RecoveryMode::ErrorOnCorruption => {
+                    return Err(invalid(format!(
+                        "segment {}: damaged record at offset {offset} ({reason}), with records \
+                         that were synced after it; open with RecoveryMode::PointInTime to keep \
+                         only what precedes it, or RecoveryMode::SkipCorrupted to skip it",
+                        segment.path.display()
+                    )));
+                }
+                RecoveryMode::PointInTime => {
+                    // Make the cut permanent: the damaged segment ends
+                    // where the damage begins.
+                    segment.scan.truncate(offset);
+                    segment.file.set_len(offset)?;
+                    segment.file.sync_data()?;
+                    keep = i + 1;
+                    break;
+                }
+                RecoveryMode::SkipCorrupted => {}
+            }
+        }
+    }
+    for i in 1..keep {
+        let (before, after) = found.segments.split_at(i);
+        let (previous, segment) = (&before[i - 1], &after[0]);
+        let Some((previous_id, previous_end)) = segment.header.previous else {
+            continue;
+        };
+        if previous_id != previous.id || previous.scan.end >= previous_end {
+            continue;
+        }
+        let synced_since = segment.scan.max_durable_mark > 0;
+        if !synced_since || mode == RecoveryMode::PointInTime {
+            // The crash cut the earlier segment's tail before any sync of
+            // this one: nothing here was acknowledged as durable, and
+            // keeping it would keep entries logged after lost ones.
+            keep = i;
+            break;
+        }
+        if mode == RecoveryMode::ErrorOnCorruption {
+            return Err(invalid(format!(
+                "segment {}: ends at offset {} but held records up to {previous_end} when \
+                 segment {} was started and synced",
+                previous.path.display(),
+                previous.scan.end,
+                segment.id
+            )));
+        }
+    }
+    for dropped in found.segments.drain(keep..) {
+        let highest = dropped
+            .scan
+            .max_entry_id
+            .unwrap_or(dropped.id)
+            .max(dropped.id);
+        found.dropped.push((dropped.path, highest));
+    }
+    Ok(found)
+}
+
 /// The committed entries of one segment, handed to
 /// [`LogManager::checkpoint_to`](crate::LogManager::checkpoint_to).
 #[derive(Debug)]
@@ -197,9 +438,13 @@ impl SegmentReader {
     pub(crate) fn new(
         segment_id: u64,
         file: Arc<dyn FileHandle>,
-        entries: BTreeMap<u64, Vec<ChunkLocation>>,
+        entries: BTreeMap<u64, (Vec<ChunkLocation>, u64)>,
         segment: Option<Arc<Segment>>,
     ) -> Self {
+        let entries: BTreeMap<u64, Vec<ChunkLocation>> = entries
+            .into_iter()
+            .map(|(id, (chunks, _))| (id, chunks))
+            .collect();
         Self {
             segment_id,
             file,

@@ -234,11 +234,13 @@ fn segment_files_are_recycled_in_a_long_run() {
     let seen = recorder.seen();
     // (Segments grow past 64 KiB while no spare file is ready, so there are
     // fewer checkpoints than 64 KiB pieces of data.)
-    assert!(seen.checkpoints.len() > 10, "{}", seen.checkpoints.len());
+    assert!(seen.checkpoints.len() > 3, "{}", seen.checkpoints.len());
     check_checkpoints(&model, &seen.checkpoints).unwrap();
     drop(seen);
+    // At most 5 live segments (writers stall beyond that), 2 spares, one
+    // spare being made and one checkpointed file waiting for its readers.
     assert!(
-        max_files.len() <= 8,
+        max_files.len() <= 10,
         "{} files in the log directory at once: {max_files:?}",
         max_files.len()
     );
@@ -272,7 +274,7 @@ fn segment_files_are_recycled_on_disk() {
     log.checkpoint_active().unwrap();
     check_checkpoints(&model, &recorder.seen().checkpoints).unwrap();
     assert!(
-        max_files.len() <= 8,
+        max_files.len() <= 10,
         "{} files in the log directory at once: {max_files:?}",
         max_files.len()
     );

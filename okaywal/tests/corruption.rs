@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::{check_exactly_once, Model, Recorder, Rng, Seen};
 use okaywal::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
 use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
-use okaywal::{Configuration, WriteAheadLog};
+use okaywal::{Configuration, RecoveryMode, WriteAheadLog};
 
 const DIR: &str = "/wal";
 
@@ -195,9 +195,21 @@ fn reopen(
     buffer_bytes: usize,
     what: &str,
 ) -> io::Result<Vec<u64>> {
+    reopen_mode(files, base, buffer_bytes, what, RecoveryMode::default())
+}
+
+fn reopen_mode(
+    files: &[(String, Vec<u8>)],
+    base: &Base,
+    buffer_bytes: usize,
+    what: &str,
+    mode: RecoveryMode,
+) -> io::Result<Vec<u64>> {
     let fs = fresh_fs(files);
     let recorder = Recorder::new();
-    let log = config(&fs, buffer_bytes).open(recorder.clone())?;
+    let log = config(&fs, buffer_bytes)
+        .recovery_mode(mode)
+        .open(recorder.clone())?;
     let model = base.model();
     let recovered = {
         let seen = recorder.seen();
@@ -243,6 +255,7 @@ fn reopen(
 
     let second = Recorder::new();
     let log = config(&fs, buffer_bytes)
+        .recovery_mode(mode)
         .open(second.clone())
         .unwrap_or_else(|e| panic!("{what}: second reopen: {e}"));
     let first = recorder.seen();
@@ -321,15 +334,39 @@ fn damage_in_an_earlier_entry_never_yields_wrong_bytes() {
     let base = build_base();
     let original = base.segment_bytes();
     let (first_id, _, start, end) = base.entries[0].clone();
+    let mut refused = 0;
     for offset in start..end {
         let at = offset as usize;
         let mut flipped = original.clone();
         flipped[at] ^= 0x80;
         let what = format!("high bit flipped at {offset} in entry {first_id}");
-        let ids = reopen(&base.with_segment(flipped), &base, 4096, &what)
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(!ids.contains(&first_id), "{what}: {ids:?}");
+        // By default, damage followed by records synced after it is an
+        // error naming the segment, never a silent truncation.
+        match reopen(&base.with_segment(flipped.clone()), &base, 4096, &what) {
+            Ok(ids) => assert!(!ids.contains(&first_id), "{what}: {ids:?}"),
+            Err(err) => {
+                assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
+                assert!(err.to_string().contains("wal-"), "{what}: {err}");
+                refused += 1;
+            }
+        }
+        // The other modes open, and never return the damaged entry.
+        for mode in [RecoveryMode::PointInTime, RecoveryMode::SkipCorrupted] {
+            let ids = reopen_mode(
+                &base.with_segment(flipped.clone()),
+                &base,
+                4096,
+                &what,
+                mode,
+            )
+            .unwrap_or_else(|e| panic!("{what} ({mode:?}): {e}"));
+            assert!(!ids.contains(&first_id), "{what} ({mode:?}): {ids:?}");
+        }
     }
+    println!(
+        "{refused} of {} damaged variants refused by default",
+        end - start
+    );
 }
 
 #[test]
