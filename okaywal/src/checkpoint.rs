@@ -11,12 +11,20 @@ use crate::log::{weak, Inner, Spare, MAX_SPARES};
 use crate::manager::LogManager;
 use crate::recovery::{scan_segment, SegmentReader};
 use crate::segment::{FileName, Segment};
+use crate::stats::Counters;
 use crate::{EntryId, WriteAheadLog};
 
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Result<()> {
+    if let Some(interval) = log.inner.config.max_unsynced {
+        let weak = weak(log);
+        let signal = log.inner.signal.clone();
+        std::thread::Builder::new()
+            .name("okaywal-sync".into())
+            .spawn(move || sync_periodically(&weak, &signal, interval))?;
+    }
     let weak = weak(log);
     let handle = std::thread::Builder::new()
         .name("okaywal-checkpoint".into())
@@ -24,6 +32,26 @@ pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Re
     *log.inner.maintenance_thread.lock() = Some(handle.thread().id());
     *log.inner.maintenance.lock() = Some(handle);
     Ok(())
+}
+
+/// Syncs buffered commits at least every `interval` (see
+/// `Configuration::max_unsynced`), until the log is dropped or shut down.
+fn sync_periodically(weak: &Weak<Inner>, signal: &crate::log::Signal, interval: Duration) {
+    loop {
+        if signal.stopped_after(interval) {
+            return;
+        }
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        if inner.state.lock().shutting_down {
+            return;
+        }
+        if inner.counters.unsynced_bytes.load(Ordering::Acquire) > 0 {
+            // A failure poisons the log; commits report it.
+            let _ = WriteAheadLog::borrowed(inner).sync();
+        }
+    }
 }
 
 enum Work {
@@ -77,12 +105,21 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 last_entry_id,
             } => {
                 let log = WriteAheadLog::borrowed(inner.clone());
+                let started = Instant::now();
                 let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
+                let nanos = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
                 drop(log);
+                let counters = &inner.counters;
                 if result.is_ok() {
                     checkpoint_backoff = Backoff::default();
+                    Counters::add(&counters.checkpoints, 1);
+                    Counters::add(&counters.checkpoint_nanos, nanos);
+                    counters
+                        .last_checkpoint_nanos
+                        .store(nanos, Ordering::Relaxed);
                 } else {
                     checkpoint_backoff.failed();
+                    Counters::add(&counters.checkpoint_failures, 1);
                 }
                 finish_checkpoint(&inner, segment, result);
                 recycle_finished(&inner);
@@ -171,12 +208,14 @@ fn checkpoint(
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
+    // Skip damage as recovery did: every entry it presented from this
+    // segment must reach the manager before the segment is recycled.
     let scan = scan_segment(
         &*segment.file,
         segment.id,
         limit,
         inner.config.buffer_bytes,
-        false,
+        true,
     )?;
     let mut reader = SegmentReader::new(
         segment.id,
@@ -192,10 +231,12 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
         Ok(()) => {
             let highest_id = {
                 let mut state = inner.state.lock();
-                state
+                let highest = state
                     .segments
                     .remove(&segment.id)
-                    .map_or(segment.id, |s| s.highest_id)
+                    .map_or(segment.id, |s| s.highest_id);
+                state.recycled_through = state.recycled_through.max(highest);
+                highest
             };
             // Named for the highest id it held: if the active segment's own
             // name never became durable, this name still keeps a reopened
@@ -212,6 +253,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             match renamed {
                 Ok(()) => {
                     state.checkpoint_error = None;
+                    Counters::add(&inner.counters.recycled_segments, 1);
                     state.recycling.push((segment, recycled));
                 }
                 Err(err) => {

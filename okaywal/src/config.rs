@@ -68,6 +68,12 @@ pub struct Configuration {
     pub minimum_next_entry_id: u64,
     /// What to do with damage in the middle of the log.
     pub recovery_mode: RecoveryMode,
+    /// With buffered commits waiting, a background sync runs at least this
+    /// often.
+    pub max_unsynced: Option<std::time::Duration>,
+    /// A buffered commit that brings the unsynced bytes to this many syncs
+    /// the log before returning.
+    pub max_unsynced_bytes: Option<u64>,
 }
 
 impl Configuration {
@@ -83,6 +89,8 @@ impl Configuration {
             file_system: Arc::new(StdFileSystem),
             minimum_next_entry_id: 1,
             recovery_mode: RecoveryMode::default(),
+            max_unsynced: None,
+            max_unsynced_bytes: None,
         }
     }
 
@@ -127,6 +135,24 @@ impl Configuration {
     #[must_use]
     pub fn shared_file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
         self.file_system = file_system;
+        self
+    }
+
+    /// Bounds how long buffered commits stay unsynced: a background thread
+    /// syncs the log at least this often while any wait. Without it,
+    /// buffered commits become durable with the next durable commit or
+    /// [`WriteAheadLog::sync`].
+    #[must_use]
+    pub fn max_unsynced(mut self, interval: std::time::Duration) -> Self {
+        self.max_unsynced = Some(interval);
+        self
+    }
+
+    /// Bounds how many bytes of buffered commits stay unsynced: the commit
+    /// that reaches `bytes` syncs the log before it returns.
+    #[must_use]
+    pub fn max_unsynced_bytes(mut self, bytes: u64) -> Self {
+        self.max_unsynced_bytes = Some(bytes);
         self
     }
 

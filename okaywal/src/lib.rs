@@ -84,6 +84,8 @@ mod position;
 mod reader;
 mod recovery;
 mod segment;
+mod stats;
+mod tail;
 mod writer;
 
 pub use config::{
@@ -95,4 +97,6 @@ pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};
 pub use position::{EntryId, LogPosition};
 pub use reader::ChunkReader;
 pub use recovery::{Entry, EntryChunk, ReadChunkResult, SegmentReader};
-pub use writer::{ChunkRecord, ChunkWriter, EntryWriter};
+pub use stats::LogStats;
+pub use tail::{LiveEntry, LogEntries};
+pub use writer::{ChunkRecord, ChunkWriter, Durability, EntryWriter};

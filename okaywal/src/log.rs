@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -19,6 +19,8 @@ use crate::position::LogPosition;
 use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, FoundSegment, SegmentReader};
 use crate::segment::{FileName, Segment, SegmentState};
+use crate::stats::{Counters, LogStats};
+use crate::tail::LogEntries;
 use crate::writer::EntryWriter;
 use crate::{checkpoint, EntryId};
 
@@ -78,6 +80,11 @@ pub(crate) struct Inner {
     pub group: GroupCommit,
     pub maintenance: Mutex<Option<JoinHandle<()>>>,
     pub maintenance_thread: Mutex<Option<ThreadId>>,
+    pub counters: Counters,
+    /// The highest entry id whose commit record has been written.
+    pub last_committed_id: AtomicU64,
+    /// Signalled after every completed sync (for readers tailing the log).
+    pub synced: Condvar,
 }
 
 #[derive(Debug)]
@@ -104,6 +111,14 @@ pub(crate) struct State {
     pub checkpoint_attempts: u64,
     /// The id of the segment being checkpointed right now.
     pub checkpointing: Option<u64>,
+    /// Entries begun and not yet committed or rolled back.
+    pub open_ids: std::collections::BTreeSet<u64>,
+    /// Commit records written but perhaps not yet durable: entry id →
+    /// (segment, offset just past the record). Pruned after every sync.
+    pub pending_commits: BTreeMap<u64, (u64, u64)>,
+    /// The highest entry id whose segment has been checkpointed and
+    /// recycled.
+    pub recycled_through: u64,
 }
 
 impl State {
@@ -177,6 +192,7 @@ impl Inner {
         }
         let id = state.next_entry_id;
         state.next_entry_id += 1;
+        state.open_ids.insert(id);
         let active = state.active;
         let segment = state.live(active)?;
         segment.open_entries += 1;
@@ -287,6 +303,9 @@ impl Inner {
         finishes_entry: bool,
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
+        if finishes_entry {
+            state.open_ids.remove(&header.entry_id);
+        }
         let active = state.active;
         let seg = state.live(segment.id)?;
         if finishes_entry {
@@ -304,6 +323,13 @@ impl Inner {
             ..header
         };
         seg.reserved_end += header.record_len();
+        Counters::add(&self.counters.bytes_written, header.record_len());
+        let record_end = seg.reserved_end;
+        if header.kind == RecordKind::Commit {
+            Counters::add(&self.counters.unsynced_commits, 1);
+            self.last_committed_id
+                .fetch_max(header.entry_id, Ordering::AcqRel);
+        }
         let encoded = header.encode(segment.id);
         match data {
             Some((bytes, crc)) => seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]),
@@ -316,6 +342,11 @@ impl Inner {
             self.signal.wake();
         }
         let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
+        if header.kind == RecordKind::Commit {
+            state
+                .pending_commits
+                .insert(header.entry_id, (segment.id, record_end));
+        }
         drop(state);
         if let Some(ranges) = flush {
             self.write_ranges(segment, ranges)?;
@@ -369,8 +400,12 @@ impl Inner {
 
     /// Marks the reservation at `offset` as written (its header is in the
     /// file), optionally finishing the entry that made it.
-    pub fn complete(&self, segment: u64, offset: Option<u64>, finishes_entry: bool) {
+    pub fn complete(&self, segment: u64, offset: Option<u64>, finished_entry: Option<u64>) {
         let mut state = self.state.lock();
+        if let Some(id) = finished_entry {
+            state.open_ids.remove(&id);
+        }
+        let finishes_entry = finished_entry.is_some();
         let Some(seg) = state.segments.get_mut(&segment) else {
             return;
         };
@@ -402,11 +437,45 @@ impl Inner {
         )
     }
 
-    /// One sync, run by a group-commit leader: waits briefly for writes
-    /// below `end` to land, then syncs every segment with unsynced records
-    /// and, if a segment was created or renamed since, the directory.
-    fn sync_pass(&self, segment: u64, end: u64) -> io::Result<()> {
+    /// Returns once every record below `end` in `segment` (and every
+    /// record of earlier closed segments) is in the file, i.e. handed to the
+    /// operating system: what a buffered commit promises.
+    pub fn hand_to_os(&self, segment: u64, end: u64) -> io::Result<()> {
         let mut state = self.state.lock();
+        self.wait_for_holes(&mut state, segment, end)?;
+        let mut writes = Vec::new();
+        for seg in state.segments.range_mut(..=segment).map(|(_, s)| s) {
+            if !seg.buffered.is_empty() {
+                writes.push((seg.segment.clone(), seg.take_buffered()));
+            }
+        }
+        let unnamed: Vec<(Arc<Segment>, u64, bool)> = state
+            .segments
+            .range(..=segment)
+            .filter(|(_, seg)| !seg.segment.name_durable.load(Ordering::Acquire))
+            .map(|(_, seg)| (seg.segment.clone(), seg.written_to(), true))
+            .collect();
+        drop(state);
+        for (segment, ranges) in writes {
+            self.write_ranges(&segment, ranges)?;
+        }
+        if !unnamed.is_empty() {
+            // A segment file gets its name only once its header is synced;
+            // a buffered commit must be in a named file to survive a crash
+            // of the process, so the first one in a segment pays that sync.
+            self.sync_targets(&unnamed)?;
+        }
+        Ok(())
+    }
+
+    /// Waits until no write below `end` in `segment`, nor in an earlier
+    /// closed segment, is still in flight.
+    fn wait_for_holes(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        segment: u64,
+        end: u64,
+    ) -> io::Result<()> {
         loop {
             let written = state
                 .segments
@@ -420,16 +489,23 @@ impl Inner {
                 .range(..segment)
                 .all(|(_, seg)| seg.open_entries > 0 || seg.in_flight.is_empty());
             if written >= end && earlier_complete {
-                break;
+                return Ok(());
             }
             if let Some(err) = self.group.failure() {
                 return Err(err);
             }
             state.progress_waiters += 1;
-            self.progress
-                .wait_for(&mut state, Duration::from_millis(10));
+            self.progress.wait_for(state, Duration::from_millis(10));
             state.progress_waiters -= 1;
         }
+    }
+
+    /// One sync, run by a group-commit leader: waits briefly for writes
+    /// below `end` to land, then syncs every segment with unsynced records
+    /// and, if a segment was created or renamed since, the directory.
+    fn sync_pass(&self, segment: u64, end: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        self.wait_for_holes(&mut state, segment, end)?;
         // Take every segment's buffered records; the sync covers up to
         // where each segment was written before taking them.
         let targets = sync_targets(&state);
@@ -448,11 +524,19 @@ impl Inner {
         self.sync_targets(&targets)
     }
     pub fn sync_targets(&self, targets: &[(Arc<Segment>, u64, bool)]) -> io::Result<()> {
+        let covered = self.counters.unsynced_commits.swap(0, Ordering::AcqRel);
+        let mut synced_any = false;
         for (segment, written, _) in targets {
             if *written > segment.synced_to.load(Ordering::Acquire) {
                 segment.file.sync_data().map_err(|e| self.poison(e))?;
+                synced_any = true;
             }
         }
+        if synced_any {
+            Counters::add(&self.counters.syncs, 1);
+        }
+        Counters::add(&self.counters.synced_commits, covered);
+        self.counters.unsynced_bytes.store(0, Ordering::Release);
         let needs_dir = targets.iter().any(|(_, _, name)| *name);
         if needs_dir {
             // Headers are durable now; only then may the names appear.
@@ -477,7 +561,22 @@ impl Inner {
                 segment.name_durable.store(true, Ordering::Release);
             }
         }
+        self.prune_pending_commits();
+        self.synced.notify_all();
         Ok(())
+    }
+
+    /// Forgets commit records that are durable now.
+    pub fn prune_pending_commits(&self) {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let segments = &state.segments;
+        state.pending_commits.retain(|_, (segment, end)| {
+            segments.get(segment).is_some_and(|seg| {
+                seg.segment.synced_to.load(Ordering::Acquire) < *end
+                    || !seg.segment.name_durable.load(Ordering::Acquire)
+            })
+        });
     }
 
     /// Syncs everything written so far (used at shutdown).
@@ -697,6 +796,9 @@ impl WriteAheadLog {
                 checkpoint_error: None,
                 checkpoint_attempts: 0,
                 checkpointing: None,
+                open_ids: std::collections::BTreeSet::new(),
+                pending_commits: BTreeMap::new(),
+                recycled_through: 0,
             }),
             progress: Condvar::new(),
             signal: Arc::default(),
@@ -705,6 +807,9 @@ impl WriteAheadLog {
             group: GroupCommit::default(),
             maintenance: Mutex::new(None),
             maintenance_thread: Mutex::new(None),
+            counters: Counters::default(),
+            last_committed_id: AtomicU64::new(0),
+            synced: Condvar::new(),
         });
         // The first active segment: a reused file if any, else a new one.
         if inner.state.lock().spares.is_empty() {
@@ -767,6 +872,49 @@ impl WriteAheadLog {
         checkpoint::shutdown(self)
     }
 
+    /// Returns once every entry committed before this call (buffered ones
+    /// included) is durable, with the highest such entry id.
+    pub fn sync(&self) -> io::Result<EntryId> {
+        let inner = &self.inner;
+        let last = inner.last_committed_id.load(Ordering::Acquire);
+        let segments: Vec<(Arc<Segment>, u64)> = {
+            let state = inner.state.lock();
+            inner.check_usable(&state)?;
+            state
+                .segments
+                .values()
+                .map(|seg| (seg.segment.clone(), seg.reserved_end))
+                .collect()
+        };
+        for (segment, end) in segments {
+            inner.wait_durable(&segment, end)?;
+        }
+        Ok(EntryId(last))
+    }
+
+    /// Iterates the committed entries with ids ≥ `from` that are still in
+    /// live (not yet recycled) segments, in id order, while writers go on.
+    /// Only durable entries are returned. An entry whose segment was
+    /// checkpointed and recycled gives a `NotFound` error.
+    ///
+    /// Each refill re-reads the live segments, so tailing costs a read of
+    /// up to a few segments per wake-up.
+    #[must_use]
+    pub fn entries_from(&self, from: EntryId) -> LogEntries {
+        LogEntries::new(self.clone(), from)
+    }
+
+    /// Counters: commits, syncs and entries per sync, bytes, checkpoints
+    /// and their durations, segments.
+    #[must_use]
+    pub fn stats(&self) -> LogStats {
+        let (live, spares) = {
+            let state = self.inner.state.lock();
+            (state.segments.len() as u64, state.spares.len() as u64)
+        };
+        LogStats::from_counters(&self.inner.counters, live, spares)
+    }
+
     /// The directory holding the segment files.
     #[must_use]
     pub fn directory(&self) -> &std::path::Path {
@@ -825,6 +973,18 @@ impl Signal {
     pub fn stop(&self) {
         self.state.lock().1 = true;
         self.condvar.notify_all();
+    }
+
+    /// Sleeps for `duration` unless stopped first; returns true if stopped.
+    pub fn stopped_after(&self, duration: Duration) -> bool {
+        let deadline = std::time::Instant::now() + duration;
+        let mut state = self.state.lock();
+        while !state.1 {
+            if self.condvar.wait_until(&mut state, deadline).timed_out() {
+                break;
+            }
+        }
+        state.1
     }
 
     /// Waits for a wake-up or `timeout`; returns false once stopped.

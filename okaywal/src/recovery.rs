@@ -180,18 +180,29 @@ pub(crate) fn scan_segment(
         let header = match decoded {
             Ok(header) => header,
             Err(reason) => {
-                let next = reader.next_record(offset + 1, limit, salt)?;
-                match next {
-                    Some((next_offset, next_header)) if next_header.durable_mark > offset => {
-                        if scan.damage.is_none() {
-                            scan.damage = Some((offset, reason.clone()));
-                        }
-                        if skip_damage {
-                            offset = next_offset;
-                            continue;
-                        }
+                // Damage rather than a torn tail if any later record was
+                // written after a sync that covered these bytes.
+                let mut resume = None;
+                let mut from = offset + 1;
+                let mut damaged = false;
+                while let Some((next_offset, next_header)) =
+                    reader.next_record(from, limit, salt)?
+                {
+                    resume.get_or_insert(next_offset);
+                    if next_header.durable_mark > offset {
+                        damaged = true;
+                        break;
                     }
-                    _ => {}
+                    from = next_offset + next_header.record_len();
+                }
+                if damaged {
+                    if scan.damage.is_none() {
+                        scan.damage = Some((offset, reason.clone()));
+                    }
+                    if let (true, Some(resume)) = (skip_damage, resume) {
+                        offset = resume;
+                        continue;
+                    }
                 }
                 scan.stopped = Some((offset, reason));
                 break;

@@ -6,11 +6,24 @@ use std::sync::Arc;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
 use crate::segment::Segment;
+use crate::stats::Counters;
 use crate::WriteAheadLog;
 
 /// Chunks larger than this are written header first, so that other
 /// committers need not wait for their data to be copied (see FORMAT.md).
 const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
+
+/// How durable a commit is when it returns; see
+/// [`EntryWriter::commit_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Synced to the disk: survives power loss (the default).
+    #[default]
+    Durable,
+    /// Handed to the operating system in log order: survives a process
+    /// crash; durable with the next sync.
+    Buffered,
+}
 
 /// Where a chunk was written and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +46,8 @@ pub struct EntryWriter<'log> {
     chunks: u32,
     broken: Option<String>,
     finished: bool,
+    /// Payload bytes written so far.
+    bytes: u64,
 }
 
 impl<'log> EntryWriter<'log> {
@@ -44,6 +59,7 @@ impl<'log> EntryWriter<'log> {
             chunks: 0,
             broken: None,
             finished: false,
+            bytes: 0,
         }
     }
 
@@ -101,7 +117,7 @@ impl<'log> EntryWriter<'log> {
             };
             let file = &self.segment.file;
             let result = file.write_all_at(&header.encode(self.segment.id), offset);
-            inner.complete(self.segment.id, Some(offset), false);
+            inner.complete(self.segment.id, Some(offset), None);
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
             result
                 .and_then(|()| file.write_all_at(data, data_offset))
@@ -112,6 +128,7 @@ impl<'log> EntryWriter<'log> {
             offset
         };
         self.chunks += 1;
+        self.bytes += u64::from(length);
         Ok(ChunkRecord {
             position: LogPosition {
                 file_id: self.segment.id,
@@ -135,7 +152,7 @@ impl<'log> EntryWriter<'log> {
             .segment
             .file
             .write_all_at(&header.encode(self.segment.id), offset);
-        inner.complete(self.segment.id, Some(offset), false);
+        inner.complete(self.segment.id, Some(offset), None);
         result.map_err(|e| self.fail(e))?;
         let capacity = inner.config.buffer_bytes.min(length as usize);
         Ok(ChunkWriter {
@@ -153,14 +170,52 @@ impl<'log> EntryWriter<'log> {
 
     /// Commits the entry and returns once it is durable (covered by an
     /// `fdatasync`, shared with concurrent commits).
-    pub fn commit(mut self) -> io::Result<EntryId> {
+    pub fn commit(self) -> io::Result<EntryId> {
+        self.commit_with(Durability::Durable)
+    }
+
+    /// Commits the entry and returns once it is handed to the operating
+    /// system in log order, without waiting for a sync: it survives a crash
+    /// of the process, and becomes durable with the next sync (any durable
+    /// commit, [`WriteAheadLog::sync`], or the background sync that
+    /// [`Configuration::max_unsynced`](crate::Configuration::max_unsynced)
+    /// sets up). After a power loss, buffered entries may be lost, but only
+    /// as a suffix of the log.
+    pub fn commit_buffered(self) -> io::Result<EntryId> {
+        self.commit_with(Durability::Buffered)
+    }
+
+    /// Commits the entry with the given durability.
+    pub fn commit_with(mut self, durability: Durability) -> io::Result<EntryId> {
         self.finished = true;
         if let Err(err) = self.check_usable() {
             self.write_end(RecordKind::Rollback).ok();
             return Err(err);
         }
+        let inner = &self.log.inner;
         let end = self.write_end(RecordKind::Commit)?;
-        self.log.inner.wait_durable(&self.segment, end)?;
+        match durability {
+            Durability::Durable => {
+                inner.wait_durable(&self.segment, end)?;
+                Counters::add(&inner.counters.durable_commits, 1);
+            }
+            Durability::Buffered => {
+                inner.hand_to_os(self.segment.id, end)?;
+                Counters::add(&inner.counters.buffered_commits, 1);
+                let unsynced = inner
+                    .counters
+                    .unsynced_bytes
+                    .fetch_add(self.bytes.max(1), std::sync::atomic::Ordering::AcqRel)
+                    + self.bytes.max(1);
+                if inner
+                    .config
+                    .max_unsynced_bytes
+                    .is_some_and(|limit| unsynced >= limit)
+                {
+                    self.log.sync()?;
+                }
+            }
+        }
         Ok(self.id)
     }
 
@@ -174,9 +229,12 @@ impl<'log> EntryWriter<'log> {
     /// the offset just past the record.
     fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
         let inner = &self.log.inner;
+        if kind == RecordKind::Rollback {
+            Counters::add(&inner.counters.rollbacks, 1);
+        }
         if kind == RecordKind::Rollback && self.chunks == 0 {
             // Nothing of this entry is on disk; nothing to mark.
-            inner.complete(self.segment.id, None, true);
+            inner.complete(self.segment.id, None, Some(self.id.0));
             return Ok(0);
         }
         let header = self.header(kind, self.chunks, 0);
@@ -278,6 +336,7 @@ impl ChunkWriter<'_, '_> {
         }
         self.finished = true;
         self.entry.chunks += 1;
+        self.entry.bytes += u64::from(self.length);
         Ok(ChunkRecord {
             position: LogPosition {
                 file_id: self.entry.segment.id,

@@ -1,0 +1,178 @@
+//! Reading the live log while it is written: committed, durable entries in
+//! id order, and waiting for the next one.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::position::EntryId;
+use crate::recovery::{scan_segment, SegmentReader};
+use crate::segment::Segment;
+use crate::WriteAheadLog;
+
+/// A committed entry read back from the live log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveEntry {
+    id: EntryId,
+    chunks: Vec<Vec<u8>>,
+}
+
+impl LiveEntry {
+    /// The entry's id.
+    #[must_use]
+    pub fn id(&self) -> EntryId {
+        self.id
+    }
+
+    /// The entry's chunks, in the order they were written.
+    #[must_use]
+    pub fn chunks(&self) -> &[Vec<u8>] {
+        &self.chunks
+    }
+
+    /// Takes the chunks.
+    #[must_use]
+    pub fn into_chunks(self) -> Vec<Vec<u8>> {
+        self.chunks
+    }
+}
+
+/// Committed entries of the live log from some id on, in id order; see
+/// [`WriteAheadLog::entries_from`]. Iterating ends when no further entry
+/// is durable yet; [`LogEntries::next_timeout`] waits for the next one.
+#[derive(Debug)]
+pub struct LogEntries {
+    log: WriteAheadLog,
+    next: u64,
+    ready: VecDeque<LiveEntry>,
+}
+
+impl LogEntries {
+    pub(crate) fn new(log: WriteAheadLog, from: EntryId) -> Self {
+        Self {
+            log,
+            next: from.0,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// The id the next entry returned will have at least.
+    #[must_use]
+    pub fn position(&self) -> EntryId {
+        self.ready.front().map_or(EntryId(self.next), LiveEntry::id)
+    }
+
+    /// Returns the next entry, waiting up to `timeout` for one to become
+    /// durable; `Ok(None)` if none did.
+    pub fn next_timeout(&mut self, timeout: Duration) -> io::Result<Option<LiveEntry>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(entry) = self.ready.pop_front() {
+                return Ok(Some(entry));
+            }
+            let before = self.log.inner.counters.syncs.load(Ordering::Acquire);
+            self.refill()?;
+            if let Some(entry) = self.ready.pop_front() {
+                return Ok(Some(entry));
+            }
+            let inner = &self.log.inner;
+            let mut state = inner.state.lock();
+            if inner.counters.syncs.load(Ordering::Acquire) == before
+                && inner.synced.wait_until(&mut state, deadline).timed_out()
+            {
+                drop(state);
+                self.refill()?;
+                return Ok(self.ready.pop_front());
+            }
+        }
+    }
+
+    /// Reads what has become durable since the last call.
+    fn refill(&mut self) -> io::Result<()> {
+        let inner = &self.log.inner;
+        inner.prune_pending_commits();
+        let (segments, stable_through, recycled_through) = {
+            let state = inner.state.lock();
+            inner.check_usable(&state)?;
+            // Every entry up to here is finished, and every commit among
+            // them is durable: the reader may move past all of them.
+            let blocked = [state.open_ids.first(), state.pending_commits.keys().next()]
+                .into_iter()
+                .flatten()
+                .min()
+                .copied()
+                .unwrap_or(state.next_entry_id);
+            let segments: Vec<Arc<Segment>> = state
+                .segments
+                .values()
+                .map(|seg| seg.segment.clone())
+                .collect();
+            (segments, blocked - 1, state.recycled_through)
+        };
+        if self.next <= recycled_through {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "entry {} is no longer in the log: entries through {recycled_through} were \
+                     checkpointed and their segments recycled",
+                    self.next
+                ),
+            ));
+        }
+        if stable_through < self.next {
+            return Ok(());
+        }
+        let mut found: BTreeMap<u64, (Arc<Segment>, (Vec<crate::recovery::ChunkLocation>, u64))> =
+            BTreeMap::new();
+        for segment in &segments {
+            // Only the durable part: it is all in the file, with no holes.
+            let limit = segment.synced_to.load(Ordering::Acquire);
+            if limit <= crate::format::HEADER_SIZE {
+                continue;
+            }
+            let scan = scan_segment(
+                &*segment.file,
+                segment.id,
+                limit,
+                inner.config.buffer_bytes,
+                false,
+            )?;
+            for (id, located) in scan.committed.range(self.next..=stable_through) {
+                found.insert(*id, (segment.clone(), located.clone()));
+            }
+        }
+        for (id, (segment, located)) in found {
+            let mut entries = BTreeMap::new();
+            entries.insert(id, located);
+            let mut reader = SegmentReader::new(segment.id, segment.file.clone(), entries, None);
+            let mut entry = reader.read_entry()?.expect("one entry");
+            let chunks = entry.read_all_chunks()?.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("entry {id} changed while being read"),
+                )
+            })?;
+            self.ready.push_back(LiveEntry {
+                id: EntryId(id),
+                chunks,
+            });
+        }
+        self.next = stable_through + 1;
+        Ok(())
+    }
+}
+
+impl Iterator for LogEntries {
+    type Item = io::Result<LiveEntry>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ready.is_empty() {
+            if let Err(err) = self.refill() {
+                return Some(Err(err));
+            }
+        }
+        self.ready.pop_front().map(Ok)
+    }
+}

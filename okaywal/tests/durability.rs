@@ -1,0 +1,520 @@
+//! Durability modes, reading the live log, recovery modes and statistics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
+use okaywal::{
+    Configuration, Durability, Entry, EntryId, LogManager, LogVoid, RecoveryMode, SegmentReader,
+    WriteAheadLog,
+};
+
+const DIR: &str = "/log";
+
+#[derive(Debug, Clone, Default)]
+struct Recorder {
+    recovered: Arc<Mutex<BTreeMap<u64, Vec<Vec<u8>>>>>,
+}
+
+impl LogManager for Recorder {
+    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
+        let id = entry.id().0;
+        let chunks = entry.read_all_chunks()?.expect("complete");
+        self.recovered.lock().unwrap().insert(id, chunks);
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _: EntryId,
+        _: &mut SegmentReader,
+        _: &WriteAheadLog,
+    ) -> io::Result<()> {
+        // Keep every segment live: these tests look at recovery.
+        Err(io::Error::other("checkpoints are refused in this test"))
+    }
+}
+
+fn config(fs: &CrashFileSystem) -> Configuration {
+    Configuration::default_for(DIR)
+        .file_system(fs.clone())
+        .preallocate_bytes(16 * 1024)
+        .checkpoint_after_bytes(16 * 1024)
+}
+
+fn payload(id: u64) -> Vec<u8> {
+    (0..(id % 700) as usize)
+        .map(|i| (i as u64 ^ id) as u8)
+        .collect()
+}
+
+/// What a single writer did, in order: (id, durability, acknowledged).
+type Script = Vec<(u64, Durability, bool)>;
+
+/// One thread commits 60 entries, every third durable, the rest buffered,
+/// with a `sync()` now and then.
+fn workload(log: &WriteAheadLog) -> (Script, BTreeSet<u64>) {
+    let mut script = Vec::new();
+    let mut synced = BTreeSet::new();
+    for i in 0..60 {
+        let Ok(mut entry) = log.begin_entry() else {
+            break;
+        };
+        let id = entry.id().0;
+        if entry.write_chunk(&payload(id)).is_err() {
+            break;
+        }
+        let durability = if i % 3 == 0 {
+            Durability::Durable
+        } else {
+            Durability::Buffered
+        };
+        let ok = entry.commit_with(durability).is_ok();
+        script.push((id, durability, ok));
+        if !ok {
+            break;
+        }
+        if i % 10 == 9 {
+            if log.sync().is_err() {
+                break;
+            }
+            synced.extend(script.iter().filter(|s| s.2).map(|s| s.0));
+        }
+    }
+    (script, synced)
+}
+
+#[test]
+fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
+    let count_fs = CrashFileSystem::new();
+    let log = config(&count_fs).open(LogVoid).unwrap();
+    workload(&log);
+    drop(log);
+    let syncs = count_fs.operation_count(Operation::Sync);
+    let mut points = 0;
+    for crash_at in 0..syncs {
+        for policy in [
+            PowerLoss::Clean,
+            PowerLoss::TornPrefix,
+            PowerLoss::Random(crash_at),
+        ] {
+            let fs = CrashFileSystem::new();
+            let log = config(&fs).open(LogVoid).unwrap();
+            let opened_syncs = fs.operation_count(Operation::Sync);
+            fs.inject(
+                Operation::Sync,
+                opened_syncs + crash_at,
+                FaultKind::PowerOff,
+            );
+            let (script, synced) = workload(&log);
+            drop(log);
+            fs.power_loss(policy);
+            let recorder = Recorder::default();
+            let log = config(&fs)
+                .open(recorder.clone())
+                .unwrap_or_else(|e| panic!("sync point {crash_at}, {policy:?}: reopen: {e}"));
+            let recovered = recorder.recovered.lock().unwrap().clone();
+            let what = format!("sync point {crash_at}, {policy:?}");
+            for (id, chunks) in &recovered {
+                assert_eq!(chunks.concat(), payload(*id), "{what}: entry {id} bytes");
+            }
+            for (id, durability, ok) in &script {
+                if *ok && *durability == Durability::Durable {
+                    assert!(
+                        recovered.contains_key(id),
+                        "{what}: durable entry {id} lost"
+                    );
+                }
+            }
+            for id in &synced {
+                assert!(recovered.contains_key(id), "{what}: synced entry {id} lost");
+            }
+            // The suffix property: once an entry is missing, nothing logged
+            // after it survives.
+            let mut lost = None;
+            for (id, _, _) in &script {
+                match (lost, recovered.contains_key(id)) {
+                    (None, false) => lost = Some(*id),
+                    (Some(first), true) => {
+                        panic!("{what}: entry {id} survived although {first} before it was lost")
+                    }
+                    _ => {}
+                }
+            }
+            log.shutdown().ok();
+            points += 1;
+        }
+    }
+    println!("{points} crash points (sync points × power-loss policies)");
+    assert!(points > 20);
+}
+
+#[test]
+fn buffered_entries_survive_a_process_crash() {
+    let fs = CrashFileSystem::new();
+    let log = config(&fs).open(LogVoid).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let mut entry = log.begin_entry().unwrap();
+        let id = entry.id().0;
+        entry.write_chunk(&payload(id)).unwrap();
+        ids.push(entry.commit_buffered().unwrap().0);
+    }
+    // A process crash: the log is gone without a shutdown, the operating
+    // system (the simulated disk's visible contents) keeps what it got.
+    drop(log);
+    let recorder = Recorder::default();
+    let _log = config(&fs).open(recorder.clone()).unwrap();
+    let recovered = recorder.recovered.lock().unwrap().clone();
+    for id in ids {
+        assert_eq!(recovered.get(&id).map(|c| c.concat()), Some(payload(id)));
+    }
+}
+
+#[test]
+fn sync_and_max_unsynced_make_buffered_entries_durable() {
+    for background in [false, true] {
+        let fs = CrashFileSystem::new();
+        let mut configuration = config(&fs);
+        if background {
+            configuration = configuration.max_unsynced(Duration::from_millis(20));
+        }
+        let log = configuration.open(LogVoid).unwrap();
+        let mut last = 0;
+        for _ in 0..25 {
+            let mut entry = log.begin_entry().unwrap();
+            let id = entry.id().0;
+            entry.write_chunk(&payload(id)).unwrap();
+            last = entry.commit_buffered().unwrap().0;
+        }
+        if background {
+            std::thread::sleep(Duration::from_millis(200));
+        } else {
+            assert_eq!(log.sync().unwrap(), EntryId(last));
+        }
+        fs.inject(
+            Operation::Write,
+            fs.operation_count(Operation::Write),
+            FaultKind::PowerOff,
+        );
+        drop(log);
+        fs.power_loss(PowerLoss::Clean);
+        let recorder = Recorder::default();
+        let _log = config(&fs).open(recorder.clone()).unwrap();
+        let recovered = recorder.recovered.lock().unwrap().clone();
+        assert_eq!(recovered.len(), 25, "background sync: {background}");
+        assert!(recovered.contains_key(&last));
+    }
+}
+
+#[test]
+fn max_unsynced_bytes_syncs_from_the_committing_thread() {
+    let fs = CrashFileSystem::new();
+    let log = config(&fs).max_unsynced_bytes(2000).open(LogVoid).unwrap();
+    let syncs_before = fs.operation_count(Operation::Sync);
+    for _ in 0..10 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&[7; 500]).unwrap();
+        entry.commit_buffered().unwrap();
+    }
+    let stats = log.stats();
+    assert_eq!(stats.buffered_commits, 10);
+    assert!(
+        fs.operation_count(Operation::Sync) > syncs_before,
+        "no sync happened"
+    );
+    assert!(stats.syncs >= 2, "{stats:?}");
+}
+
+/// A manager for a replica-style reader: checkpoints wait until the reader
+/// has passed the checkpointed entries.
+#[derive(Debug, Clone)]
+struct WaitsForReader {
+    reader_at: Arc<AtomicU64>,
+    checkpointed: Arc<Mutex<Vec<u64>>>,
+}
+
+impl LogManager for WaitsForReader {
+    fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        last: EntryId,
+        entries: &mut SegmentReader,
+        _: &WriteAheadLog,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.reader_at.load(Ordering::SeqCst) <= last.0 {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("the reader fell behind"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while let Some(entry) = entries.read_entry()? {
+            self.checkpointed.lock().unwrap().push(entry.id().0);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn entries_from_sees_every_durable_entry_once_in_order_while_16_threads_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader_at = Arc::new(AtomicU64::new(0));
+    let manager = WaitsForReader {
+        reader_at: reader_at.clone(),
+        checkpointed: Arc::default(),
+    };
+    let log = Configuration::default_for(dir.path())
+        .preallocate_bytes(64 * 1024)
+        .checkpoint_after_bytes(64 * 1024)
+        .open(manager.clone())
+        .unwrap();
+    let committed = Arc::new(Mutex::new(BTreeMap::new()));
+    let rolled_back = Arc::new(Mutex::new(BTreeSet::new()));
+    let per_thread = 60;
+    let seen = std::thread::scope(|scope| {
+        let reader = {
+            let log = log.clone();
+            let reader_at = reader_at.clone();
+            scope.spawn(move || {
+                let mut entries = log.entries_from(EntryId(1));
+                let mut seen = Vec::new();
+                let mut idle = 0;
+                while idle < 20 {
+                    match entries.next_timeout(Duration::from_millis(50)).unwrap() {
+                        Some(entry) => {
+                            idle = 0;
+                            reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
+                            seen.push((entry.id().0, entry.into_chunks().concat()));
+                        }
+                        None => idle += 1,
+                    }
+                }
+                seen
+            })
+        };
+        let writers: Vec<_> = (0..16)
+            .map(|t| {
+                let (log, committed, rolled_back) = (&log, committed.clone(), rolled_back.clone());
+                scope.spawn(move || {
+                    for i in 0..per_thread {
+                        let mut entry = log.begin_entry().unwrap();
+                        let id = entry.id().0;
+                        entry.write_chunk(&payload(id)).unwrap();
+                        if (t + i) % 9 == 4 {
+                            entry.rollback().unwrap();
+                            rolled_back.lock().unwrap().insert(id);
+                        } else {
+                            entry.commit().unwrap();
+                            committed.lock().unwrap().insert(id, payload(id));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        reader.join().unwrap()
+    });
+    let ids: Vec<u64> = seen.iter().map(|(id, _)| *id).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "entries out of order or repeated");
+    let committed = committed.lock().unwrap();
+    assert_eq!(
+        ids.len(),
+        committed.len(),
+        "every committed entry seen once"
+    );
+    for (id, bytes) in &seen {
+        assert_eq!(committed.get(id), Some(bytes), "entry {id}");
+    }
+    assert!(ids
+        .iter()
+        .all(|id| !rolled_back.lock().unwrap().contains(id)));
+    // Checkpoints happened while reading.
+    log.checkpoint_active().unwrap();
+    assert!(!manager.checkpointed.lock().unwrap().is_empty());
+    // Positions of recycled entries are a clear NotFound.
+    let error = log.entries_from(EntryId(1)).next().unwrap().unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::NotFound);
+    log.shutdown().unwrap();
+}
+
+/// Writes several segments of entries, returns the ids in each segment
+/// file and the data of each entry.
+fn multi_segment_log(fs: &CrashFileSystem) -> Vec<(String, Vec<u64>)> {
+    let log = config(fs).open(Recorder::default()).unwrap();
+    for i in 0..120 {
+        let mut entry = log.begin_entry().unwrap();
+        let id = entry.id().0;
+        entry.write_chunk(&payload(id)).unwrap();
+        entry.commit().unwrap();
+        if i % 30 == 29 {
+            // Start a new segment (the refused checkpoint keeps the old one).
+            log.checkpoint_active().unwrap_err();
+        }
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    let mut segments: Vec<(u64, String)> = fs
+        .list_files(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .filter_map(|name| Some((name.strip_prefix("wal-")?.parse().ok()?, name)))
+        .collect();
+    segments.sort_unstable();
+    let all: Vec<u64> = (1..=120).collect();
+    let mut out = Vec::new();
+    for (i, (first, name)) in segments.iter().enumerate() {
+        let end = segments.get(i + 1).map_or(u64::MAX, |s| s.0);
+        out.push((
+            name.clone(),
+            all.iter()
+                .copied()
+                .filter(|id| id >= first && *id < end)
+                .collect(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn each_recovery_mode_handles_damage_in_the_middle_of_a_multi_segment_log() {
+    let original = CrashFileSystem::new();
+    let segments = multi_segment_log(&original);
+    assert!(segments.len() >= 3, "{segments:?}");
+    let (name, ids) = &segments[segments.len() / 2];
+    let path = Path::new(DIR).join(name);
+    let mut bytes = original.contents(&path).unwrap();
+    // Damage a byte inside the record header of an entry in the middle.
+    let victim = ids[ids.len() / 2];
+    let mut offset = 512;
+    let mut damaged_at = None;
+    while offset + 25 <= bytes.len() {
+        let header = okaywal::format::RecordHeader::decode(&bytes[offset..], ids[0]).unwrap();
+        if header.entry_id == victim {
+            damaged_at = Some(offset);
+            break;
+        }
+        offset += header.record_len() as usize;
+    }
+    let damaged_at = damaged_at.expect("found the victim's record");
+    bytes[damaged_at + 3] ^= 0x40;
+
+    let with_damage = || {
+        let fs = CrashFileSystem::new();
+        fs.create_dir_all(Path::new(DIR)).unwrap();
+        for file in original.list_files(Path::new(DIR)).unwrap() {
+            let path = Path::new(DIR).join(&file);
+            let handle = fs.open(&path, okaywal::fs::OpenMode::Create).unwrap();
+            handle
+                .write_all_at(&original.contents(&path).unwrap(), 0)
+                .unwrap();
+        }
+        assert!(fs.set_contents(&path, bytes.clone()));
+        fs
+    };
+    let later: BTreeSet<u64> = segments
+        .iter()
+        .skip(segments.len() / 2 + 1)
+        .flat_map(|(_, ids)| ids.iter().copied())
+        .collect();
+
+    // Default: an error naming the segment and the offset.
+    let err = config(&with_damage())
+        .open(Recorder::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    let message = err.to_string();
+    assert!(message.contains(name.as_str()), "{message}");
+    assert!(message.contains(&damaged_at.to_string()), "{message}");
+
+    // Point in time: everything before the damage, nothing after.
+    let recorder = Recorder::default();
+    let log = config(&with_damage())
+        .recovery_mode(RecoveryMode::PointInTime)
+        .open(recorder.clone())
+        .unwrap();
+    let recovered: BTreeSet<u64> = recorder.recovered.lock().unwrap().keys().copied().collect();
+    assert!(recovered.iter().all(|id| *id < victim), "{recovered:?}");
+    assert!((1..victim).all(|id| recovered.contains(&id)));
+    // New entries continue after every id seen, damaged ones included.
+    let entry = log.begin_entry().unwrap();
+    assert!(entry.id().0 > 120);
+    drop(entry);
+    drop(log);
+
+    // Skip: everything but the damaged entry.
+    let recorder = Recorder::default();
+    let _log = config(&with_damage())
+        .recovery_mode(RecoveryMode::SkipCorrupted)
+        .open(recorder.clone())
+        .unwrap();
+    let recovered: BTreeSet<u64> = recorder.recovered.lock().unwrap().keys().copied().collect();
+    assert!(!recovered.contains(&victim));
+    let missing: Vec<u64> = (1..=120).filter(|id| !recovered.contains(id)).collect();
+    assert!(
+        later.iter().all(|id| recovered.contains(id)),
+        "later entries kept; missing {missing:?}, victim {victim}, segments {segments:?}"
+    );
+    assert_eq!(recovered.len(), 119, "missing {missing:?}, victim {victim}");
+}
+
+#[test]
+fn stats_count_a_scripted_workload() {
+    let fs = CrashFileSystem::new();
+    #[derive(Debug)]
+    struct Accepting;
+    impl LogManager for Accepting {
+        fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            _: EntryId,
+            _: &mut SegmentReader,
+            _: &WriteAheadLog,
+        ) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = config(&fs).open(Accepting).unwrap();
+    for i in 0..30_u64 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&[1; 100]).unwrap();
+        match i % 3 {
+            0 => {
+                entry.commit().unwrap();
+            }
+            1 => {
+                entry.commit_buffered().unwrap();
+            }
+            _ => entry.rollback().unwrap(),
+        }
+    }
+    drop(log.begin_entry().unwrap()); // a dropped, empty entry rolls back too
+    log.sync().unwrap();
+    log.checkpoint_active().unwrap();
+    let stats = log.stats();
+    assert_eq!(stats.durable_commits, 10);
+    assert_eq!(stats.buffered_commits, 10);
+    assert_eq!(stats.rollbacks, 11);
+    assert!(stats.syncs >= 1 && stats.syncs <= 20, "{stats:?}");
+    assert_eq!(stats.synced_commits, 20, "{stats:?}");
+    assert!(stats.entries_per_sync() >= 1.0);
+    assert!(stats.bytes_written >= 20 * (25 + 100 + 4 + 25));
+    assert!(stats.checkpoints >= 1, "{stats:?}");
+    assert!(stats.live_segments >= 1);
+    assert!(stats.recycled_segments >= 1);
+    assert_eq!(stats.checkpoint_failures, 0);
+}
