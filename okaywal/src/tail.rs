@@ -12,6 +12,9 @@ use crate::recovery::{scan_segment, SegmentReader};
 use crate::segment::Segment;
 use crate::WriteAheadLog;
 
+/// An entry's chunk locations and the offset of its commit record.
+type Located = (Vec<crate::recovery::ChunkLocation>, u64);
+
 /// A committed entry read back from the live log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveEntry {
@@ -124,8 +127,7 @@ impl LogEntries {
         if stable_through < self.next {
             return Ok(());
         }
-        let mut found: BTreeMap<u64, (Arc<Segment>, (Vec<crate::recovery::ChunkLocation>, u64))> =
-            BTreeMap::new();
+        let mut found: BTreeMap<u64, (Arc<Segment>, Located)> = BTreeMap::new();
         for segment in &segments {
             // Only the durable part: it is all in the file, with no holes.
             let limit = segment.synced_to.load(Ordering::Acquire);
