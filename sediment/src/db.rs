@@ -14,8 +14,8 @@ use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::format::{
-    newest, placement, stratum_capacity, GrainHeader, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
-    INDEX_SLOT_SIZE,
+    newest, placement, stratum_capacity, GrainHeader, HeaderError, IndexHeader, BASINS,
+    GRAIN_HEADER_SIZE, INDEX_SLOT_SIZE,
 };
 use crate::grain_id::GrainId;
 use crate::manager::{Manager, DATA_PREFIX};
@@ -96,6 +96,12 @@ pub(crate) struct Shared {
     pub shut_down: AtomicBool,
     /// Set after a failed sync: nothing more may be acknowledged.
     pub failure: Mutex<Option<String>>,
+    /// Held while a transaction gets its sequence (a WAL entry, which may
+    /// wait for the WAL's checkpoints) and registers it as in flight; the
+    /// meta lock is not, so publishing commits never waits for it. Readers
+    /// of `finished_through` take it first so they never see a sequence
+    /// that is assigned but not yet registered.
+    pub begin_lock: Mutex<()>,
 }
 
 /// A crash-safe blob store. See the [crate docs](crate).
@@ -226,6 +232,10 @@ impl Shared {
         let sequence = record.sequence.0;
         {
             let mut pending = self.pending.write();
+            // A WAL checkpoint may already have moved this sequence into the
+            // strata (it can run while the commit waits for its sync): then
+            // the WAL position is gone and the strata serve the blob.
+            let in_strata = sequence <= meta.wal_checkpointed_entry;
             for grain in &record.new_grains {
                 let stratum = self.stratum_of(grain.id)?.ok_or_else(|| Error::Corrupt {
                     path: self
@@ -242,7 +252,7 @@ impl Shared {
                 }
                 bits.set_live(grain.id.index(), grain.id.count(), true);
                 drop(bits);
-                if let Some(position) = positions.get(&grain.id) {
+                if let (false, Some(position)) = (in_strata, positions.get(&grain.id)) {
                     pending.insert(
                         grain.id,
                         Pending {
@@ -324,11 +334,20 @@ fn open_index(
         }
         let second = copies.pop().expect("two");
         let first = copies.pop().expect("two");
+        let other_damaged = [&first, &second].map(|copy| {
+            matches!(copy, Err(e) if !matches!(e, HeaderError::BadMagic | HeaderError::Truncated))
+        });
         let (slot, header) =
             newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both index header copies are invalid ({a}; {b})"),
             })?;
+        if other_damaged[1 - slot] {
+            // The copy being written when a crash hit: restore it.
+            file.write_all_at(&header.encode(), (1 - slot as u64) * INDEX_SLOT_SIZE)
+                .and_then(|()| file.sync_data())
+                .context(|| format!("repairing a header copy of {}", path.display()))?;
+        }
         Ok((file, header, 1 - slot))
     } else {
         let file = fs
@@ -465,6 +484,7 @@ impl Database {
             }),
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
+            begin_lock: Mutex::new(()),
         });
         let mut wal_config = config.wal;
         wal_config.directory = directory;
@@ -574,6 +594,7 @@ impl Database {
     pub fn commit_log(&self, since: SequenceId) -> Result<CommitLog> {
         self.check_open()?;
         let (recent, through, checkpointed_to) = {
+            let _begin = self.shared.begin_lock.lock();
             let meta = self.shared.meta.lock();
             let through = meta.finished_through();
             let recent: Vec<CommitRecord> = if since.0 <= through {
@@ -815,6 +836,19 @@ impl GrainReader {
 impl Read for GrainReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.remaining == 0 {
+            // An empty blob has no data to hash on the way: check its CRC
+            // (over sequence and length) here.
+            if self.length == 0 && self.hasher.clone().finalize() != self.expected_crc {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "grain {} failed its checksum ({}, offset {})",
+                        self.id,
+                        self.location.0.display(),
+                        self.location.1
+                    ),
+                ));
+            }
             return Ok(0);
         }
         let wanted = buf.len().min(self.remaining as usize);

@@ -103,11 +103,20 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
     let mut index_bytes = 0;
     for name in shared.fs.list_files(&shared.directory)? {
         let path = shared.directory.join(&name);
-        if name.starts_with("wal-") {
-            let len = shared.fs.open(&path, okaywal::fs::OpenMode::Read)?.len()?;
+        if !name.starts_with("wal-") && name != INDEX_FILE {
+            continue;
+        }
+        // WAL files are renamed as they are recycled: one listed a moment
+        // ago may be gone.
+        let len = match shared.fs.open(&path, okaywal::fs::OpenMode::Read) {
+            Ok(file) => file.len()?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(err.into()),
+        };
+        if name == INDEX_FILE {
+            index_bytes = len;
+        } else {
             wal_files.push((name, len));
-        } else if name == INDEX_FILE {
-            index_bytes = shared.fs.open(&path, okaywal::fs::OpenMode::Read)?.len()?;
         }
     }
     wal_files.sort();

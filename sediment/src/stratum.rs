@@ -73,11 +73,24 @@ impl Stratum {
             .context(|| format!("opening stratum {}", path.display()))?;
         let (first, second) = read_headers(&*file, basin, number)
             .context(|| format!("reading stratum {}", path.display()))?;
+        let other_damaged = [&first, &second].map(|copy| {
+            matches!(copy, Err(e) if !matches!(e, HeaderError::BadMagic | HeaderError::Truncated))
+        });
         let (slot, header) =
             newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both stratum header copies are invalid ({a}; {b})"),
             })?;
+        if other_damaged[1 - slot] {
+            // The copy being written when a crash hit: restore it from the
+            // good one so that both are valid again.
+            file.write_all_at(
+                &header.encode(),
+                (1 - slot as u64) * stratum_slot_size(basin),
+            )
+            .and_then(|()| file.sync_data())
+            .context(|| format!("repairing a header copy of {}", path.display()))?;
+        }
         Ok(Self::from_parts(basin, number, path, file, header, slot))
     }
 
@@ -201,6 +214,10 @@ mod tests {
         file.write_all_at(&[0xFF; 8], 40).unwrap();
         let fallback = Stratum::open(&fs, dir, 2, 0).unwrap();
         assert_eq!(fallback.bits.read().durable_blobs(), vec![(3, 2)]);
+        // Opening repaired the damaged copy from the good one.
+        let (first, second) = read_headers(&*file, 2, 0).unwrap();
+        assert_eq!(first.unwrap(), second.unwrap());
+        file.write_all_at(&[0xFF; 8], 40).unwrap();
         file.write_all_at(&[0xFF; 8], stratum_slot_size(2) + 40)
             .unwrap();
         assert!(matches!(

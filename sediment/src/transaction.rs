@@ -64,14 +64,14 @@ impl<'db> Transaction<'db> {
         if self.entry.is_none() {
             let shared = &self.db.shared;
             shared.check_usable()?;
-            let mut meta = shared.meta.lock();
+            let _begin = shared.begin_lock.lock();
             let entry = self
                 .db
                 .wal
                 .begin_entry()
                 .context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
-            meta.in_flight.insert(self.sequence);
+            shared.meta.lock().in_flight.insert(self.sequence);
             self.entry = Some(entry);
         }
         Ok(self.sequence)
@@ -176,6 +176,7 @@ impl<'db> Transaction<'db> {
     /// up to it. `sequence` must be committed (with every transaction
     /// before it finished).
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
+        let _begin = self.db.shared.begin_lock.lock();
         let meta = self.db.shared.meta.lock();
         let through = meta.finished_through();
         if sequence.0 > through {
