@@ -170,6 +170,19 @@ struct JsonStats {
     index_bytes: u64,
     commit_log_bytes: u64,
     total_bytes: u64,
+    wal: JsonWalCounters,
+}
+
+/// The WAL's own counters while `stats` had the store open.
+#[derive(serde::Serialize)]
+struct JsonWalCounters {
+    live_segments: u64,
+    spare_segments: u64,
+    checkpoints: u64,
+    checkpoint_ms: f64,
+    recycled_segments: u64,
+    syncs: u64,
+    entries_per_sync: f64,
 }
 
 /// Describes one WAL file of a store for `stats`.
@@ -231,8 +244,9 @@ fn wal_state(dir: &Path, name: &str, bytes: u64) -> String {
 /// `sediment stats DB [--json]`
 pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let db = store::open(db_path, Create::Never)?;
-    let (stats, header, wal_files) = run_then_shutdown(db, |db| {
+    let (stats, header, wal_files, wal) = run_then_shutdown(db, |db| {
         let stats = db.stats()?;
+        let wal = db.wal().stats();
         let wal_files: Vec<JsonWalFile> = stats
             .wal_files
             .iter()
@@ -242,7 +256,7 @@ pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliE
                 state: wal_state(db_path, name, *bytes),
             })
             .collect();
-        Ok((stats, db.embedded_header(), wal_files))
+        Ok((stats, db.embedded_header(), wal_files, wal))
     })?;
     let report = JsonStats {
         directory: db_path.display().to_string(),
@@ -268,6 +282,15 @@ pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliE
         index_bytes: stats.index_bytes,
         commit_log_bytes: stats.commit_log_bytes,
         total_bytes: stats.total_bytes(),
+        wal: JsonWalCounters {
+            live_segments: wal.live_segments,
+            spare_segments: wal.spare_segments,
+            checkpoints: wal.checkpoints,
+            checkpoint_ms: wal.checkpoint_time.as_secs_f64() * 1000.0,
+            recycled_segments: wal.recycled_segments,
+            syncs: wal.syncs,
+            entries_per_sync: wal.entries_per_sync(),
+        },
     };
     if json {
         return write_json(out, &report);
@@ -320,6 +343,12 @@ fn print_stats(report: &JsonStats, out: &mut dyn Write) -> std::io::Result<()> {
             file.file, file.bytes, file.state
         )?;
     }
+    let wal = &report.wal;
+    writeln!(
+        out,
+        "WAL while open: {} live segment(s), {} spare(s); {} checkpoint(s) in {:.1} ms, {} segment(s) recycled, {} sync(s)",
+        wal.live_segments, wal.spare_segments, wal.checkpoints, wal.checkpoint_ms, wal.recycled_segments, wal.syncs
+    )?;
     writeln!(
         out,
         "index {} bytes, commit log {} bytes, total {} bytes",
