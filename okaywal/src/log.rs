@@ -904,6 +904,13 @@ impl WriteAheadLog {
         LogEntries::new(self.clone(), from)
     }
 
+    /// The id the next [`WriteAheadLog::begin_entry`] would get at this
+    /// moment: a lower bound for every id handed out later.
+    #[must_use]
+    pub fn next_entry_id(&self) -> EntryId {
+        EntryId(self.inner.state.lock().next_entry_id)
+    }
+
     /// Counters: commits, syncs and entries per sync, bytes, checkpoints
     /// and their durations, segments.
     #[must_use]

@@ -51,6 +51,11 @@ pub(crate) struct Meta {
     /// Sequences of transactions that have started writing and not
     /// finished.
     pub in_flight: BTreeSet<u64>,
+    /// Transactions waiting for their WAL entry (which may wait for the
+    /// WAL's checkpoints, so no lock is held meanwhile): the lowest id each
+    /// can get, with a count. Their sequences are not known yet, so nothing
+    /// at or above the lowest of these counts as finished.
+    pub beginning: BTreeMap<u64, usize>,
     /// Archived (not freed) grains by the sequence that archived them.
     pub archived: BTreeMap<u64, Vec<GrainId>>,
     pub archived_set: HashSet<GrainId>,
@@ -67,9 +72,13 @@ pub(crate) struct Meta {
 impl Meta {
     /// Every transaction with a sequence at or below this has finished.
     pub fn finished_through(&self) -> u64 {
-        match self.in_flight.first() {
+        let through = match self.in_flight.first() {
             Some(first) => first - 1,
             None => self.last_committed,
+        };
+        match self.beginning.keys().next() {
+            Some(floor) => through.min(floor.saturating_sub(1)),
+            None => through,
         }
     }
 }
@@ -96,12 +105,6 @@ pub(crate) struct Shared {
     pub shut_down: AtomicBool,
     /// Set after a failed sync: nothing more may be acknowledged.
     pub failure: Mutex<Option<String>>,
-    /// Held while a transaction gets its sequence (a WAL entry, which may
-    /// wait for the WAL's checkpoints) and registers it as in flight; the
-    /// meta lock is not, so publishing commits never waits for it. Readers
-    /// of `finished_through` take it first so they never see a sequence
-    /// that is assigned but not yet registered.
-    pub begin_lock: Mutex<()>,
 }
 
 /// A crash-safe blob store. See the [crate docs](crate).
@@ -484,7 +487,6 @@ impl Database {
             }),
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
-            begin_lock: Mutex::new(()),
         });
         let mut wal_config = config.wal;
         wal_config.directory = directory;
@@ -594,7 +596,6 @@ impl Database {
     pub fn commit_log(&self, since: SequenceId) -> Result<CommitLog> {
         self.check_open()?;
         let (recent, through, checkpointed_to) = {
-            let _begin = self.shared.begin_lock.lock();
             let meta = self.shared.meta.lock();
             let through = meta.finished_through();
             let recent: Vec<CommitRecord> = if since.0 <= through {

@@ -64,14 +64,24 @@ impl<'db> Transaction<'db> {
         if self.entry.is_none() {
             let shared = &self.db.shared;
             shared.check_usable()?;
-            let _begin = shared.begin_lock.lock();
-            let entry = self
-                .db
-                .wal
-                .begin_entry()
-                .context(|| "beginning a WAL entry".to_string())?;
+            // No lock is held across `begin_entry`, which may wait for the
+            // WAL's checkpoints (and so for other transactions). Until the
+            // sequence is known, a floor below it keeps readers of
+            // `finished_through` from looking past it.
+            let floor = self.db.wal.next_entry_id().0;
+            *shared.meta.lock().beginning.entry(floor).or_default() += 1;
+            let begun = self.db.wal.begin_entry();
+            let mut meta = shared.meta.lock();
+            if let Some(count) = meta.beginning.get_mut(&floor) {
+                *count -= 1;
+                if *count == 0 {
+                    meta.beginning.remove(&floor);
+                }
+            }
+            let entry = begun.context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
-            shared.meta.lock().in_flight.insert(self.sequence);
+            meta.in_flight.insert(self.sequence);
+            drop(meta);
             self.entry = Some(entry);
         }
         Ok(self.sequence)
@@ -176,7 +186,6 @@ impl<'db> Transaction<'db> {
     /// up to it. `sequence` must be committed (with every transaction
     /// before it finished).
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
-        let _begin = self.db.shared.begin_lock.lock();
         let meta = self.db.shared.meta.lock();
         let through = meta.finished_through();
         if sequence.0 > through {

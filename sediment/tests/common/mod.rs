@@ -1,0 +1,185 @@
+//! Helpers shared by the integration tests: a small seedable generator,
+//! recognisable blob contents and directory measurements.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sediment::{Config, Database, GrainId};
+
+/// splitmix64: tiny, seedable and good enough for test workloads.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// A value in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// True with probability `percent`/100.
+    pub fn percent(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// The seed for a randomised test: `SEDIMENT_TEST_SEED` if set, otherwise
+/// derived from the clock. Always printed so a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = match std::env::var("SEDIMENT_TEST_SEED") {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .expect("SEDIMENT_TEST_SEED must be a u64"),
+        Err(_) => {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock after 1970")
+                .as_nanos() as u64;
+            nanos ^ (u64::from(std::process::id()) << 32)
+        }
+    };
+    println!("{test}: seed {seed} (rerun with SEDIMENT_TEST_SEED={seed})");
+    seed
+}
+
+/// Recognisable contents for a blob: the tag (little-endian, as far as the
+/// length allows) followed by bytes derived from it, so two blobs of at
+/// least 8 bytes with different tags never share contents. Every 4 KiB
+/// block carries its number, so misplaced blocks are noticed too. (Cheap
+/// enough in debug builds for blobs of many MiB.)
+pub fn blob(tag: u64, len: usize) -> Vec<u8> {
+    const BLOCK: usize = 4096;
+    let mut rng = Rng::new(tag ^ 0xA5A5_5A5A_DEAD_BEEF);
+    let mut block = Vec::with_capacity(BLOCK);
+    while block.len() < BLOCK {
+        block.extend_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    let mut out = Vec::with_capacity(len);
+    let mut number = 0_u64;
+    while out.len() < len {
+        let stamp = if number == 0 {
+            tag
+        } else {
+            number ^ tag.rotate_left(17)
+        };
+        block[..8].copy_from_slice(&stamp.to_le_bytes());
+        let n = (len - out.len()).min(BLOCK);
+        out.extend_from_slice(&block[..n]);
+        number += 1;
+    }
+    out
+}
+
+/// Total bytes of the regular files directly inside `dir`.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .expect("read the database directory")
+        .map(|entry| {
+            entry
+                .expect("directory entry")
+                .metadata()
+                .expect("metadata")
+        })
+        .filter(|meta| meta.is_file())
+        .map(|meta| meta.len())
+        .sum()
+}
+
+/// Names of the files directly inside `dir` starting with `prefix`.
+pub fn files_with_prefix(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the database directory")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.starts_with(prefix))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Opens a database with WAL segments of `wal_bytes`.
+pub fn open_small_wal(dir: &Path, wal_bytes: u64) -> Database {
+    Config::for_directory(dir)
+        .wal(|wal| {
+            wal.checkpoint_after_bytes(wal_bytes)
+                .preallocate_bytes(wal_bytes)
+        })
+        .open()
+        .expect("open the database")
+}
+
+/// Reads `id` and compares it with `expected` without printing megabytes.
+pub fn assert_blob(db: &Database, id: GrainId, expected: &[u8], context: &str) {
+    let got = db
+        .get(id)
+        .unwrap_or_else(|e| panic!("{context}: get({id}) failed: {e}"))
+        .unwrap_or_else(|| panic!("{context}: get({id}) returned None"));
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "{context}: {id} has the wrong length"
+    );
+    if got != expected {
+        let at = got.iter().zip(expected).position(|(a, b)| a != b);
+        panic!("{context}: {id} has the wrong bytes (first difference at {at:?})");
+    }
+}
+
+/// Aborts the test process if it is still alive after `limit`, so a hang
+/// shows up as a failure instead of a stuck run. Disarmed on drop.
+pub struct Watchdog {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Watchdog {
+    pub fn new(what: &str, limit: std::time::Duration) -> Self {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let what = what.to_string();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while start.elapsed() < limit {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                if flag.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+            }
+            eprintln!("WATCHDOG: {what} did not finish within {limit:?}; it is hung. Aborting.");
+            std::process::abort();
+        });
+        Self { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
