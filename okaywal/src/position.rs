@@ -5,6 +5,11 @@ use std::io::{self, Read, Write};
 
 /// The id of an entry: unique within a log and increasing in the order
 /// entries were begun, across reopens.
+///
+/// Every id that left a record on disk (a chunk, a commit or a rollback
+/// record) is below every id handed out after a reopen; the id of an entry
+/// that was begun but wrote nothing before a crash or shutdown may be
+/// handed out again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct EntryId(pub u64);
 
