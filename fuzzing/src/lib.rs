@@ -303,10 +303,17 @@ pub fn operations(data: &[u8]) {
             }
         }
     }
-    let current = db.take().expect("open");
-    if !fs.is_powered_off() {
-        check(&current, &model);
+    // A planned power cut may still be pending (or fire while checking,
+    // when the background checkpointer syncs): cancel it, and if the power
+    // already went out, recover first.
+    fs.clear_faults();
+    let mut current = db.take().expect("open");
+    if fs.is_powered_off() {
+        drop(current);
+        fs.power_loss(PowerLoss::Clean);
+        current = open_db(&fs).unwrap_or_else(|e| panic!("reopen after power loss failed: {e}"));
     }
+    check(&current, &model);
 }
 
 fn check(db: &Database, model: &BTreeMap<GrainId, Vec<u8>>) {
