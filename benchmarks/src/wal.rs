@@ -10,13 +10,21 @@ pub trait WalSystem: Sync {
     fn commit(&self, thread: usize, payload: &[u8]) -> Result<(), String>;
 }
 
-/// Every WAL system this build knows, in report order.
-#[must_use]
-pub fn systems() -> Vec<&'static str> {
-    vec!["floor", "parallel-limit", "okaywal"]
-}
+/// Every WAL system this crate knows, in report order (peers only when
+/// compiled in: see [`crate::peers::compiled_in`]).
+pub const ALL: &[&str] = &[
+    "floor",
+    "parallel-limit",
+    "okaywal",
+    "okaywal-0.3",
+    "raft-engine",
+    "sharded-log",
+    "rocksdb",
+    "postgresql",
+    "sqlite",
+];
 
-/// Opens `name` in `dir`.
+/// Opens `name` in the empty directory `dir`, for up to `threads` threads.
 pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn WalSystem>, String> {
     let _ = threads;
     match name {
@@ -27,7 +35,25 @@ pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn WalSystem>
         "okaywal" => Ok(Box::new(OkayWal(
             okaywal::WriteAheadLog::recover(dir, okaywal::LogVoid).map_err(|e| e.to_string())?,
         ))),
-        other => Err(format!("unknown WAL system {other:?}")),
+        #[cfg(feature = "okaywal-0.3")]
+        "okaywal-0.3" => Ok(Box::new(crate::peers::okaywal03::OkayWal03::open(dir)?)),
+        #[cfg(feature = "raft-engine")]
+        "raft-engine" => Ok(Box::new(crate::peers::raft_engine::RaftEngine::open(dir)?)),
+        #[cfg(feature = "sharded-log")]
+        "sharded-log" => Ok(Box::new(crate::peers::sharded_log::ShardedLog::open(
+            dir, threads,
+        )?)),
+        #[cfg(feature = "rocksdb")]
+        "rocksdb" => Ok(Box::new(crate::peers::rocksdb::RocksDb::open(dir)?)),
+        #[cfg(feature = "postgres")]
+        "postgresql" => Ok(Box::new(crate::peers::postgres::PostgresWal::open(
+            threads,
+        )?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Box::new(crate::peers::sqlite::SqliteWal::open(
+            dir, threads,
+        )?)),
+        other => Err(crate::peers::not_available(other)),
     }
 }
 

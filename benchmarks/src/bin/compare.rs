@@ -1,19 +1,38 @@
 //! Side-by-side comparison of this project with the systems a user would
-//! pick instead. `cargo run --release -p benchmarks --bin compare -- --help`.
+//! pick instead:
+//!
+//! ```text
+//! cargo run --release -p benchmarks --features peers --bin compare -- [--quick] [--only wal|blob|scale]
+//! ```
+//!
+//! Markdown tables go to stdout, a progress line per cell to stderr, CSV
+//! files and SVG charts to `target/benchmarks/`. Built without the `peers`
+//! feature it runs only this project's systems and says which peers were
+//! not compiled in. `--help` lists every option.
 
-use std::time::Duration;
+use std::process::ExitCode;
 
-use benchmarks::harness::{self, Measurement};
-use benchmarks::{machine_description, payload, temp_dir, wal};
+use benchmarks::sections::{self, scale, Options};
+use benchmarks::{machine_description, peers};
 
-struct Options {
-    quick: bool,
-    only: Option<String>,
-    systems: Option<Vec<String>>,
-    payloads: Option<Vec<usize>>,
-    threads: Option<Vec<usize>>,
-    seconds: Option<f64>,
-}
+const HELP: &str = "\
+compare [--quick] [--only wal|blob|scale] [--systems a,b,...]
+        [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]
+        [--rounds N] [--blobs N] [--scale-bytes N[K|M|G]] [--out DIR]
+
+  --quick        short cells and scaled-down counts (whole run < 3 minutes)
+  --only S       one section: wal, blob or scale (scale runs only when asked)
+  --systems L    only these systems (see the list below)
+  --payloads L   WAL payload sizes in bytes (default 256,4096,1048576)
+  --threads L    WAL thread counts (default 1,4,16)
+  --seconds S    measured seconds per timed cell and round
+  --rounds N     rounds per timed cell, merged (default 2, quick 1); every
+                 other round runs the systems in reverse order
+  --blobs N      blobs loaded for blob (c) and (d) (default 100000, quick 20000)
+  --scale-bytes  bytes loaded by the scale section (default 4G, quick 512M)
+  --out DIR      where CSV files and charts go (default target/benchmarks)
+
+PostgreSQL runs when PG_URL is set (benchmarks/pg.sh start prints it).";
 
 fn numbers(list: &str, what: &str) -> Result<Vec<usize>, String> {
     list.split(',')
@@ -25,148 +44,155 @@ fn numbers(list: &str, what: &str) -> Result<Vec<usize>, String> {
         .collect()
 }
 
-fn parse_options() -> Result<Options, String> {
-    let mut options = Options {
-        quick: false,
-        only: None,
-        systems: None,
-        payloads: None,
-        threads: None,
-        seconds: None,
+fn byte_count(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last() {
+        Some('K' | 'k') => (&text[..text.len() - 1], 10),
+        Some('M' | 'm') => (&text[..text.len() - 1], 20),
+        Some('G' | 'g') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
     };
-    let mut args = std::env::args().skip(1);
+    digits
+        .parse::<u64>()
+        .map(|n| n << shift)
+        .map_err(|_| format!("{text:?} is not a byte count"))
+}
+
+struct Command {
+    options: Options,
+    only: Option<String>,
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
+    let mut options = Options::new();
+    let mut only = None;
+    let mut args = args.iter();
+    let value = |args: &mut std::slice::Iter<'_, String>, what: &str| {
+        args.next()
+            .cloned()
+            .ok_or_else(|| format!("{what} needs a value (try --help)"))
+    };
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
-            "--only" => options.only = Some(args.next().ok_or("--only needs wal, blob or scale")?),
+            "--only" => {
+                let section = value(&mut args, "--only")?;
+                if !matches!(section.as_str(), "wal" | "blob" | "scale") {
+                    return Err(format!("--only takes wal, blob or scale, not {section:?}"));
+                }
+                only = Some(section);
+            }
             "--systems" => {
-                let list = args
-                    .next()
-                    .ok_or("--systems needs a comma-separated list")?;
-                options.systems = Some(list.split(',').map(str::to_string).collect());
+                let list = value(&mut args, "--systems")?;
+                let known = sections::known_systems();
+                let systems: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+                for system in &systems {
+                    if !known.contains(&system.as_str()) {
+                        return Err(format!(
+                            "unknown system {system:?}; known: {}",
+                            known.join(", ")
+                        ));
+                    }
+                }
+                options.systems = Some(systems);
             }
             "--payloads" => {
-                let list = args
-                    .next()
-                    .ok_or("--payloads needs sizes in bytes, e.g. 256,4096")?;
-                options.payloads = Some(numbers(&list, "--payloads")?);
+                options.payloads = Some(numbers(&value(&mut args, "--payloads")?, "--payloads")?);
             }
             "--threads" => {
-                let list = args.next().ok_or("--threads needs counts, e.g. 1,16")?;
-                options.threads = Some(numbers(&list, "--threads")?);
+                options.threads = Some(numbers(&value(&mut args, "--threads")?, "--threads")?);
             }
             "--seconds" => {
-                let value = args.next().ok_or("--seconds needs a duration")?;
-                options.seconds = Some(value.parse().map_err(|_| format!("--seconds: {value:?}"))?);
+                let seconds = value(&mut args, "--seconds")?;
+                options.seconds = Some(
+                    seconds
+                        .parse()
+                        .map_err(|_| format!("--seconds: {seconds:?} is not a number"))?,
+                );
             }
+            "--rounds" => {
+                let rounds = value(&mut args, "--rounds")?;
+                options.rounds = Some(
+                    rounds
+                        .parse()
+                        .map_err(|_| format!("--rounds: {rounds:?} is not a number"))?,
+                );
+            }
+            "--blobs" => {
+                let blobs = value(&mut args, "--blobs")?;
+                options.blobs = Some(
+                    blobs
+                        .parse()
+                        .map_err(|_| format!("--blobs: {blobs:?} is not a number"))?,
+                );
+            }
+            "--scale-bytes" => {
+                options.scale_bytes = Some(byte_count(&value(&mut args, "--scale-bytes")?)?);
+            }
+            "--out" => options.out_dir = value(&mut args, "--out")?.into(),
             "--help" | "-h" => {
                 println!(
-                    "compare [--quick] [--only wal|blob|scale] [--systems a,b,...] \
-                     [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]"
+                    "{HELP}\n\nsystems: {}",
+                    sections::known_systems().join(", ")
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
-    Ok(options)
+    Ok(Command { options, only })
 }
 
-fn human(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(scale::CHILD_COMMAND) {
+        return ExitCode::from(scale::child_main(&args[1..]) as u8);
     }
-}
-
-fn micros(d: Duration) -> String {
-    format!("{:.0}", d.as_secs_f64() * 1e6)
-}
-
-fn main() {
-    let options = match parse_options() {
-        Ok(options) => options,
+    let Command { options, only } = match parse(&args) {
+        Ok(command) => command,
         Err(err) => {
             eprintln!("compare: {err}");
-            std::process::exit(2);
+            return ExitCode::from(2);
         }
     };
     println!("# Benchmark results\n\n{}\n", machine_description());
-    if options.only.as_deref().map_or(true, |o| o == "wal") {
-        wal_section(&options);
-    }
-}
-
-fn wal_section(options: &Options) {
-    let (warmup, mut duration) = if options.quick {
-        (Duration::from_millis(200), Duration::from_millis(700))
-    } else {
-        (Duration::from_millis(300), Duration::from_secs(2))
-    };
-    if let Some(seconds) = options.seconds {
-        duration = Duration::from_secs_f64(seconds);
-    }
-    let systems: Vec<&str> = wal::systems()
-        .into_iter()
-        .filter(|s| {
-            options
-                .systems
-                .as_ref()
-                .map_or(true, |l| l.iter().any(|x| x == s))
-        })
+    let missing: Vec<String> = peers::FEATURES
+        .iter()
+        .filter(|(_, _, on)| !on)
+        .map(|(name, _, _)| (*name).to_string())
         .collect();
-    println!("## WAL: one entry per commit\n");
-    println!("| payload | threads | system | commits/s | p50 µs | p99 µs | × floor |");
-    println!("| --- | --- | --- | ---: | ---: | ---: | ---: |");
-    let sizes = options
-        .payloads
-        .clone()
-        .unwrap_or_else(|| vec![256, 4096, 1 << 20]);
-    let thread_counts = options.threads.clone().unwrap_or_else(|| vec![1, 4, 16]);
-    for &size in &sizes {
-        for &threads in &thread_counts {
-            let payloads: Vec<Vec<u8>> = (0..threads).map(|t| payload(size, t as u64)).collect();
-            let mut floor: Option<f64> = None;
-            for system in &systems {
-                eprint!("wal {} × {threads} threads: {system} … ", human(size));
-                let dir = temp_dir();
-                let result = wal::open(system, dir.path(), threads).and_then(|log| {
-                    let m = harness::run(threads, warmup, duration, |thread, _| {
-                        log.commit(thread, &payloads[thread]).map(|()| size as u64)
-                    });
-                    drop(log);
-                    m
-                });
-                match result {
-                    Ok(m) => {
-                        eprintln!("{:.0} commits/s", m.per_second());
-                        if *system == "floor" {
-                            floor = Some(m.per_second());
-                        }
-                        print_row(size, threads, system, &m, floor);
-                    }
-                    Err(err) => {
-                        eprintln!("failed: {err}");
-                        println!(
-                            "| {} | {threads} | {system} | failed: {err} | | | |",
-                            human(size)
-                        );
-                    }
-                }
-            }
-        }
+    if missing.iter().any(|m| m != "rocksdb") {
+        println!(
+            "Peers not compiled in: {} (build with `--features peers`; RocksDB needs \
+             `--features peers,rocksdb`).\n",
+            missing.join(", ")
+        );
+    } else if !missing.is_empty() {
+        println!(
+            "Peers not compiled in: rocksdb (build with `--features peers,rocksdb`; see \
+             benchmarks/README.md).\n"
+        );
     }
-    println!();
-}
-
-fn print_row(size: usize, threads: usize, system: &str, m: &Measurement, floor: Option<f64>) {
-    let ratio = floor.map_or("–".to_string(), |f| format!("{:.2}", m.per_second() / f));
-    println!(
-        "| {} | {threads} | {system} | {:.0} | {} | {} | {ratio} |",
-        human(size),
-        m.per_second(),
-        micros(m.p50),
-        micros(m.p99)
-    );
+    if options.quick {
+        println!("Run with --quick: short cells, scaled-down counts.\n");
+    }
+    let mut files = Vec::new();
+    let wanted = |section: &str| only.as_deref().map_or(section != "scale", |o| o == section);
+    if wanted("wal") {
+        files.extend(sections::wal::run(&options));
+    }
+    if wanted("blob") {
+        files.extend(sections::blob::run(&options));
+    }
+    if wanted("scale") {
+        files.extend(sections::scale::run(&options));
+    }
+    if !files.is_empty() {
+        println!("Files written:\n");
+        for file in &files {
+            println!("- {}", file.display());
+        }
+        println!();
+    }
+    ExitCode::SUCCESS
 }

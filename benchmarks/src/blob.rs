@@ -1,0 +1,147 @@
+//! The systems of the blob and scale sections: each stores blobs in durable
+//! transactions, reads them back by key and deletes them.
+
+use std::path::Path;
+
+use sediment::{Database, GrainId};
+
+/// A blob store, used from many threads at once.
+pub trait BlobSystem: Sync {
+    /// Stores `blobs` in one transaction that is durable when this returns;
+    /// returns their keys in order.
+    fn write(&self, thread: usize, blobs: &[&[u8]]) -> Result<Vec<u64>, String>;
+
+    /// Reads the blob at `key`; returns its length, or `None` if absent.
+    fn get(&self, thread: usize, key: u64) -> Result<Option<usize>, String>;
+
+    /// Deletes the blobs at `keys` durably, in one transaction (for
+    /// sediment: one that archives them and one `checkpoint_to` that frees
+    /// them).
+    fn delete(&self, keys: &[u64]) -> Result<(), String>;
+
+    /// Runs the system's own space reclamation, if it has one a user would
+    /// run, and names it. Sediment has none: freed grains are reused.
+    fn reclaim(&mut self) -> Result<Option<&'static str>, String> {
+        Ok(None)
+    }
+
+    /// Bytes the store takes on disk (by default: allocated blocks of
+    /// every file under its directory).
+    fn bytes_on_disk(&self, dir: &Path) -> Result<u64, String> {
+        crate::disk_usage(dir).map_err(|e| format!("measuring {}: {e}", dir.display()))
+    }
+
+    /// How [`BlobSystem::bytes_on_disk`] counts, when it is not `du`.
+    fn space_note(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Shuts the store down cleanly.
+    fn close(self: Box<Self>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Every blob system this crate knows, in report order.
+pub const ALL: &[&str] = &[
+    "sediment",
+    "redb",
+    "fjall",
+    "marble",
+    "sqlite",
+    "postgresql",
+];
+
+/// Opens `name` in the empty directory `dir`, for up to `threads` threads.
+pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn BlobSystem>, String> {
+    let _ = threads;
+    match name {
+        "sediment" => Ok(Box::new(SedimentBlobs::open(dir)?)),
+        #[cfg(feature = "redb")]
+        "redb" => Ok(Box::new(crate::peers::redb::RedbBlobs::open(dir)?)),
+        #[cfg(feature = "fjall")]
+        "fjall" => Ok(Box::new(crate::peers::fjall::FjallBlobs::open(dir)?)),
+        #[cfg(feature = "marble")]
+        "marble" => Ok(Box::new(crate::peers::marble::MarbleBlobs::open(
+            dir, threads,
+        )?)),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Box::new(crate::peers::sqlite::SqliteBlobs::open(
+            dir, threads,
+        )?)),
+        #[cfg(feature = "postgres")]
+        "postgresql" => Ok(Box::new(crate::peers::postgres::PostgresBlobs::open(
+            threads,
+        )?)),
+        other => Err(crate::peers::not_available(other)),
+    }
+}
+
+/// Sediment with its default configuration.
+pub struct SedimentBlobs {
+    db: Option<Database>,
+}
+
+impl SedimentBlobs {
+    /// Opens (creates) the database in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        Ok(Self {
+            db: Some(Database::recover(dir).map_err(|e| e.to_string())?),
+        })
+    }
+
+    fn db(&self) -> &Database {
+        self.db.as_ref().expect("open until closed")
+    }
+}
+
+fn grain(key: u64) -> Result<GrainId, String> {
+    GrainId::from_u64(key).map_err(|e| e.to_string())
+}
+
+impl BlobSystem for SedimentBlobs {
+    fn write(&self, _thread: usize, blobs: &[&[u8]]) -> Result<Vec<u64>, String> {
+        let mut tx = self.db().begin_transaction().map_err(|e| e.to_string())?;
+        let mut keys = Vec::with_capacity(blobs.len());
+        for blob in blobs {
+            keys.push(tx.write(blob).map_err(|e| e.to_string())?.as_u64());
+        }
+        tx.commit().map_err(|e| e.to_string())?;
+        Ok(keys)
+    }
+
+    fn get(&self, _thread: usize, key: u64) -> Result<Option<usize>, String> {
+        Ok(self
+            .db()
+            .get(grain(key)?)
+            .map_err(|e| e.to_string())?
+            .map(|blob| blob.len()))
+    }
+
+    fn delete(&self, keys: &[u64]) -> Result<(), String> {
+        let mut tx = self.db().begin_transaction().map_err(|e| e.to_string())?;
+        for &key in keys {
+            tx.archive(grain(key)?).map_err(|e| e.to_string())?;
+        }
+        let archived = tx.commit().map_err(|e| e.to_string())?;
+        let mut tx = self.db().begin_transaction().map_err(|e| e.to_string())?;
+        tx.checkpoint_to(archived).map_err(|e| e.to_string())?;
+        tx.commit().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn close(mut self: Box<Self>) -> Result<(), String> {
+        match self.db.take() {
+            Some(db) => db.shutdown().map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SedimentBlobs {
+    fn drop(&mut self) {
+        if let Some(db) = self.db.take() {
+            let _ = db.shutdown();
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Runs the `compare` binary end to end on tiny settings with this
+//! project's own systems (no peer is compiled into a plain test build).
+
+use std::process::Command;
+
+#[test]
+fn quick_run_writes_tables_csv_and_charts() {
+    let out = benchmarks::temp_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
+        .args([
+            "--quick",
+            "--systems",
+            "okaywal,sediment",
+            "--payloads",
+            "256",
+            "--threads",
+            "1,2",
+            "--seconds",
+            "0.05",
+            "--blobs",
+            "200",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("running compare");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("CPUs, data on"), "{stdout}");
+    assert!(stdout.contains("| 256 B | 1 | okaywal |"), "{stdout}");
+    assert!(stdout.contains("| 256 B | 2 | okaywal |"), "{stdout}");
+    for section in ["### (a)", "### (b)", "### (c)", "### (d)"] {
+        assert!(stdout.contains(section), "{section} missing:\n{stdout}");
+    }
+    assert!(stdout.contains("| sediment |"), "{stdout}");
+    // Systems left out by --systems are not reported; peers that are
+    // not compiled in are named.
+    assert!(!stdout.contains("| floor |"), "{stdout}");
+    if !cfg!(feature = "redb") {
+        assert!(stdout.contains("Peers not compiled in"), "{stdout}");
+    }
+    // One progress line per cell on stderr.
+    assert!(
+        stderr.contains("wal 256 B × 1 threads: okaywal"),
+        "{stderr}"
+    );
+    for file in [
+        "wal.csv",
+        "wal-256B.svg",
+        "blob-a.csv",
+        "blob-b.svg",
+        "blob-c.csv",
+        "blob-d.svg",
+    ] {
+        let path = out.path().join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(!text.is_empty(), "{file} is empty");
+    }
+    let csv = std::fs::read_to_string(out.path().join("wal.csv")).unwrap();
+    assert!(csv.starts_with("payload,threads,system,commits/s"), "{csv}");
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
+        .args(["--systems", "nosuchdb"])
+        .output()
+        .expect("running compare");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown system"));
+}
