@@ -63,6 +63,20 @@
 //! - Torn, truncated or damaged bytes end the valid log (every record is
 //!   checksummed); they never cause a panic or wrong data.
 //!
+//! # Choosing durability per commit
+//!
+//! | call | returns when | process crash | power loss |
+//! | --- | --- | --- | --- |
+//! | [`EntryWriter::commit`] | the entry is synced | survives | survives |
+//! | [`EntryWriter::commit_buffered`] | the entry is handed to the OS, in log order | survives | may be lost, only as a suffix of the log |
+//! | [`WriteAheadLog::sync`] | everything committed before it is synced | survives | survives |
+//!
+//! [`Configuration::max_unsynced`] bounds how long buffered entries wait
+//! for a sync. [`Configuration::recovery_mode`] chooses what recovery does
+//! with damage in the middle of the log ([`RecoveryMode`]);
+//! [`WriteAheadLog::entries_from`] tails the live log and
+//! [`WriteAheadLog::stats`] returns counters.
+//!
 //! # Layout
 //!
 //! Segment files `wal-{first entry id}` are preallocated, written with
