@@ -182,7 +182,9 @@ impl Disk {
     }
 }
 
-/// A simulated disk for crash tests: see the [module docs](self).
+/// A simulated disk for crash tests: it remembers which writes and
+/// directory entries were synced, injects faults on the Nth operation of a
+/// kind, and rebuilds itself from what was durable on [`CrashFileSystem::power_loss`].
 ///
 /// Clones share the same disk.
 #[derive(Debug, Clone)]
