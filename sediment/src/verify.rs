@@ -190,8 +190,17 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             }
-            let id = GrainId::new(stratum.basin, stratum.number, start, count)
-                .expect("bitmap runs fit a grain id");
+            let Some(id) = GrainId::new(stratum.basin, stratum.number, start, count) else {
+                report.problems.push(problem(
+                    location.clone(),
+                    None,
+                    format!(
+                        "stratum number {} cannot be named by a grain id",
+                        stratum.number
+                    ),
+                ));
+                continue;
+            };
             work.push((stratum.clone(), id));
         }
     }
