@@ -168,6 +168,29 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
     // segment is a candidate, and only once its entries are all finished.
     // Checkpoints come before making spares: they free recycled files.
     let active = state.active;
+    let wants_spare =
+        may_make_spare && state.want_spare && state.spares.is_empty() && state.recycling.is_empty();
+    // Unless writers are already growing a full active segment past its
+    // size: a spare then comes first, or a slow checkpoint would let that
+    // segment (and the next checkpoint) grow without bound.
+    let active_full = state.segments.get(&active).is_some_and(|seg| seg.full);
+    if wants_spare && active_full {
+        return Work::Spare;
+    }
+    // A full active segment is normally sealed by the next `begin_entry`.
+    // When writers went quiet right after filling it, seal it here so its
+    // entries are checkpointed (and its file recycled) without waiting for
+    // the next write.
+    let idle = state
+        .segments
+        .get(&active)
+        .is_some_and(|seg| seg.open_entries == 0);
+    if active_full && idle && !state.spares.is_empty() {
+        if let Err(err) = inner.switch_segment(&mut state) {
+            state.checkpoint_error = Some(format!("sealing the full active segment: {err}"));
+        }
+    }
+    let active = state.active;
     let candidate = state
         .segments
         .values()
@@ -182,7 +205,7 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
             last_entry_id,
         };
     }
-    if may_make_spare && state.want_spare && state.spares.is_empty() && state.recycling.is_empty() {
+    if wants_spare {
         return Work::Spare;
     }
     Work::Wait
@@ -294,6 +317,18 @@ fn recycle_finished(inner: &Inner) {
         let keep = inner.state.lock().spares.len() < MAX_SPARES;
         if keep {
             let file = segment.file.clone();
+            // A segment that grew past its preallocated size (writers
+            // outran the spares) goes back to that size, so spares do not
+            // keep the disk space of a burst.
+            let preallocated = inner.config.preallocate_bytes.max(HEADER_SIZE);
+            if file.len().is_ok_and(|len| len > preallocated) {
+                if let Err(err) = file.set_len(preallocated) {
+                    inner.state.lock().checkpoint_error = Some(format!(
+                        "shrinking recycled segment {}: {err}",
+                        path.display()
+                    ));
+                }
+            }
             inner.state.lock().spares.push(Spare { file, path });
         } else if let Err(err) = inner.fs.remove_file(&path) {
             inner.state.lock().checkpoint_error =

@@ -506,3 +506,50 @@ fn a_commit_returns_when_its_segment_is_checkpointed_while_it_waits() {
     drop(seen);
     log.shutdown().unwrap();
 }
+
+/// A segment that grew past its preallocated size (one entry larger than
+/// a segment) is cut back to that size when it becomes a spare, so a burst
+/// does not keep its disk space.
+#[test]
+fn recycled_segments_shrink_back_to_their_preallocated_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new();
+    let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
+    let big = vec![7_u8; 16 * SEGMENT as usize];
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(&big).unwrap();
+    entry.commit().unwrap();
+    let grown: u64 = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|f| f.unwrap().metadata().unwrap().len())
+        .max()
+        .unwrap();
+    assert!(
+        grown > 16 * SEGMENT,
+        "the segment should have grown: {grown}"
+    );
+    log.checkpoint_active().unwrap();
+    // Recycling (and so the shrinking) happens on the background thread.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let sizes: Vec<(String, u64)> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|f| {
+                let f = f.unwrap();
+                (
+                    f.file_name().to_string_lossy().into_owned(),
+                    f.metadata().unwrap().len(),
+                )
+            })
+            .collect();
+        if sizes.iter().all(|(_, len)| *len <= SEGMENT) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a file kept the size of the burst: {sizes:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    log.shutdown().unwrap();
+}

@@ -10,8 +10,8 @@ use crate::{Database, Result};
 
 /// Default largest blob: 256 MiB.
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
-/// Default size of a WAL segment for a database: 8 MiB.
-pub const DEFAULT_WAL_SEGMENT_BYTES: u64 = 8 << 20;
+/// Default size of a WAL segment for a database: 4 MiB.
+pub const DEFAULT_WAL_SEGMENT_BYTES: u64 = 4 << 20;
 /// Blobs at least this large are written straight into their grains
 /// (synced before the commit) instead of passing through the WAL.
 pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
@@ -48,7 +48,7 @@ pub struct Config {
 impl Config {
     /// The default configuration for a database in `directory`.
     ///
-    /// The WAL uses 8 MiB segments: small blobs travel through it and are
+    /// The WAL uses 4 MiB segments: small blobs travel through it and are
     /// moved into the strata at each WAL checkpoint, and large blobs bypass
     /// it, so larger segments would mostly cost disk space.
     pub fn for_directory<P: AsRef<Path>>(directory: P) -> Self {

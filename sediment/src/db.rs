@@ -61,8 +61,9 @@ pub(crate) struct Meta {
     pub archived_set: HashSet<GrainId>,
     /// Grains that running transactions are archiving.
     pub claimed: HashSet<GrainId>,
-    /// Grains freed by a committed sequence, reusable once the WAL entry of
-    /// that sequence is checkpointed.
+    /// Grains freed by a committed sequence, reusable once every
+    /// transaction with a lower sequence has finished (see
+    /// `Shared::release_freed`).
     pub freeing: BTreeMap<u64, Vec<GrainId>>,
     /// Commit records not yet in the commit log files.
     pub recent: BTreeMap<u64, CommitRecord>,
@@ -100,6 +101,13 @@ pub(crate) struct Shared {
     pub direct_write_bytes: u64,
     pub basins: Vec<Basin>,
     pub pending: RwLock<HashMap<GrainId, Pending>>,
+    /// Blobs (grain, writing sequence) that were freed while their bytes
+    /// were still only in the WAL: the WAL checkpoint must not copy them
+    /// into the strata, where the freed grains may already hold a newer
+    /// blob. Changed only under the `pending` write lock; read by the
+    /// checkpoint under its read lock, so a check and the copy it allows
+    /// happen before any free that would forbid it.
+    pub superseded: Mutex<HashSet<(GrainId, u64)>>,
     pub meta: Mutex<Meta>,
     pub store: Mutex<Store>,
     pub shut_down: AtomicBool,
@@ -271,7 +279,9 @@ impl Shared {
                 if let Some(stratum) = self.stratum_of(*id)? {
                     stratum.bits.write().set_live(id.index(), id.count(), false);
                 }
-                pending.remove(id);
+                if let Some(freed) = pending.remove(id) {
+                    self.superseded.lock().insert((*id, freed.sequence));
+                }
             }
         }
         for id in &record.archived {
@@ -307,7 +317,32 @@ impl Shared {
         if sequence > meta.checkpointed_to {
             meta.recent.insert(sequence, record);
         }
+        self.release_freed(meta);
         Ok(())
+    }
+
+    /// Makes freed grains reusable once every transaction with a lower
+    /// sequence than the one that freed them has finished.
+    ///
+    /// A WAL checkpoint applies records in sequence order, so a grain may
+    /// only go to a transaction whose record comes after the free: one
+    /// that started earlier would have its allocation undone on disk by
+    /// the free. Transactions that start from now on get higher sequences.
+    /// The freed blobs' own bytes, if still in the WAL, are kept out of
+    /// the strata by `superseded`.
+    pub fn release_freed(&self, meta: &mut Meta) {
+        let through = meta.finished_through();
+        while let Some(entry) = meta.freeing.first_entry() {
+            if *entry.key() > through {
+                break;
+            }
+            for id in entry.remove() {
+                if let Ok(Some(stratum)) = self.stratum_of(id) {
+                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
+                    stratum.bits.write().release(id.index(), id.count());
+                }
+            }
+        }
     }
 }
 
@@ -478,6 +513,7 @@ impl Database {
             direct_write_bytes: config.direct_write_bytes,
             basins,
             pending: RwLock::default(),
+            superseded: Mutex::default(),
             meta: Mutex::new(meta),
             store: Mutex::new(Store {
                 index_file,

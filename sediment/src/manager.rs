@@ -15,11 +15,12 @@ use okaywal::{
 };
 
 use crate::commit_log::CommitRecord;
-use crate::db::Shared;
+use crate::db::{Pending, Shared};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
 use crate::stratum::Stratum;
+use parking_lot::RwLockReadGuard;
 
 /// Tag of a chunk carrying a blob's bytes.
 pub(crate) const DATA_CHUNK: u8 = 1;
@@ -157,6 +158,7 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
     let log_position = store.commit_log.position();
     let mut touched: Vec<Arc<Stratum>> = Vec::new();
     let mut encoded = Vec::new();
+    let mut batch = GrainBatch::new(shared);
 
     let result = (|| -> Result<()> {
         while let Some(mut entry) = entries
@@ -178,21 +180,9 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
                         chunk.id
                     ),
                 })?;
-                let header = GrainHeader {
-                    sequence,
-                    length: data.len() as u32,
-                    crc: grain_crc(sequence, &data),
-                };
-                let mut bytes = Vec::with_capacity(16 + data.len());
-                bytes.extend_from_slice(&header.encode());
-                bytes.extend_from_slice(&data);
-                stratum
-                    .file
-                    .write_all_at(&bytes, stratum.offset_of(chunk.id.index()))
-                    .context(|| {
-                        format!("writing grain {} to {}", chunk.id, stratum.path.display())
-                    })?;
-                note(&mut touched, &stratum);
+                if batch.add(&stratum, chunk.id, sequence, &data)? {
+                    note(&mut touched, &stratum);
+                }
             }
             for grain in &record.new_grains {
                 if let Some(stratum) = shared.stratum_of(grain.id)? {
@@ -225,6 +215,8 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
             record.encode(&mut encoded);
             store.commit_log.append(sequence, &encoded)?;
         }
+
+        batch.flush()?;
 
         // Headers go into the older copy, so a crash now leaves the other
         // copy intact; the WAL still holds everything until the index says
@@ -286,18 +278,105 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
     let mut meta = shared.meta.lock();
     meta.wal_checkpointed_entry = meta.wal_checkpointed_entry.max(last_id);
     meta.recent = meta.recent.split_off(&last_id.saturating_add(1));
-    let reusable = {
-        let later = meta.freeing.split_off(&last_id.saturating_add(1));
-        std::mem::replace(&mut meta.freeing, later)
-    };
-    for id in reusable.into_values().flatten() {
-        if let Ok(Some(stratum)) = shared.stratum_of(id) {
-            stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
-            stratum.bits.write().release(id.index(), id.count());
+    let mut pending = shared.pending.write();
+    pending.retain(|_, p| p.sequence > last_id);
+    shared
+        .superseded
+        .lock()
+        .retain(|&(_, sequence)| sequence > last_id);
+    Ok(())
+}
+
+/// Largest run of adjacent grains copied with one write.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Collects blobs bound for adjacent grains of one stratum, so a
+/// checkpoint writes runs of grains instead of one blob at a time.
+///
+/// It holds the `pending` read lock from the check that a blob was not
+/// freed (`Shared::superseded`) until its bytes are written: a free, and
+/// so the reuse of its grains, waits for that write.
+struct GrainBatch<'a> {
+    shared: &'a Shared,
+    guard: Option<RwLockReadGuard<'a, HashMap<GrainId, Pending>>>,
+    stratum: Option<Arc<Stratum>>,
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl<'a> GrainBatch<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Self {
+            shared,
+            guard: None,
+            stratum: None,
+            start: 0,
+            bytes: Vec::new(),
         }
     }
-    shared.pending.write().retain(|_, p| p.sequence > last_id);
-    Ok(())
+
+    /// Queues the blob `id` written by `sequence`; returns false if it was
+    /// freed since and must not be copied.
+    fn add(
+        &mut self,
+        stratum: &Arc<Stratum>,
+        id: GrainId,
+        sequence: u64,
+        data: &[u8],
+    ) -> Result<bool> {
+        let offset = stratum.offset_of(id.index());
+        let adjacent = self
+            .stratum
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, stratum))
+            && self.start + self.bytes.len() as u64 == offset;
+        if !adjacent || self.bytes.len() >= MAX_BATCH_BYTES {
+            self.flush()?;
+        }
+        if self.guard.is_none() {
+            self.guard = Some(self.shared.pending.read());
+        }
+        if self.shared.superseded.lock().contains(&(id, sequence)) {
+            return Ok(false);
+        }
+        if self.bytes.is_empty() {
+            self.stratum = Some(stratum.clone());
+            self.start = offset;
+        }
+        let header = GrainHeader {
+            sequence,
+            length: data.len() as u32,
+            crc: grain_crc(sequence, data),
+        };
+        let end = self.bytes.len() + (u64::from(id.count()) * stratum.grain_size()) as usize;
+        self.bytes.extend_from_slice(&header.encode());
+        self.bytes.extend_from_slice(data);
+        // The rest of the blob's last grain is its own: padding it keeps
+        // the next blob adjacent.
+        self.bytes.resize(end, 0);
+        Ok(true)
+    }
+
+    /// Writes the queued run and lets frees proceed.
+    fn flush(&mut self) -> Result<()> {
+        if let (false, Some(stratum)) = (self.bytes.is_empty(), &self.stratum) {
+            stratum
+                .file
+                .write_all_at(&self.bytes, self.start)
+                .context(|| {
+                    format!(
+                        "writing {} bytes of grains at offset {} of {}",
+                        self.bytes.len(),
+                        self.start,
+                        stratum.path.display()
+                    )
+                })?;
+        }
+        self.bytes.clear();
+        self.stratum = None;
+        self.guard = None;
+        Ok(())
+    }
 }
 
 fn note(touched: &mut Vec<Arc<Stratum>>, stratum: &Arc<Stratum>) {

@@ -282,6 +282,7 @@ impl<'db> Transaction<'db> {
         }
         if self.sequence != 0 {
             meta.in_flight.remove(&self.sequence);
+            shared.release_freed(&mut meta);
         }
         drop(meta);
         if let Some(entry) = self.entry.take() {

@@ -102,15 +102,14 @@ fn write_archive_checkpoint_cycles_run_in_bounded_space() {
         "the directory kept growing: {after_1000} bytes after 1000 cycles, {at_end} after \
          {CYCLES}, up to {max_after_1000} in between"
     );
-    // The strata only hold the live blobs and those freed since the last
-    // WAL checkpoint (about 64 cycles' worth): they must not keep growing.
+    // The strata only hold the live blobs and a few just freed: they must
+    // not keep growing.
     assert!(
         strata <= strata_after_1000 + (512 << 10),
         "the strata kept growing: {strata_after_1000} bytes after 1000 cycles, {strata} after \
          {CYCLES}"
     );
-    // Two live blobs of at most 32 grains each (plus one just freed whose
-    // grains become reusable at the next WAL checkpoint).
+    // Two live blobs of at most 32 grains each.
     let stats = db.stats().unwrap();
     let used: u64 = stats.basins.iter().map(|b| b.grains_used).sum();
     assert!(used <= 64, "{used} grains still in use");

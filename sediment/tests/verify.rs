@@ -84,7 +84,7 @@ fn healthy_databases_verify_clean() {
     drop(db);
     let db = Database::recover(dir.path()).unwrap();
     let report = db.verify().unwrap();
-    // Freed grains stay in the durable bitmaps (and are checked) until the
+    // Freed grains stay in the durable (checkpointed) bitmaps until the
     // next WAL checkpoint.
     assert!(report.grains_checked >= blobs.len() as u64);
     db.wal().checkpoint_active().unwrap();

@@ -377,7 +377,7 @@ fn load_store(system: &'static str, plan: &Plan, pool: &PayloadPool) -> Loaded {
         let started = Instant::now();
         let keys = load(&*store, plan.blobs, plan.load_batch, pool, 1);
         let elapsed = started.elapsed();
-        let space = store.bytes_on_disk(dir.path());
+        let space = settled_bytes(&*store, dir.path());
         (dir, store, keys, elapsed, space)
     });
     match outcome {
@@ -413,6 +413,22 @@ fn get_cell(loaded: &Loaded, threads: usize, plan: &Plan) -> Result<Samples, Str
     })
 }
 
+/// Bytes on disk once the store's background work (flushes, WAL
+/// checkpoints, compactions) has settled: the same for every system, the
+/// size is read every half second until two readings agree (at most 20 s).
+fn settled_bytes(store: &dyn BlobSystem, dir: &std::path::Path) -> Result<u64, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = store.bytes_on_disk(dir)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = store.bytes_on_disk(dir)?;
+        if now == last || Instant::now() >= deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
 /// (d) on a loaded store: delete every other blob, write the same volume
 /// again, measuring the space after each step. Closes the store.
 fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
@@ -427,7 +443,7 @@ fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
             store.delete(chunk)?;
         }
         loaded.reclaim = store.reclaim()?;
-        loaded.space[1] = Some(store.bytes_on_disk(dir.path())?);
+        loaded.space[1] = Some(settled_bytes(&*store, dir.path())?);
         if store.get(0, keys[0])?.is_some() {
             return Err(format!("deleted blob {} is still there", keys[0]));
         }
@@ -435,7 +451,7 @@ fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
             return Err(format!("kept blob {} is gone", keys[1]));
         }
         load(&*store, doomed.len() as u64, plan.load_batch, pool, 2)?;
-        loaded.space[2] = Some(store.bytes_on_disk(dir.path())?);
+        loaded.space[2] = Some(settled_bytes(&*store, dir.path())?);
         Ok(())
     })();
     match outcome {
@@ -588,8 +604,9 @@ fn gets_and_space(
         plan.describe()
     ));
     space.note(format!(
-        "bytes on disk = blocks allocated by every file of the store (du) unless noted; \
-         payload = {} of live 1 KiB blobs ({} after deleting every other blob)",
+        "bytes on disk = blocks allocated by every file of the store (du) unless noted, read \
+         once the store's background work has settled (two readings 0.5 s apart agree, at \
+         most 20 s after the step); payload = {} of live 1 KiB blobs ({} after deleting every other blob)",
         human_size(payload_bytes),
         human_size(payload_bytes - half)
     ));
