@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner, Spare, MAX_SPARES};
 use crate::manager::LogManager;
-use crate::recovery::{scan_segment, SegmentReader};
+use crate::recovery::SegmentReader;
 use crate::segment::{FileName, Segment};
 use crate::stats::Counters;
 use crate::{EntryId, WriteAheadLog};
@@ -232,19 +232,14 @@ fn checkpoint(
         return Ok(());
     };
     // Skip damage as recovery did: every entry it presented from this
-    // segment must reach the manager before the segment is recycled.
-    let scan = scan_segment(
-        &*segment.file,
-        segment.id,
-        limit,
-        inner.config.buffer_bytes,
-        true,
-    )?;
-    let mut reader = SegmentReader::new(
+    // segment must reach the manager before the segment is recycled. The
+    // scan happens only if the manager reads.
+    let mut reader = SegmentReader::unscanned(
         segment.id,
         segment.file.clone(),
-        scan.committed,
-        Some(segment.clone()),
+        limit,
+        inner.config.buffer_bytes,
+        segment.clone(),
     );
     manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
 }
@@ -317,11 +312,13 @@ fn recycle_finished(inner: &Inner) {
         let keep = inner.state.lock().spares.len() < MAX_SPARES;
         if keep {
             let file = segment.file.clone();
-            // A segment that grew past its preallocated size (writers
+            // A segment that grew far past its preallocated size (writers
             // outran the spares) goes back to that size, so spares do not
-            // keep the disk space of a burst.
+            // keep the disk space of a burst. The usual overshoot of up to
+            // one entry is kept: cutting it would only make the next user
+            // of the file allocate those blocks again.
             let preallocated = inner.config.preallocate_bytes.max(HEADER_SIZE);
-            if file.len().is_ok_and(|len| len > preallocated) {
+            if file.len().is_ok_and(|len| len > 2 * preallocated) {
                 if let Err(err) = file.set_len(preallocated) {
                     inner.state.lock().checkpoint_error = Some(format!(
                         "shrinking recycled segment {}: {err}",

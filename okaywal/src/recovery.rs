@@ -442,6 +442,10 @@ pub struct SegmentReader {
     segment_id: u64,
     file: Arc<dyn FileHandle>,
     entries: std::collections::btree_map::IntoIter<u64, Vec<ChunkLocation>>,
+    /// (limit, buffer size) of a scan not done yet: a checkpoint's reader
+    /// scans the segment only if the manager reads an entry, so managers
+    /// that keep their own copy of the data do not re-read every segment.
+    unscanned: Option<(u64, usize)>,
     _segment: Option<Arc<Segment>>,
 }
 
@@ -460,7 +464,23 @@ impl SegmentReader {
             segment_id,
             file,
             entries: entries.into_iter(),
+            unscanned: None,
             _segment: segment,
+        }
+    }
+
+    /// A reader that scans the first `limit` bytes of the segment (skipping
+    /// damage, as recovery does) when the first entry is asked for.
+    pub(crate) fn unscanned(
+        segment_id: u64,
+        file: Arc<dyn FileHandle>,
+        limit: u64,
+        buffer_bytes: usize,
+        segment: Arc<Segment>,
+    ) -> Self {
+        Self {
+            unscanned: Some((limit, buffer_bytes)),
+            ..Self::new(segment_id, file, BTreeMap::new(), Some(segment))
         }
     }
 
@@ -472,6 +492,16 @@ impl SegmentReader {
 
     /// Returns the next committed entry, in id order, or `None` at the end.
     pub fn read_entry(&mut self) -> io::Result<Option<Entry<'_>>> {
+        if let Some((limit, buffer_bytes)) = self.unscanned {
+            let scan = scan_segment(&*self.file, self.segment_id, limit, buffer_bytes, true)?;
+            self.unscanned = None;
+            let entries: BTreeMap<u64, Vec<ChunkLocation>> = scan
+                .committed
+                .into_iter()
+                .map(|(id, (chunks, _))| (id, chunks))
+                .collect();
+            self.entries = entries.into_iter();
+        }
         Ok(self.entries.next().map(|(id, chunks)| Entry {
             id: EntryId(id),
             segment_id: self.segment_id,

@@ -12,6 +12,8 @@ use crate::{Database, Result};
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
 /// Default size of a WAL segment for a database: 4 MiB.
 pub const DEFAULT_WAL_SEGMENT_BYTES: u64 = 4 << 20;
+/// Default size of the cache of small blobs that `get` keeps: 128 MiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 /// Blobs at least this large are written straight into their grains
 /// (synced before the commit) instead of passing through the WAL.
 pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
@@ -43,6 +45,8 @@ pub struct Config {
     /// Blobs of at least this many bytes bypass the WAL (see
     /// [`DEFAULT_DIRECT_WRITE_BYTES`]).
     pub direct_write_bytes: u64,
+    /// Memory for recently read small blobs (see [`Config::cache_bytes`]).
+    pub cache_bytes: u64,
 }
 
 impl Config {
@@ -61,6 +65,7 @@ impl Config {
             file_system: Arc::new(StdFileSystem),
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
             direct_write_bytes: DEFAULT_DIRECT_WRITE_BYTES,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 
@@ -92,6 +97,16 @@ impl Config {
     #[must_use]
     pub fn direct_write_bytes(mut self, bytes: u64) -> Self {
         self.direct_write_bytes = bytes;
+        self
+    }
+
+    /// Sets how much memory [`Database::get`] may keep for recently read
+    /// blobs of up to 64 KiB (default [`DEFAULT_CACHE_BYTES`]; 0 turns the
+    /// cache off). A hit costs a hash lookup and a copy instead of a system
+    /// call; freed blobs leave the cache at once.
+    #[must_use]
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
         self
     }
 

@@ -10,6 +10,7 @@ use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
 use parking_lot::{Mutex, RwLock};
 
+use crate::cache::BlobCache;
 use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
@@ -108,6 +109,8 @@ pub(crate) struct Shared {
     /// checkpoint under its read lock, so a check and the copy it allows
     /// happen before any free that would forbid it.
     pub superseded: Mutex<HashSet<(GrainId, u64)>>,
+    /// Recently read small blobs.
+    pub cache: BlobCache,
     pub meta: Mutex<Meta>,
     pub store: Mutex<Store>,
     pub shut_down: AtomicBool,
@@ -278,7 +281,11 @@ impl Shared {
             for id in &record.freed {
                 if let Some(stratum) = self.stratum_of(*id)? {
                     stratum.bits.write().set_live(id.index(), id.count(), false);
+                    // Bumped before the removal: a reader that checked the
+                    // blob was live before this point will not cache it.
+                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
                 }
+                self.cache.remove(*id);
                 if let Some(freed) = pending.remove(id) {
                     self.superseded.lock().insert((*id, freed.sequence));
                 }
@@ -341,6 +348,7 @@ impl Shared {
                     stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
                     stratum.bits.write().release(id.index(), id.count());
                 }
+                self.cache.remove(id);
             }
         }
     }
@@ -514,6 +522,7 @@ impl Database {
             basins,
             pending: RwLock::default(),
             superseded: Mutex::default(),
+            cache: BlobCache::new(config.cache_bytes),
             meta: Mutex::new(meta),
             store: Mutex::new(Store {
                 index_file,
@@ -556,10 +565,26 @@ impl Database {
     /// Fails with [`Error::InvalidGrainId`] for ids that cannot name a blob
     /// and [`Error::ChecksumMismatch`] if the stored bytes are damaged.
     pub fn get(&self, id: GrainId) -> Result<Option<Vec<u8>>> {
+        self.check_open()?;
+        let shared = &self.shared;
+        // Only live blobs are ever cached, and freeing removes them.
+        if let Some(hit) = shared.cache.get(id) {
+            return Ok(Some(hit.to_vec()));
+        }
+        // Read before the liveness check inside `read`: if the blob is
+        // freed after that check, the epoch moves and it is not cached.
+        let epoch = shared
+            .stratum_of(id)?
+            .map(|stratum| (stratum.reuse_epoch.load(Ordering::Acquire), stratum));
         match self.read(id)? {
             Some(mut reader) => {
                 let mut data = Vec::with_capacity(reader.len() as usize);
                 reader.read_to_end(&mut data).map_err(|e| reader.error(e))?;
+                if let Some((epoch, stratum)) = epoch {
+                    shared.cache.insert_if(id, &data, || {
+                        stratum.reuse_epoch.load(Ordering::Acquire) == epoch
+                    });
+                }
                 Ok(Some(data))
             }
             None => Ok(None),
@@ -573,7 +598,25 @@ impl Database {
         // A blob's bytes move from the WAL to its stratum at checkpoints and
         // freed grains may be reused; retry if either happens mid-lookup.
         for _ in 0..16 {
-            let pending = self.shared.pending.read().get(&id).copied();
+            let stratum = self.shared.stratum_of(id)?;
+            // Under the `pending` lock a commit's blobs are both live and
+            // pending, or neither: a live blob that is not pending has its
+            // bytes in the stratum. The epoch, read under the same lock,
+            // tells whether it was freed (and maybe reused) since.
+            let (pending, epoch) = {
+                let pending = self.shared.pending.read();
+                match (pending.get(&id).copied(), &stratum) {
+                    (Some(found), _) => (Some(found), 0),
+                    (None, None) => return Ok(None),
+                    (None, Some(stratum)) => {
+                        let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
+                        if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
+                            return Ok(None);
+                        }
+                        (None, epoch)
+                    }
+                }
+            };
             if let Some(pending) = pending {
                 match self.wal.read_at(pending.position) {
                     Ok(mut chunk) => {
@@ -587,16 +630,12 @@ impl Database {
                     Err(e) => return Err(e).context(|| format!("reading grain {id} from the WAL")),
                 }
             }
-            let Some(stratum) = self.shared.stratum_of(id)? else {
+            let Some(stratum) = stratum else {
                 return Ok(None);
             };
-            let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-            if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
-                return Ok(None);
-            }
-            let reader = GrainReader::stratum(id, &stratum)?;
+            let read = GrainReader::stratum(id, &stratum);
             if stratum.reuse_epoch.load(Ordering::Acquire) == epoch {
-                return Ok(Some(reader));
+                return read.map(Some);
             }
         }
         Err(Error::Io {

@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 mod allocator;
+mod cache;
 mod commit_log;
 mod config;
 mod db;
@@ -72,7 +73,8 @@ mod verify;
 
 pub use commit_log::{CommitRecord, NewGrain, SequenceId};
 pub use config::{
-    Config, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES, DEFAULT_WAL_SEGMENT_BYTES,
+    Config, DEFAULT_CACHE_BYTES, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES,
+    DEFAULT_WAL_SEGMENT_BYTES,
 };
 pub use db::{CommitLog, Database, GrainReader};
 pub use error::{Error, Result};

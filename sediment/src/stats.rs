@@ -42,6 +42,9 @@ pub struct Stats {
     pub checkpointed_to: u64,
     /// The last WAL entry moved into the strata.
     pub wal_checkpointed_entry: u64,
+    /// Memory held by the cache of recently read blobs (see
+    /// [`Config::cache_bytes`](crate::Config::cache_bytes)).
+    pub cache_bytes: u64,
 }
 
 impl Stats {
@@ -130,5 +133,6 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
         last_committed,
         checkpointed_to,
         wal_checkpointed_entry,
+        cache_bytes: shared.cache.bytes(),
     })
 }
