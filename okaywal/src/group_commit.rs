@@ -1,8 +1,11 @@
 //! Leader/follower group commit: threads, no bytes.
 //!
 //! A committer whose data is not yet durable either leads a sync or waits
-//! for one. Syncs never overlap (the disk serialises flushes anyway, and
-//! overlapping `fdatasync`s measured slower than one at a time). While sync
+//! for one. Group syncs never overlap (the disk serialises flushes anyway,
+//! and overlapping `fdatasync`s measured slower than one at a time for
+//! small commits). Writers of large chunks may flush early on their own
+//! while a group sync runs (see `EntryWriter::flush_early`): for them the
+//! overlap pays. While sync
 //! *k* runs, the first thread to arrive becomes the leader of sync *k + 1*;
 //! later arrivals become its followers. When sync *k* finishes, its leader
 //! wakes the next leader first (so sync *k + 1* starts at once) and then
@@ -42,6 +45,8 @@ pub(crate) struct GroupCommit {
     /// Number of syncs that have finished (successfully or not).
     completed: AtomicU64,
     failed: AtomicBool,
+    /// A copy of `State::syncing` readable without the lock.
+    busy: AtomicBool,
 }
 
 impl GroupCommit {
@@ -106,12 +111,14 @@ impl GroupCommit {
         sync: &mut impl FnMut() -> io::Result<()>,
     ) -> io::Result<()> {
         state.syncing = true;
+        self.busy.store(true, Ordering::Release);
         let covered = std::mem::take(&mut state.followers);
         let this_sync = self.completed.load(Ordering::Acquire) + 1;
         drop(state);
         let result = sync();
         let mut state = self.state.lock();
         state.syncing = false;
+        self.busy.store(false, Ordering::Release);
         let mut wake = covered;
         if let Err(err) = &result {
             if state.failure.is_none() {
@@ -130,6 +137,11 @@ impl GroupCommit {
             thread.unpark();
         }
         result
+    }
+
+    /// True while a sync is running (a hint: it may end at any moment).
+    pub fn is_syncing(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
     }
 
     /// Marks the log as failed (e.g. a write error outside a sync) and wakes
