@@ -26,6 +26,9 @@ pub struct ChunkReader {
     length: u32,
     read: u32,
     hasher: crc32fast::Hasher,
+    /// The data and its CRC trailer, when they were read together with the
+    /// record header (small chunks read back from a segment).
+    prefetched: Option<Vec<u8>>,
 }
 
 impl ChunkReader {
@@ -43,6 +46,22 @@ impl ChunkReader {
             length,
             read: 0,
             hasher: crc32fast::Hasher::new(),
+            prefetched: None,
+        }
+    }
+
+    /// A reader over `bytes`, the chunk's data followed by its trailer,
+    /// already read from `file`.
+    pub(crate) fn prefetched(
+        file: Arc<dyn FileHandle>,
+        position: LogPosition,
+        data_offset: u64,
+        bytes: Vec<u8>,
+    ) -> Self {
+        let length = (bytes.len() - CHUNK_TRAILER_SIZE) as u32;
+        Self {
+            prefetched: Some(bytes),
+            ..Self::new(file, position, data_offset, length)
         }
     }
 
@@ -69,8 +88,12 @@ impl ChunkReader {
     pub fn crc_is_valid(&mut self) -> io::Result<bool> {
         io::copy(self, &mut io::sink())?;
         let mut stored = [0_u8; CHUNK_TRAILER_SIZE];
-        self.file
-            .read_exact_at(&mut stored, self.data_offset + u64::from(self.length))?;
+        match &self.prefetched {
+            Some(bytes) => stored.copy_from_slice(&bytes[self.length as usize..]),
+            None => self
+                .file
+                .read_exact_at(&mut stored, self.data_offset + u64::from(self.length))?,
+        }
         Ok(self.hasher.clone().finalize() == u32::from_le_bytes(stored))
     }
 
@@ -96,9 +119,16 @@ impl Read for ChunkReader {
         if wanted == 0 {
             return Ok(0);
         }
-        let n = self
-            .file
-            .read_at(&mut buf[..wanted], self.data_offset + u64::from(self.read))?;
+        let n = match &self.prefetched {
+            Some(bytes) => {
+                let start = self.read as usize;
+                buf[..wanted].copy_from_slice(&bytes[start..start + wanted]);
+                wanted
+            }
+            None => self
+                .file
+                .read_at(&mut buf[..wanted], self.data_offset + u64::from(self.read))?,
+        };
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
