@@ -54,6 +54,15 @@
 //! `stratum-{basin}-{n}` files (arrays of fixed-size grains after a header
 //! stored twice) and `commits-{sequence}` files (the commit log). `FORMAT.md`
 //! in the crate describes every byte.
+//!
+//! # Space and memory
+//!
+//! Grains freed by a committed `checkpoint_to` are handed to the next
+//! transactions at once: a store that deletes as much as it writes stays
+//! the same size, with no compaction. Memory is bounded by configuration:
+//! the WAL's write buffer and a cache of recently read small blobs
+//! ([`Config::cache_bytes`], [`DEFAULT_CACHE_BYTES`]), plus the in-memory
+//! allocation bitmaps (five bits per grain of every stratum).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
