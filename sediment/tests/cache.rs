@@ -7,17 +7,8 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::blob;
-use sediment::{Config, Database, GrainId};
-
-fn free(db: &Database, id: GrainId) {
-    let mut tx = db.begin_transaction().unwrap();
-    tx.archive(id).unwrap();
-    let archived = tx.commit().unwrap();
-    let mut tx = db.begin_transaction().unwrap();
-    tx.checkpoint_to(archived).unwrap();
-    tx.commit().unwrap();
-}
+use common::{blob, free};
+use sediment::{Config, Database};
 
 #[test]
 fn a_cached_blob_is_forgotten_when_freed_and_its_successor_is_served() {

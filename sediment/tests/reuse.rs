@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_blob, blob};
+use common::{assert_blob, blob, free};
 use sediment::{Config, Database, GrainId, SequenceId};
 
 fn open(dir: &std::path::Path) -> Database {
@@ -21,15 +21,6 @@ fn write(db: &Database, data: &[u8]) -> (GrainId, SequenceId) {
     let mut tx = db.begin_transaction().unwrap();
     let id = tx.write(data).unwrap();
     (id, tx.commit().unwrap())
-}
-
-fn free(db: &Database, id: GrainId) {
-    let mut tx = db.begin_transaction().unwrap();
-    tx.archive(id).unwrap();
-    let archived = tx.commit().unwrap();
-    let mut tx = db.begin_transaction().unwrap();
-    tx.checkpoint_to(archived).unwrap();
-    tx.commit().unwrap();
 }
 
 #[test]

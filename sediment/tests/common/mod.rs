@@ -183,3 +183,13 @@ impl Drop for Watchdog {
         self.done.store(true, std::sync::atomic::Ordering::Release);
     }
 }
+
+/// Archives `id` and commits a `checkpoint_to` that frees it.
+pub fn free(db: &Database, id: GrainId) {
+    let mut tx = db.begin_transaction().unwrap();
+    tx.archive(id).unwrap();
+    let archived = tx.commit().unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    tx.checkpoint_to(archived).unwrap();
+    tx.commit().unwrap();
+}
