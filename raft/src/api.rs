@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -143,18 +143,46 @@ async fn delete_value(
     }
 }
 
-async fn get_value(State(app): State<App>, path: Result<Path<String>, PathRejection>) -> Response {
+/// The query of `GET /kv/{key}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct ReadOptions {
+    /// `local` reads this node's state machine as it is, without asking
+    /// the leader: possibly stale, but answered by any node.
+    pub consistency: Option<String>,
+}
+
+async fn get_value(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+    options: Result<Query<ReadOptions>, QueryRejection>,
+) -> Response {
     let key = match key_from(path) {
         Ok(key) => key,
         Err(response) => return response,
     };
     let uri = format!("/kv/{}", urlencode(&key));
-    match app.raft.ensure_linearizable().await {
-        Ok(_) => {}
-        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-            return forward(&f, &uri)
+    let consistency = match options {
+        Ok(Query(options)) => options.consistency,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let local = match consistency.as_deref() {
+        None | Some("linearizable") => false,
+        Some("local") => true,
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("consistency must be `local` or `linearizable`, not {other:?}"),
+            )
         }
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    if !local {
+        match app.raft.ensure_linearizable().await {
+            Ok(_) => {}
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                return forward(&f, &uri)
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        }
     }
     let sm = app.state_machine.clone();
     match tokio::task::spawn_blocking(move || sm.get(&key)).await {
@@ -290,6 +318,7 @@ async fn metrics(State(app): State<App>) -> Response {
         "last_applied_log_id": m.last_applied,
         "snapshot": m.snapshot.map(|l| l.index),
         "purged": m.purged.map(|l| l.index),
+        "keys": app.state_machine.len(),
         "membership": {
             "voters": voters,
             "learners": learners,
