@@ -37,6 +37,9 @@ enum Command {
         /// Leader heartbeat interval (elections after 4–8 of them).
         #[arg(long, default_value_t = 100)]
         heartbeat_ms: u64,
+        /// Size of the Raft log's WAL segments, in bytes.
+        #[arg(long, default_value_t = 8 << 20)]
+        log_segment_bytes: u64,
     },
 }
 
@@ -49,11 +52,13 @@ fn main() -> ExitCode {
         snapshot_logs,
         keep_logs,
         heartbeat_ms,
+        log_segment_bytes,
     } = cli.command;
     let config = NodeConfig {
         snapshot_logs,
         keep_logs,
         heartbeat_ms,
+        log_segment_bytes,
         ..NodeConfig::new(id, listen, dir)
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, App};
 use crate::error::{Error, Result};
-use crate::log_store::LogStore;
+use crate::log_store::{LogStore, LogStoreConfig};
 use crate::network::{self, Network};
 use crate::state_machine::StateMachine;
 use crate::types::{NodeId, Raft};
@@ -33,6 +33,9 @@ pub struct NodeConfig {
     pub keep_logs: u64,
     /// Leader heartbeat interval in milliseconds.
     pub heartbeat_ms: u64,
+    /// Size of the Raft log's WAL segments: entries move to archive files
+    /// (and purged ones are deleted) one segment at a time.
+    pub log_segment_bytes: u64,
 }
 
 impl NodeConfig {
@@ -46,6 +49,7 @@ impl NodeConfig {
             snapshot_logs: 10_000,
             keep_logs: 1_000,
             heartbeat_ms: 100,
+            log_segment_bytes: 8 << 20,
         }
     }
 
@@ -91,10 +95,14 @@ impl std::fmt::Debug for RunningNode {
 /// Opens the node's stores (recovering them), starts Raft and serves HTTP.
 pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     let raft_config = Arc::new(config.raft_config()?);
-    let log_dir = config.directory.join("log");
+    let log_config =
+        LogStoreConfig::new(config.directory.join("log")).segment_bytes(config.log_segment_bytes);
     let state_dir = config.directory.join("state");
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
-        Ok::<_, Error>((LogStore::open(log_dir)?, StateMachine::open(state_dir)?))
+        Ok::<_, Error>((
+            LogStore::open_with(log_config)?,
+            StateMachine::open(state_dir)?,
+        ))
     })
     .await
     .map_err(|e| Error::Raft(e.to_string()))??;
