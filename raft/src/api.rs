@@ -42,14 +42,11 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, Response> {
-    let Path(key) = path.map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("the key must be UTF-8 (after percent-decoding): {e}"),
-        )
-    })?;
-    check_key(&key).map_err(|e| error(StatusCode::BAD_REQUEST, e))?;
+/// The key of a `/kv/{key}` path, or why it is not acceptable (400).
+fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, String> {
+    let Path(key) =
+        path.map_err(|e| format!("the key must be UTF-8 (after percent-decoding): {e}"))?;
+    check_key(&key)?;
     Ok(key)
 }
 
@@ -94,7 +91,7 @@ async fn put_value(
 ) -> Response {
     let key = match key_from(path) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let value = match body {
         Ok(value) => value,
@@ -130,7 +127,7 @@ async fn delete_value(
 ) -> Response {
     let key = match key_from(path) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let uri = format!("/kv/{}", urlencode(&key));
     match app.raft.client_write(Request::Delete { key }).await {
@@ -158,7 +155,7 @@ async fn get_value(
 ) -> Response {
     let key = match key_from(path) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let uri = format!("/kv/{}", urlencode(&key));
     let consistency = match options {

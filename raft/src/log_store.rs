@@ -169,7 +169,11 @@ struct Core {
     state: Mutex<State>,
 }
 
-type Durable = Box<dyn FnOnce(io::Result<()>) + Send>;
+/// Called once an append is durable (or with why it cannot be).
+pub type Durable = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+/// An entry to read: its index, location and archive handle.
+type Wanted = (u64, Location, Option<Arc<dyn FileHandle>>);
 
 #[derive(Debug)]
 struct Inner {
@@ -613,7 +617,7 @@ impl LogStore {
             Bound::Excluded(&s) => Bound::Excluded(s),
             Bound::Unbounded => Bound::Unbounded,
         };
-        let wanted: Vec<(u64, Location, Option<Arc<dyn FileHandle>>)> = {
+        let wanted: Vec<Wanted> = {
             let state = self.inner.core.state.lock();
             state
                 .entries

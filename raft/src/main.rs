@@ -34,8 +34,10 @@ enum Command {
         /// Entries kept in the log behind a snapshot.
         #[arg(long, default_value_t = 1_000)]
         keep_logs: u64,
-        /// Leader heartbeat interval (elections after 4–8 of them).
-        #[arg(long, default_value_t = 100)]
+        /// Leader heartbeat interval in ms (elections after 4–8 of them).
+        /// Each AppendEntries must finish within one: keep it above the time
+        /// to replicate the largest value.
+        #[arg(long, default_value_t = 500)]
         heartbeat_ms: u64,
         /// Size of the Raft log's WAL segments, in bytes.
         #[arg(long, default_value_t = 8 << 20)]

@@ -152,6 +152,7 @@ impl RaftNetwork<TypeConfig> for Connection {
     }
 }
 
+#[allow(clippy::result_large_err)] // built on the error path only
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
     bincode::deserialize(body).map_err(|e| {
         (

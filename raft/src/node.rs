@@ -31,7 +31,10 @@ pub struct NodeConfig {
     pub snapshot_logs: u64,
     /// Entries kept in the log behind a snapshot, for slow followers.
     pub keep_logs: u64,
-    /// Leader heartbeat interval in milliseconds.
+    /// Leader heartbeat interval in milliseconds. openraft 0.9 gives every
+    /// AppendEntries RPC one interval to complete (transfer, the follower's
+    /// fsync, the answer), so it must exceed the time to replicate the
+    /// largest value; elections start after 4–8 intervals of silence.
     pub heartbeat_ms: u64,
     /// Size of the Raft log's WAL segments: entries move to archive files
     /// (and purged ones are deleted) one segment at a time.
@@ -39,8 +42,9 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
-    /// Defaults: a snapshot every 10,000 entries keeping 1,000, 100 ms
-    /// heartbeats and elections after 400–800 ms of silence.
+    /// Defaults: a snapshot every 10,000 entries keeping 1,000, 500 ms
+    /// heartbeats (room for 64 MiB values) and elections after 2–4 s of
+    /// silence.
     pub fn new(id: NodeId, listen: SocketAddr, directory: impl Into<PathBuf>) -> Self {
         Self {
             id,
@@ -48,7 +52,7 @@ impl NodeConfig {
             directory: directory.into(),
             snapshot_logs: 10_000,
             keep_logs: 1_000,
-            heartbeat_ms: 100,
+            heartbeat_ms: 500,
             log_segment_bytes: 8 << 20,
         }
     }

@@ -53,6 +53,7 @@ pub enum Request {
         /// The key (UTF-8, at most [`MAX_KEY_BYTES`]).
         key: String,
         /// The value (at most [`MAX_VALUE_BYTES`]).
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
     },
     /// Removes `key` if present.
