@@ -1,0 +1,344 @@
+//! The client API: `/kv/{key}` and `/cluster/...` over HTTP.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use openraft::error::{
+    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::state_machine::StateMachine;
+use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct App {
+    /// This node's id.
+    pub id: NodeId,
+    /// This node's Raft.
+    pub raft: Arc<Raft>,
+    /// This node's state machine (for reads).
+    pub state_machine: StateMachine,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+/// The key of a `/kv/{key}` path, or why it is not acceptable (400).
+fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, String> {
+    let Path(key) =
+        path.map_err(|e| format!("the key must be UTF-8 (after percent-decoding): {e}"))?;
+    check_key(&key)?;
+    Ok(key)
+}
+
+/// A follower's answer: a redirect to the leader's same URL, with a body
+/// that names it; 503 while no leader is known.
+fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
+    match (&forward.leader_id, &forward.leader_node) {
+        (Some(id), Some(node)) => {
+            let location = format!("http://{}{path}", node.addr);
+            (
+                StatusCode::TEMPORARY_REDIRECT,
+                [(header::LOCATION, location)],
+                Json(json!({
+                    "error": "this node is not the leader",
+                    "leader_id": id,
+                    "leader_addr": node.addr,
+                })),
+            )
+                .into_response()
+        }
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node is not the leader and no leader is known (election in progress?)",
+        ),
+    }
+}
+
+fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>, path: &str) -> Response {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, path),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            error(StatusCode::CONFLICT, e.to_string())
+        }
+        RaftError::Fatal(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn put_value(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let key = match key_from(path) {
+        Ok(key) => key,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let value = match body {
+        Ok(value) => value,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("values are limited to {MAX_VALUE_BYTES} bytes"),
+            )
+        }
+        Err(e) => return error(e.status(), e.body_text()),
+    };
+    let uri = format!("/kv/{}", urlencode(&key));
+    match app
+        .raft
+        .client_write(Request::Put {
+            key,
+            value: value.to_vec(),
+        })
+        .await
+    {
+        Ok(response) => Json(json!({
+            "log_index": response.log_id.index,
+            "replaced": response.data.existed,
+        }))
+        .into_response(),
+        Err(e) => write_error(e, &uri),
+    }
+}
+
+async fn delete_value(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let key = match key_from(path) {
+        Ok(key) => key,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let uri = format!("/kv/{}", urlencode(&key));
+    match app.raft.client_write(Request::Delete { key }).await {
+        Ok(response) => Json(json!({
+            "log_index": response.log_id.index,
+            "existed": response.data.existed,
+        }))
+        .into_response(),
+        Err(e) => write_error(e, &uri),
+    }
+}
+
+/// The query of `GET /kv/{key}`.
+#[derive(Debug, Default, Deserialize)]
+pub struct ReadOptions {
+    /// `local` reads this node's state machine as it is, without asking
+    /// the leader: possibly stale, but answered by any node.
+    pub consistency: Option<String>,
+}
+
+async fn get_value(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+    options: Result<Query<ReadOptions>, QueryRejection>,
+) -> Response {
+    let key = match key_from(path) {
+        Ok(key) => key,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let uri = format!("/kv/{}", urlencode(&key));
+    let consistency = match options {
+        Ok(Query(options)) => options.consistency,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let local = match consistency.as_deref() {
+        None | Some("linearizable") => false,
+        Some("local") => true,
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("consistency must be `local` or `linearizable`, not {other:?}"),
+            )
+        }
+    };
+    if !local {
+        match app.raft.ensure_linearizable().await {
+            Ok(_) => {}
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                return forward(&f, &uri)
+            }
+            Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        }
+    }
+    let sm = app.state_machine.clone();
+    match tokio::task::spawn_blocking(move || sm.get(&key)).await {
+        Ok(Ok(Some(value))) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], value).into_response()
+        }
+        Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "no such key"),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn empty_key() -> Response {
+    error(StatusCode::BAD_REQUEST, "the key is empty")
+}
+
+/// Percent-encodes a key for a redirect URL.
+fn urlencode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// The body of `POST /cluster/init`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct InitRequest {
+    /// Node id → `host:port`.
+    pub members: BTreeMap<NodeId, String>,
+}
+
+/// The body of `POST /cluster/add-learner`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AddLearnerRequest {
+    /// The new node's id.
+    pub id: NodeId,
+    /// Its `host:port`.
+    pub addr: String,
+}
+
+/// The body of `POST /cluster/change-membership`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChangeMembershipRequest {
+    /// The ids of the voters after the change.
+    pub members: BTreeSet<NodeId>,
+}
+
+fn json_error(e: JsonRejection) -> Response {
+    error(e.status(), e.body_text())
+}
+
+async fn init(State(app): State<App>, body: Result<Json<InitRequest>, JsonRejection>) -> Response {
+    let Json(request) = match body {
+        Ok(body) => body,
+        Err(e) => return json_error(e),
+    };
+    let members: BTreeMap<NodeId, Node> = request
+        .members
+        .into_iter()
+        .map(|(id, addr)| (id, Node::new(addr)))
+        .collect();
+    match app.raft.initialize(members).await {
+        Ok(()) => Json(json!({ "initialized": true })).into_response(),
+        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+            error(StatusCode::CONFLICT, e.to_string())
+        }
+        Err(RaftError::APIError(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn add_learner(
+    State(app): State<App>,
+    body: Result<Json<AddLearnerRequest>, JsonRejection>,
+) -> Response {
+    let Json(request) = match body {
+        Ok(body) => body,
+        Err(e) => return json_error(e),
+    };
+    match app
+        .raft
+        .add_learner(request.id, Node::new(request.addr), true)
+        .await
+    {
+        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
+        Err(e) => write_error(e, "/cluster/add-learner"),
+    }
+}
+
+async fn change_membership(
+    State(app): State<App>,
+    body: Result<Json<ChangeMembershipRequest>, JsonRejection>,
+) -> Response {
+    let Json(request) = match body {
+        Ok(body) => body,
+        Err(e) => return json_error(e),
+    };
+    match app.raft.change_membership(request.members, false).await {
+        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
+        Err(e) => write_error(e, "/cluster/change-membership"),
+    }
+}
+
+async fn snapshot(State(app): State<App>) -> Response {
+    match app.raft.trigger().snapshot().await {
+        Ok(()) => Json(json!({ "triggered": true })).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// `GET /cluster/metrics`: this node's view of the cluster.
+async fn metrics(State(app): State<App>) -> Response {
+    let m = app.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+    let nodes: BTreeMap<NodeId, String> = membership
+        .nodes()
+        .map(|(id, node)| (*id, node.addr.clone()))
+        .collect();
+    Json(json!({
+        "id": m.id,
+        "state": format!("{:?}", m.state),
+        "current_term": m.current_term,
+        "current_leader": m.current_leader,
+        "last_log_index": m.last_log_index,
+        "last_applied": m.last_applied.map(|l| l.index),
+        "last_applied_log_id": m.last_applied,
+        "snapshot": m.snapshot.map(|l| l.index),
+        "purged": m.purged.map(|l| l.index),
+        "keys": app.state_machine.len(),
+        "membership": {
+            "voters": voters,
+            "learners": learners,
+            "nodes": nodes,
+        },
+    }))
+    .into_response()
+}
+
+/// The client routes.
+pub fn routes(app: App) -> Router {
+    Router::new()
+        .route(
+            "/kv/{*key}",
+            get(get_value).put(put_value).delete(delete_value),
+        )
+        .route("/kv", get(empty_key).put(empty_key).delete(empty_key))
+        .route("/kv/", get(empty_key).put(empty_key).delete(empty_key))
+        .route("/cluster/init", post(init))
+        .route("/cluster/add-learner", post(add_learner))
+        .route("/cluster/change-membership", post(change_membership))
+        .route("/cluster/snapshot", post(snapshot))
+        .route("/cluster/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))
+        .with_state(app)
+}

@@ -1,0 +1,66 @@
+//! The crate's error type.
+
+use std::io;
+
+/// Everything that can go wrong in the replicated store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The state machine's sediment store failed.
+    #[error("state machine store: {0}")]
+    Sediment(#[from] sediment::Error),
+    /// Stored bytes could not be decoded.
+    #[error("{what}: {detail}")]
+    Corrupt {
+        /// Which structure.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A request was not valid (bad key, value too large, bad JSON).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// openraft refused to start or stopped.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+impl From<io::Error> for Error {
+    fn from(source: io::Error) -> Self {
+        Error::Io {
+            context: "I/O error".into(),
+            source,
+        }
+    }
+}
+
+impl Error {
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Converts to an `io::Error`, keeping an underlying one as is.
+    pub fn into_io(self) -> io::Error {
+        match self {
+            Error::Io { context, source } => {
+                io::Error::new(source.kind(), format!("{context}: {source}"))
+            }
+            other => io::Error::other(other),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

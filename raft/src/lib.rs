@@ -1,0 +1,44 @@
+//! A replicated key-value store: [`openraft`] drives consensus, an
+//! [`okaywal`] write-ahead log is its durable Raft log ([`LogStore`]) and a
+//! [`sediment`] blob store is its state machine ([`StateMachine`]). Nodes
+//! talk HTTP on loopback ([`network`], [`api`]); [`node::run`] starts one.
+//!
+//! ```no_run
+//! use sediment_raft::node::{self, NodeConfig};
+//!
+//! # async fn example() -> Result<(), sediment_raft::Error> {
+//! let config = NodeConfig::new(1, "127.0.0.1:21001".parse().unwrap(), "node-1");
+//! let running = node::start(config).await?;
+//! // PUT/GET/DELETE http://127.0.0.1:21001/kv/{key}, POST /cluster/init ...
+//! running.wait().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Durability
+//!
+//! - An append is acknowledged to openraft (`LogFlushed`) only after the
+//!   WAL sync that covers it; concurrent appends share that sync.
+//! - Votes, committed ids, truncations and purges are synced before the
+//!   call that saves them returns.
+//! - Applying entries commits their values, the replaced values' archiving
+//!   and the last applied log id and membership in one sediment
+//!   transaction: the state machine never disagrees with its applied id.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+mod error;
+pub mod journal;
+pub mod log_format;
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod snapshot;
+pub mod state_machine;
+pub mod types;
+
+pub use error::{Error, Result};
+pub use log_store::{LogStore, LogStoreConfig};
+pub use state_machine::{StateMachine, StateMachineConfig};
+pub use types::{NodeId, Request, Response, TypeConfig};

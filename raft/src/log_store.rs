@@ -1,0 +1,845 @@
+//! The Raft log on okaywal: openraft's [`RaftLogStorage`].
+//!
+//! Every `append` is one WAL entry with one chunk per Raft entry, committed
+//! with `commit_buffered` (handed to the OS in log order); a sync thread
+//! then calls `WriteAheadLog::sync` once for every append queued meanwhile
+//! and only after it returns fires their `LogFlushed` callbacks, so appends
+//! share fsyncs. Votes, committed ids, truncations and purges are WAL
+//! entries too, synced before their call returns.
+//!
+//! When the WAL checkpoints a segment, the entries in it that are still in
+//! the log are copied to an archive file (`archive-{id}`) and a metadata
+//! file (`meta`, replaced by rename) records the vote, committed and purged
+//! ids and which index range of each archive file is live. Archive files
+//! whose entries were all purged or truncated are deleted then, so the space
+//! of purged entries comes back at the next checkpoint.
+//!
+//! In-memory state changes *before* its WAL record is written: a checkpoint
+//! that runs in between then records a state at least as new as every record
+//! of the segment it recycles, and records replayed after it are idempotent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode, StdFileSystem};
+use okaywal::{EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader, WriteAheadLog};
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogId, StorageIOError};
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::log_format::{
+    encode_entry_header, ArchiveHeader, ArchiveRange, LogMeta, WalRecord, ARCHIVE_HEADER,
+    ENTRY_HEADER,
+};
+use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+
+const META: &str = "meta";
+const META_TMP: &str = "meta.tmp";
+const ARCHIVE_PREFIX: &str = "archive-";
+
+/// Where the log store keeps its files and how big its WAL segments are.
+#[derive(Debug, Clone)]
+pub struct LogStoreConfig {
+    /// The directory of the log (the WAL lives in `wal/` inside it).
+    pub directory: PathBuf,
+    /// The file system everything goes through.
+    pub file_system: Arc<dyn FileSystem>,
+    /// WAL segment size: entries move to archive files at this interval.
+    pub segment_bytes: u64,
+}
+
+impl LogStoreConfig {
+    /// The defaults for `directory` on the real disk: 8 MiB segments.
+    pub fn new(directory: impl AsRef<Path>) -> Self {
+        Self {
+            directory: directory.as_ref().to_path_buf(),
+            file_system: Arc::new(StdFileSystem),
+            segment_bytes: 8 << 20,
+        }
+    }
+
+    /// Runs the store on `file_system` (for crash tests).
+    #[must_use]
+    pub fn file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
+        self.file_system = file_system;
+        self
+    }
+
+    /// Sets the WAL segment size.
+    #[must_use]
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = bytes;
+        self
+    }
+}
+
+/// Where one entry's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Location {
+    /// A chunk in a live WAL segment.
+    Wal(LogPosition),
+    /// In an archive file: the encoded entry at `offset`, `len` bytes.
+    Archive {
+        file: u64,
+        offset: u64,
+        len: u32,
+        crc: u32,
+    },
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: BTreeMap<u64, (LogId, Location)>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    purged: Option<LogId>,
+    checkpointed_through: u64,
+    archives: BTreeMap<u64, Arc<dyn FileHandle>>,
+}
+
+impl State {
+    fn apply(&mut self, record: WalRecord, location: Option<LogPosition>) {
+        match record {
+            WalRecord::Entry { log_id, .. } => {
+                if self.purged.is_some_and(|p| log_id.index <= p.index) {
+                    return;
+                }
+                self.entries.split_off(&log_id.index);
+                let location = location.expect("entries come with their position");
+                self.entries
+                    .insert(log_id.index, (log_id, Location::Wal(location)));
+            }
+            WalRecord::Vote(vote) => {
+                if self.vote.map_or(true, |v| v <= vote) {
+                    self.vote = Some(vote);
+                }
+            }
+            WalRecord::Committed(committed) => {
+                if committed >= self.committed {
+                    self.committed = committed;
+                }
+            }
+            WalRecord::Truncate { since } => {
+                self.entries.split_off(&since);
+            }
+            WalRecord::Purge(log_id) => {
+                if self.purged.is_some_and(|p| p.index >= log_id.index) {
+                    return;
+                }
+                self.entries = self.entries.split_off(&(log_id.index + 1));
+                self.purged = Some(log_id);
+            }
+        }
+    }
+
+    fn meta(&self) -> LogMeta {
+        let mut ranges: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (&index, (_, location)) in &self.entries {
+            if let Location::Archive { file, .. } = location {
+                let range = ranges.entry(*file).or_insert((index, index));
+                range.0 = range.0.min(index);
+                range.1 = range.1.max(index);
+            }
+        }
+        LogMeta {
+            vote: self.vote,
+            committed: self.committed,
+            purged: self.purged,
+            checkpointed_through: self.checkpointed_through,
+            archives: ranges
+                .into_iter()
+                .map(|(file, (first, last))| ArchiveRange { file, first, last })
+                .collect(),
+        }
+    }
+}
+
+/// What the WAL's manager and the store share (never the WAL itself, so
+/// dropping the store drops the WAL).
+#[derive(Debug)]
+struct Core {
+    directory: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    state: Mutex<State>,
+}
+
+/// Called once an append is durable (or with why it cannot be).
+pub type Durable = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+/// An entry to read: its index, location and archive handle.
+type Wanted = (u64, Location, Option<Arc<dyn FileHandle>>);
+
+#[derive(Debug)]
+struct Inner {
+    core: Arc<Core>,
+    wal: WriteAheadLog,
+    syncer: Mutex<Option<mpsc::Sender<Durable>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the sync thread.
+        self.syncer.lock().take();
+    }
+}
+
+/// The Raft log store: cheap to clone (clones share the log), and its own
+/// [`RaftLogReader`].
+#[derive(Debug, Clone)]
+pub struct LogStore {
+    inner: Arc<Inner>,
+}
+
+fn archive_name(file: u64) -> String {
+    format!("{ARCHIVE_PREFIX}{file:020}")
+}
+
+fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Error {
+    Error::Corrupt {
+        what: what.into(),
+        detail: detail.into(),
+    }
+}
+
+fn read_file(fs: &dyn FileSystem, path: &Path) -> io::Result<Vec<u8>> {
+    let file = fs.open(path, OpenMode::Read)?;
+    let mut bytes = vec![0; file.len()? as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
+}
+
+impl Core {
+    fn path(&self, name: &str) -> PathBuf {
+        self.directory.join(name)
+    }
+
+    /// Loads the metadata and archive files into the state.
+    fn load(&self) -> Result<()> {
+        let fs = &*self.fs;
+        let meta_path = self.path(META);
+        let meta = if fs.exists(&meta_path)? {
+            let bytes = read_file(fs, &meta_path)
+                .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
+            LogMeta::decode(&bytes).map_err(|e| corrupt(meta_path.display().to_string(), e))?
+        } else {
+            LogMeta::default()
+        };
+        let mut state = self.state.lock();
+        state.vote = meta.vote;
+        state.committed = meta.committed;
+        state.purged = meta.purged;
+        state.checkpointed_through = meta.checkpointed_through;
+        let mut listed = BTreeSet::new();
+        for range in &meta.archives {
+            listed.insert(archive_name(range.file));
+            let path = self.path(&archive_name(range.file));
+            let file = fs
+                .open(&path, OpenMode::Read)
+                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+            let len = file.len()?;
+            let mut offset = 0;
+            let mut header = [0_u8; ARCHIVE_HEADER];
+            while offset + ARCHIVE_HEADER as u64 <= len {
+                file.read_exact_at(&mut header, offset)?;
+                let decoded = ArchiveHeader::decode(&header)
+                    .map_err(|e| corrupt(path.display().to_string(), e))?;
+                let index = decoded.log_id.index;
+                let payload_at = offset + ARCHIVE_HEADER as u64;
+                if payload_at + u64::from(decoded.len) > len {
+                    return Err(corrupt(
+                        path.display().to_string(),
+                        format!("entry {index} at offset {offset} runs past the end"),
+                    ));
+                }
+                if index >= range.first
+                    && index <= range.last
+                    && state.purged.map_or(true, |p| index > p.index)
+                {
+                    state.entries.insert(
+                        index,
+                        (
+                            decoded.log_id,
+                            Location::Archive {
+                                file: range.file,
+                                offset: payload_at,
+                                len: decoded.len,
+                                crc: decoded.crc,
+                            },
+                        ),
+                    );
+                }
+                offset = payload_at + u64::from(decoded.len);
+            }
+            state.archives.insert(range.file, file);
+        }
+        drop(state);
+        // Archives written by a checkpoint that died before its metadata.
+        for name in fs.list_files(&self.directory)? {
+            if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
+                fs.remove_file(&self.path(&name))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_meta(&self, meta: &LogMeta) -> io::Result<()> {
+        let fs = &*self.fs;
+        let tmp = self.path(META_TMP);
+        let file = fs.open(&tmp, OpenMode::Create)?;
+        file.set_len(0)?;
+        file.write_all_at(&meta.encode(), 0)?;
+        file.sync_all()?;
+        fs.rename(&tmp, &self.path(META))?;
+        fs.sync_dir(&self.directory)
+    }
+
+    fn checkpoint(&self, last_id: EntryId, reader: &mut SegmentReader) -> io::Result<()> {
+        let mut candidates = Vec::new();
+        while let Some(mut entry) = reader.read_entry()? {
+            if entry.id().0 <= self.state.lock().checkpointed_through {
+                continue;
+            }
+            while let ReadChunkResult::Chunk(chunk) = entry.read_chunk()? {
+                let position = chunk.position();
+                let bytes = chunk.read_all()?;
+                if let Ok(WalRecord::Entry { log_id, .. }) =
+                    WalRecord::decode(&bytes[..bytes.len().min(ENTRY_HEADER)])
+                {
+                    candidates.push((log_id, position, bytes));
+                }
+            }
+        }
+        let live: Vec<_> = {
+            let state = self.state.lock();
+            candidates
+                .into_iter()
+                .filter(|(log_id, position, _)| {
+                    state.entries.get(&log_id.index) == Some(&(*log_id, Location::Wal(*position)))
+                })
+                .collect()
+        };
+        let file_number = last_id.0;
+        let mut moved = Vec::with_capacity(live.len());
+        let mut handle = None;
+        if !live.is_empty() {
+            let path = self.path(&archive_name(file_number));
+            let file = self.fs.open(&path, OpenMode::Create)?;
+            file.set_len(0)?;
+            let mut out = Vec::new();
+            for (log_id, position, bytes) in &live {
+                let payload = &bytes[ENTRY_HEADER..];
+                let header = ArchiveHeader::for_payload(*log_id, payload);
+                out.extend_from_slice(&header.encode());
+                let offset = out.len() as u64;
+                out.extend_from_slice(payload);
+                moved.push((
+                    *log_id,
+                    *position,
+                    Location::Archive {
+                        file: file_number,
+                        offset,
+                        len: header.len,
+                        crc: header.crc,
+                    },
+                ));
+            }
+            file.write_all_at(&out, 0)?;
+            file.sync_data()?;
+            self.fs.sync_dir(&self.directory)?;
+            handle = Some(file);
+        }
+        let (meta, unused) = {
+            let mut state = self.state.lock();
+            if let Some(handle) = handle {
+                state.archives.insert(file_number, handle);
+            }
+            for (log_id, position, location) in moved {
+                if let Some(slot) = state.entries.get_mut(&log_id.index) {
+                    if *slot == (log_id, Location::Wal(position)) {
+                        slot.1 = location;
+                    }
+                }
+            }
+            state.checkpointed_through = state.checkpointed_through.max(last_id.0);
+            let meta = state.meta();
+            let used: BTreeSet<u64> = meta.archives.iter().map(|r| r.file).collect();
+            let unused: Vec<u64> = state
+                .archives
+                .keys()
+                .filter(|f| !used.contains(f))
+                .copied()
+                .collect();
+            for file in &unused {
+                state.archives.remove(file);
+            }
+            (meta, unused)
+        };
+        self.write_meta(&meta)?;
+        for file in unused {
+            // Readers holding the handle keep reading the unlinked file.
+            self.fs.remove_file(&self.path(&archive_name(file)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Replays the WAL at open and archives entries at checkpoints.
+#[derive(Debug)]
+struct Manager {
+    core: Arc<Core>,
+}
+
+impl LogManager for Manager {
+    fn recover(&mut self, entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
+        if entry.id().0 <= self.core.state.lock().checkpointed_through {
+            return Ok(());
+        }
+        let mut records = Vec::new();
+        loop {
+            match entry.read_chunk()? {
+                ReadChunkResult::Chunk(chunk) => {
+                    let position = chunk.position();
+                    let bytes = chunk.read_all()?;
+                    let record = WalRecord::decode(&bytes)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    records.push((record, position));
+                }
+                ReadChunkResult::EndOfEntry => break,
+                ReadChunkResult::AbortedEntry => return Ok(()),
+            }
+        }
+        let mut state = self.core.state.lock();
+        for (record, position) in records {
+            state.apply(record, Some(position));
+        }
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        last_checkpointed_id: EntryId,
+        checkpointed_entries: &mut SegmentReader,
+        _wal: &WriteAheadLog,
+    ) -> io::Result<()> {
+        self.core
+            .checkpoint(last_checkpointed_id, checkpointed_entries)
+    }
+}
+
+fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>) {
+    while let Ok(first) = requests.recv() {
+        let mut batch = vec![first];
+        batch.extend(requests.try_iter());
+        let result = wal.sync();
+        for done in batch {
+            done(match &result {
+                Ok(_) => Ok(()),
+                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+            });
+        }
+    }
+}
+
+fn decode_entry(payload: &[u8]) -> io::Result<Entry> {
+    bincode::deserialize(payload).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+impl LogStore {
+    /// Opens (creating or recovering) the log store in `directory` on the
+    /// real disk.
+    pub fn open(directory: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(LogStoreConfig::new(directory))
+    }
+
+    /// Opens (creating or recovering) the log store as `config` says.
+    pub fn open_with(config: LogStoreConfig) -> Result<Self> {
+        let fs = config.file_system.clone();
+        okaywal::fs::create_dir_durably(&*fs, &config.directory)
+            .map_err(|e| Error::io(format!("creating {}", config.directory.display()), e))?;
+        let core = Arc::new(Core {
+            directory: config.directory.clone(),
+            fs: fs.clone(),
+            state: Mutex::new(State::default()),
+        });
+        core.load()?;
+        let wal_dir = config.directory.join("wal");
+        let wal = okaywal::Configuration::default_for(&wal_dir)
+            .shared_file_system(fs)
+            .preallocate_bytes(config.segment_bytes)
+            .checkpoint_after_bytes(config.segment_bytes)
+            .open(Manager { core: core.clone() })
+            .map_err(|e| Error::io(format!("opening the WAL in {}", wal_dir.display()), e))?;
+        let (sender, receiver) = mpsc::channel();
+        let sync_wal = wal.clone();
+        std::thread::Builder::new()
+            .name("raft-log-sync".into())
+            .spawn(move || sync_loop(sync_wal, receiver))
+            .map_err(|e| Error::io("starting the log sync thread", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                core,
+                wal,
+                syncer: Mutex::new(Some(sender)),
+            }),
+        })
+    }
+
+    /// Appends `entries` as one WAL entry and returns once they are
+    /// readable; `on_durable` runs (on the sync thread) after the WAL sync
+    /// that made them durable, or with the error that prevented it.
+    pub fn append_entries(&self, entries: Vec<Entry>, on_durable: Durable) -> Result<()> {
+        let wal = &self.inner.wal;
+        let mut writer = wal
+            .begin_entry()
+            .map_err(|e| Error::io("beginning a log entry", e))?;
+        let mut written = Vec::with_capacity(entries.len());
+        let mut chunk = Vec::new();
+        for entry in &entries {
+            chunk.clear();
+            encode_entry_header(&mut chunk, &entry.log_id);
+            bincode::serialize_into(&mut chunk, entry)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            let record = writer
+                .write_chunk(&chunk)
+                .map_err(|e| Error::io("writing a log entry", e))?;
+            written.push((entry.log_id, record.position));
+        }
+        // The entries are indexed before the commit: the WAL checkpoints a
+        // segment only after every entry in it finished, so a checkpoint
+        // always sees them as part of the log.
+        {
+            let mut state = self.inner.core.state.lock();
+            for (log_id, position) in &written {
+                state.apply(
+                    WalRecord::Entry {
+                        log_id: *log_id,
+                        payload: Vec::new(),
+                    },
+                    Some(*position),
+                );
+            }
+        }
+        if let Err(e) = writer.commit_buffered() {
+            let mut state = self.inner.core.state.lock();
+            if let Some((first, _)) = written.first() {
+                state.entries.split_off(&first.index);
+            }
+            return Err(Error::io("committing log entries", e));
+        }
+        let syncer = self.inner.syncer.lock();
+        match syncer.as_ref() {
+            Some(sender) => {
+                if let Err(mpsc::SendError(done)) = sender.send(on_durable) {
+                    done(Err(io::Error::other("the log sync thread stopped")));
+                }
+            }
+            None => on_durable(Err(io::Error::other("the log store is closed"))),
+        }
+        Ok(())
+    }
+
+    /// Applies `record` in memory, then writes it and waits until it is
+    /// durable.
+    fn write_durably(&self, record: WalRecord) -> Result<()> {
+        self.inner.core.state.lock().apply(record.clone(), None);
+        let wal = &self.inner.wal;
+        let mut writer = wal
+            .begin_entry()
+            .map_err(|e| Error::io("beginning a log entry", e))?;
+        writer
+            .write_chunk(&record.encode())
+            .map_err(|e| Error::io("writing a log record", e))?;
+        writer
+            .commit_buffered()
+            .map_err(|e| Error::io("committing a log record", e))?;
+        wal.sync().map_err(|e| Error::io("syncing the log", e))?;
+        Ok(())
+    }
+
+    /// Saves the vote durably.
+    pub fn save_vote_blocking(&self, vote: Vote) -> Result<()> {
+        self.write_durably(WalRecord::Vote(vote))
+    }
+
+    /// Saves the committed log id durably.
+    pub fn save_committed_blocking(&self, committed: Option<LogId>) -> Result<()> {
+        self.write_durably(WalRecord::Committed(committed))
+    }
+
+    /// Drops the entries from `since` on, durably.
+    pub fn truncate_blocking(&self, since: u64) -> Result<()> {
+        self.write_durably(WalRecord::Truncate { since })
+    }
+
+    /// Drops the entries up to and including `log_id`, durably.
+    pub fn purge_blocking(&self, log_id: LogId) -> Result<()> {
+        self.write_durably(WalRecord::Purge(log_id))
+    }
+
+    /// The saved vote.
+    #[must_use]
+    pub fn vote(&self) -> Option<Vote> {
+        self.inner.core.state.lock().vote
+    }
+
+    /// The saved committed log id.
+    #[must_use]
+    pub fn committed(&self) -> Option<LogId> {
+        self.inner.core.state.lock().committed
+    }
+
+    /// The last purged and the last log id.
+    #[must_use]
+    pub fn log_state(&self) -> LogState<TypeConfig> {
+        let state = self.inner.core.state.lock();
+        let last = state.entries.values().next_back().map(|(id, _)| *id);
+        LogState {
+            last_purged_log_id: state.purged,
+            last_log_id: last.or(state.purged),
+        }
+    }
+
+    /// Reads the entries with indexes in `range` (those present).
+    pub fn read_entries(&self, range: impl RangeBounds<u64>) -> Result<Vec<Entry>> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => Bound::Included(s),
+            Bound::Excluded(&s) => Bound::Excluded(s),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&s) => Bound::Included(s),
+            Bound::Excluded(&s) => Bound::Excluded(s),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let wanted: Vec<Wanted> = {
+            let state = self.inner.core.state.lock();
+            state
+                .entries
+                .range((start, end))
+                .map(|(&index, &(_, location))| {
+                    let handle = match location {
+                        Location::Archive { file, .. } => state.archives.get(&file).cloned(),
+                        Location::Wal(_) => None,
+                    };
+                    (index, location, handle)
+                })
+                .collect()
+        };
+        let mut out = Vec::with_capacity(wanted.len());
+        for (index, location, handle) in wanted {
+            out.push(self.read_one(index, location, handle)?);
+        }
+        Ok(out)
+    }
+
+    fn read_one(
+        &self,
+        index: u64,
+        mut location: Location,
+        mut handle: Option<Arc<dyn FileHandle>>,
+    ) -> Result<Entry> {
+        // A WAL position goes stale when its segment is recycled; by then
+        // the index points into an archive file.
+        for _ in 0..8 {
+            match location {
+                Location::Wal(position) => match self.inner.wal.read_at(position) {
+                    Ok(reader) => {
+                        let bytes = reader
+                            .read_all()
+                            .map_err(|e| Error::io(format!("reading log entry {index}"), e))?;
+                        if bytes.len() < ENTRY_HEADER {
+                            return Err(corrupt(format!("log entry {index}"), "chunk too short"));
+                        }
+                        return decode_entry(&bytes[ENTRY_HEADER..])
+                            .map_err(|e| Error::io(format!("decoding log entry {index}"), e));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(format!("reading log entry {index}"), e)),
+                },
+                Location::Archive {
+                    file,
+                    offset,
+                    len,
+                    crc,
+                } => {
+                    let handle = handle.take().ok_or_else(|| {
+                        corrupt(
+                            format!("log entry {index}"),
+                            format!("archive {file} is gone"),
+                        )
+                    })?;
+                    let mut bytes = vec![0; len as usize];
+                    handle
+                        .read_exact_at(&mut bytes, offset)
+                        .map_err(|e| Error::io(format!("reading log entry {index}"), e))?;
+                    if crc32fast::hash(&bytes) != crc {
+                        return Err(corrupt(
+                            format!("log entry {index} in {}", archive_name(file)),
+                            "checksum mismatch",
+                        ));
+                    }
+                    return decode_entry(&bytes)
+                        .map_err(|e| Error::io(format!("decoding log entry {index}"), e));
+                }
+            }
+            let state = self.inner.core.state.lock();
+            match state.entries.get(&index) {
+                Some(&(_, now)) => {
+                    location = now;
+                    if let Location::Archive { file, .. } = now {
+                        handle = state.archives.get(&file).cloned();
+                    }
+                }
+                None => {
+                    return Err(corrupt(
+                        format!("log entry {index}"),
+                        "dropped while being read",
+                    ))
+                }
+            }
+        }
+        Err(corrupt(
+            format!("log entry {index}"),
+            "kept moving while being read",
+        ))
+    }
+
+    /// Seals the active WAL segment and waits until every segment has been
+    /// checkpointed into archive files.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner
+            .wal
+            .checkpoint_active()
+            .map_err(|e| Error::io("checkpointing the log", e))
+    }
+
+    /// Syncs and stops the WAL. Later calls fail.
+    pub fn shutdown(&self) -> Result<()> {
+        self.inner
+            .wal
+            .shutdown()
+            .map_err(|e| Error::io("shutting down the log", e))
+    }
+
+    /// The directory of the store.
+    #[must_use]
+    pub fn directory(&self) -> &Path {
+        &self.inner.core.directory
+    }
+
+    /// How many archive files are in use.
+    #[must_use]
+    pub fn archive_files(&self) -> usize {
+        self.inner.core.state.lock().archives.len()
+    }
+}
+
+fn storage_error(e: Error) -> StorageError {
+    StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::io("a blocking log task", io::Error::other(e.to_string())))?
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_entries(range)
+            .map_err(|e| StorageError::from(StorageIOError::read_logs(openraft::AnyError::new(&e))))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        Ok(self.log_state())
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let (store, vote) = (self.clone(), *vote);
+        blocking(move || store.save_vote_blocking(vote))
+            .await
+            .map_err(|e| {
+                StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
+            })
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.vote())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let store = self.clone();
+        blocking(move || store.save_committed_blocking(committed))
+            .await
+            .map_err(storage_error)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.committed())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if entries.is_empty() {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
+        let store = self.clone();
+        blocking(move || {
+            store.append_entries(
+                entries,
+                Box::new(move |result| callback.log_io_completed(result)),
+            )
+        })
+        .await
+        .map_err(storage_error)
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let store = self.clone();
+        blocking(move || store.truncate_blocking(log_id.index))
+            .await
+            .map_err(storage_error)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let store = self.clone();
+        blocking(move || store.purge_blocking(log_id))
+            .await
+            .map_err(storage_error)
+    }
+}
+
+/// The entry ids in `entries` are a log: used by tests and the recovery
+/// checks to compare stores.
+#[must_use]
+pub fn log_ids(entries: &[Entry]) -> Vec<LogId> {
+    entries.iter().map(|e| *e.get_log_id()).collect()
+}

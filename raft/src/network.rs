@@ -1,0 +1,196 @@
+//! Raft RPCs between nodes over HTTP: the client side ([`Network`]) and
+//! the server handlers ([`routes`]).
+//!
+//! Requests are bincode (they carry log entries and snapshot chunks, whose
+//! values are raw bytes); responses are JSON `Result`s.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::types::{Node, NodeId, Raft, TypeConfig};
+
+/// Path of the AppendEntries RPC.
+pub const APPEND_PATH: &str = "/raft/append";
+/// Path of the RequestVote RPC.
+pub const VOTE_PATH: &str = "/raft/vote";
+/// Path of the InstallSnapshot RPC (one chunk per call).
+pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+
+/// Makes a [`Connection`] per peer; all share one HTTP client (and its
+/// connection pool).
+#[derive(Debug, Clone)]
+pub struct Network {
+    client: reqwest::Client,
+}
+
+impl Network {
+    /// A network with a fresh HTTP client.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .tcp_nodelay(true)
+                .build()
+                .expect("an HTTP client without TLS builds"),
+        }
+    }
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Connection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Connection {
+        Connection {
+            client: self.client.clone(),
+            target,
+            base: format!("http://{}", node.addr),
+        }
+    }
+}
+
+/// The RPC client for one peer.
+#[derive(Debug)]
+pub struct Connection {
+    client: reqwest::Client,
+    target: NodeId,
+    base: String,
+}
+
+impl Connection {
+    async fn call<Req, Resp, E>(
+        &self,
+        path: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let body =
+            bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .timeout(option.hard_ttl())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                // A peer that is down is backed off from; other failures
+                // are retried at once.
+                if e.is_connect() {
+                    RPCError::Unreachable(Unreachable::new(&e))
+                } else {
+                    RPCError::Network(NetworkError::new(&e))
+                }
+            })?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(format!("{path} answered {status}: {text}")),
+            )));
+        }
+        let result: Result<Resp, RaftError<NodeId, E>> = response
+            .json()
+            .await
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Connection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call(APPEND_PATH, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call(SNAPSHOT_PATH, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
+        self.call(VOTE_PATH, &rpc, &option).await
+    }
+}
+
+#[allow(clippy::result_large_err)] // built on the error path only
+fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
+    bincode::deserialize(body).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("undecodable RPC body: {e}"),
+        )
+            .into_response()
+    })
+}
+
+async fn append(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+    match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+        Ok(request) => Json(raft.append_entries(request).await).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn vote(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+    match decode::<VoteRequest<NodeId>>(&body) {
+        Ok(request) => Json(raft.vote(request).await).into_response(),
+        Err(response) => response,
+    }
+}
+
+async fn snapshot(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+    match decode::<InstallSnapshotRequest<TypeConfig>>(&body) {
+        Ok(request) => Json(raft.install_snapshot(request).await).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// The server side of the Raft RPCs.
+pub fn routes(raft: Arc<Raft>) -> Router {
+    Router::new()
+        .route(APPEND_PATH, post(append))
+        .route(VOTE_PATH, post(vote))
+        .route(SNAPSHOT_PATH, post(snapshot))
+        // Entries and snapshot chunks can carry values of up to 64 MiB.
+        .layer(axum::extract::DefaultBodyLimit::max(1 << 30))
+        .with_state(raft)
+}

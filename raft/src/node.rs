@@ -1,0 +1,192 @@
+//! One node: its stores, its Raft and its HTTP server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use openraft::SnapshotPolicy;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, App};
+use crate::error::{Error, Result};
+use crate::log_store::{LogStore, LogStoreConfig};
+use crate::network::{self, Network};
+use crate::state_machine::StateMachine;
+use crate::types::{NodeId, Raft};
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The node's id in the cluster.
+    pub id: NodeId,
+    /// The address to serve peers and clients on.
+    pub listen: SocketAddr,
+    /// The node's directory: `log/` (the Raft log) and `state/` (the map
+    /// and snapshots).
+    pub directory: PathBuf,
+    /// Build a snapshot (and purge the log before it) after this many
+    /// applied entries.
+    pub snapshot_logs: u64,
+    /// Entries kept in the log behind a snapshot, for slow followers.
+    pub keep_logs: u64,
+    /// Leader heartbeat interval in milliseconds. openraft 0.9 gives every
+    /// AppendEntries RPC one interval to complete (transfer, the follower's
+    /// fsync, the answer), so it must exceed the time to replicate the
+    /// largest value; elections start after 4–8 intervals of silence.
+    pub heartbeat_ms: u64,
+    /// Size of the Raft log's WAL segments: entries move to archive files
+    /// (and purged ones are deleted) one segment at a time.
+    pub log_segment_bytes: u64,
+}
+
+impl NodeConfig {
+    /// Defaults: a snapshot every 10,000 entries keeping 1,000, 500 ms
+    /// heartbeats (room for 64 MiB values) and elections after 2–4 s of
+    /// silence.
+    pub fn new(id: NodeId, listen: SocketAddr, directory: impl Into<PathBuf>) -> Self {
+        Self {
+            id,
+            listen,
+            directory: directory.into(),
+            snapshot_logs: 10_000,
+            keep_logs: 1_000,
+            heartbeat_ms: 500,
+            log_segment_bytes: 8 << 20,
+        }
+    }
+
+    fn raft_config(&self) -> Result<openraft::Config> {
+        let config = openraft::Config {
+            cluster_name: "sediment-raft".into(),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.heartbeat_ms * 4,
+            election_timeout_max: self.heartbeat_ms * 8,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
+            max_in_snapshot_log_to_keep: self.keep_logs,
+            purge_batch_size: 64,
+            ..Default::default()
+        };
+        config
+            .validate()
+            .map_err(|e| Error::Raft(format!("invalid configuration: {e}")))
+    }
+}
+
+/// A started node.
+pub struct RunningNode {
+    /// The node's Raft.
+    pub raft: Arc<Raft>,
+    /// Its log store.
+    pub log_store: LogStore,
+    /// Its state machine.
+    pub state_machine: StateMachine,
+    /// The address it serves on.
+    pub addr: SocketAddr,
+    server: JoinHandle<std::io::Result<()>>,
+    stop: oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for RunningNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningNode")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the node's stores (recovering them), starts Raft and serves HTTP.
+pub async fn start(config: NodeConfig) -> Result<RunningNode> {
+    let raft_config = Arc::new(config.raft_config()?);
+    let log_config =
+        LogStoreConfig::new(config.directory.join("log")).segment_bytes(config.log_segment_bytes);
+    let state_dir = config.directory.join("state");
+    let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+        Ok::<_, Error>((
+            LogStore::open_with(log_config)?,
+            StateMachine::open(state_dir)?,
+        ))
+    })
+    .await
+    .map_err(|e| Error::Raft(e.to_string()))??;
+    let raft = Raft::new(
+        config.id,
+        raft_config,
+        Network::new(),
+        log_store.clone(),
+        state_machine.clone(),
+    )
+    .await
+    .map_err(|e| Error::Raft(e.to_string()))?;
+    let raft = Arc::new(raft);
+    let app = App {
+        id: config.id,
+        raft: raft.clone(),
+        state_machine: state_machine.clone(),
+    };
+    let router = api::routes(app).merge(network::routes(raft.clone()));
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::io(format!("listening on {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the listening address", e))?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(RunningNode {
+        raft,
+        log_store,
+        state_machine,
+        addr,
+        server,
+        stop,
+    })
+}
+
+impl RunningNode {
+    /// Serves until Ctrl-C or SIGTERM, then shuts down cleanly.
+    pub async fn wait(self) -> Result<()> {
+        let terminate = async {
+            #[cfg(unix)]
+            {
+                if let Ok(mut term) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
+                    term.recv().await;
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
+        }
+        self.shutdown().await
+    }
+
+    /// Stops Raft and the server and closes the stores.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+        let _ = self.server.await;
+        let (log, sm) = (self.log_store, self.state_machine);
+        drop(self.raft);
+        tokio::task::spawn_blocking(move || {
+            log.shutdown()?;
+            sm.shutdown()
+        })
+        .await
+        .map_err(|e| Error::Raft(e.to_string()))?
+    }
+}

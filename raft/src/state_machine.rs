@@ -1,0 +1,744 @@
+//! The key-value state machine on sediment: openraft's
+//! [`RaftStateMachine`] and [`RaftSnapshotBuilder`].
+//!
+//! Values are grains; the map from keys to grains, the last applied log id
+//! and the membership are kept in memory and made durable by the
+//! [`journal`](crate::journal) grain each apply commits in the same sediment
+//! transaction as the values. Replaced values are archived in that
+//! transaction, and freed by a later one's `checkpoint_to` once no reader or
+//! snapshot build still holds a view older than the archiving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use okaywal::fs::{FileSystem, StdFileSystem};
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
+use parking_lot::Mutex;
+use sediment::{Database, GrainId, SequenceId};
+
+use crate::error::{Error, Result};
+use crate::journal::{wants_full_record, Journal};
+use crate::snapshot::{SnapshotReader, SnapshotWriter};
+use crate::types::{
+    Entry, LogId, Request, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+const SNAPSHOT_PREFIX: &str = "snapshot-";
+
+/// Where the state machine keeps its store and snapshots.
+#[derive(Debug, Clone)]
+pub struct StateMachineConfig {
+    /// The sediment store's directory.
+    pub directory: PathBuf,
+    /// Where snapshot files go (always on the real disk: openraft streams
+    /// them as tokio files).
+    pub snapshot_directory: PathBuf,
+    /// The file system the sediment store runs on.
+    pub file_system: Arc<dyn FileSystem>,
+}
+
+impl StateMachineConfig {
+    /// The store in `directory/data`, snapshots in `directory/snapshots`.
+    pub fn new(directory: impl AsRef<Path>) -> Self {
+        let directory = directory.as_ref();
+        Self {
+            directory: directory.join("data"),
+            snapshot_directory: directory.join("snapshots"),
+            file_system: Arc::new(StdFileSystem),
+        }
+    }
+
+    /// Runs the sediment store on `file_system` (for crash tests).
+    #[must_use]
+    pub fn file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
+        self.file_system = file_system;
+        self
+    }
+}
+
+#[derive(Debug, Default)]
+struct SmState {
+    index: BTreeMap<String, GrainId>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    /// The journal grains since (and including) the last full record.
+    chain: Vec<GrainId>,
+    /// The sediment sequence the in-memory view was committed at.
+    sequence: u64,
+    current_snapshot: Option<(SnapshotMeta, PathBuf)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    db: Database,
+    snapshot_directory: PathBuf,
+    state: Mutex<SmState>,
+    /// Views in use (sequence → how many): grains archived after the oldest
+    /// are not freed yet.
+    pins: Mutex<BTreeMap<u64, usize>>,
+    snapshot_counter: AtomicU64,
+    /// Files handed out by `begin_receiving_snapshot`, by inode.
+    incoming: Mutex<HashMap<u64, PathBuf>>,
+}
+
+/// The state machine: cheap to clone (clones share the store), and its own
+/// snapshot builder.
+#[derive(Debug, Clone)]
+pub struct StateMachine {
+    shared: Arc<Shared>,
+}
+
+/// A view of the map that keeps its grains from being freed while it lives.
+struct Pin<'a> {
+    shared: &'a Shared,
+    sequence: u64,
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        let mut pins = self.shared.pins.lock();
+        if let Some(count) = pins.get_mut(&self.sequence) {
+            *count -= 1;
+            if *count == 0 {
+                pins.remove(&self.sequence);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Pins the view of `state`; call with the state lock held.
+    fn pin(&self, state: &SmState) -> Pin<'_> {
+        *self.pins.lock().entry(state.sequence).or_default() += 1;
+        Pin {
+            shared: self,
+            sequence: state.sequence,
+        }
+    }
+
+    /// The newest sequence whose archived grains nothing still needs.
+    fn safe_checkpoint(&self, state: &SmState) -> u64 {
+        let oldest_pin = self.pins.lock().keys().next().copied();
+        oldest_pin.map_or(state.sequence, |p| p.min(state.sequence))
+    }
+}
+
+fn sm_error(e: impl std::error::Error + 'static) -> StorageError {
+    StorageError::from(StorageIOError::write_state_machine(
+        openraft::AnyError::new(&e),
+    ))
+}
+
+fn snapshot_error(e: impl std::error::Error + 'static) -> StorageError {
+    StorageError::from(StorageIOError::write_snapshot(
+        None,
+        openraft::AnyError::new(&e),
+    ))
+}
+
+fn grain(value: u64) -> Result<GrainId> {
+    GrainId::from_u64(value).map_err(|e| Error::Corrupt {
+        what: "journal".into(),
+        detail: e.to_string(),
+    })
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+impl StateMachine {
+    /// Opens (creating or recovering) the state machine in `directory` on
+    /// the real disk.
+    pub fn open(directory: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(StateMachineConfig::new(directory))
+    }
+
+    /// Opens (creating or recovering) the state machine as `config` says.
+    pub fn open_with(config: StateMachineConfig) -> Result<Self> {
+        let db = sediment::Config {
+            file_system: config.file_system.clone(),
+            ..sediment::Config::for_directory(&config.directory)
+        }
+        .max_blob_bytes(1 << 30)
+        .open()?;
+        let mut state = SmState {
+            sequence: db.last_committed().0,
+            ..SmState::default()
+        };
+        // Newest first, back to the last full record.
+        let mut records = Vec::new();
+        let mut next = db.embedded_header();
+        while let Some(id) = next {
+            let bytes = db.get(id)?.ok_or_else(|| Error::Corrupt {
+                what: "journal".into(),
+                detail: format!("journal grain {id} is missing"),
+            })?;
+            let record = Journal::decode(&bytes).map_err(|detail| Error::Corrupt {
+                what: format!("journal grain {id}"),
+                detail,
+            })?;
+            next = record.prev.map(grain).transpose()?;
+            state.chain.push(id);
+            records.push(record);
+        }
+        state.chain.reverse();
+        for record in records.into_iter().rev() {
+            for (key, value) in record.changes {
+                match value {
+                    Some(value) => {
+                        state.index.insert(key, grain(value)?);
+                    }
+                    None => {
+                        state.index.remove(&key);
+                    }
+                }
+            }
+            state.last_applied = record.last_applied;
+            state.membership = record.membership;
+        }
+        fs::create_dir_all(&config.snapshot_directory).map_err(|e| {
+            Error::io(
+                format!("creating {}", config.snapshot_directory.display()),
+                e,
+            )
+        })?;
+        state.current_snapshot = find_snapshot(&config.snapshot_directory)?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                db,
+                snapshot_directory: config.snapshot_directory,
+                state: Mutex::new(state),
+                pins: Mutex::new(BTreeMap::new()),
+                snapshot_counter: AtomicU64::new(0),
+                incoming: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The value of `key`, as of the last applied entry.
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let shared = &*self.shared;
+        let (id, _pin) = {
+            let state = shared.state.lock();
+            match state.index.get(key) {
+                Some(&id) => (id, shared.pin(&state)),
+                None => return Ok(None),
+            }
+        };
+        Ok(shared.db.get(id)?)
+    }
+
+    /// The last applied log id and the membership.
+    #[must_use]
+    pub fn applied(&self) -> (Option<LogId>, StoredMembership) {
+        let state = self.shared.state.lock();
+        (state.last_applied, state.membership.clone())
+    }
+
+    /// How many keys the map holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shared.state.lock().index.len()
+    }
+
+    /// Returns true if the map is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every key with its value's length, in key order.
+    #[must_use]
+    pub fn keys(&self) -> Vec<String> {
+        self.shared.state.lock().index.keys().cloned().collect()
+    }
+
+    /// The sediment store under the map.
+    #[must_use]
+    pub fn database(&self) -> &Database {
+        &self.shared.db
+    }
+
+    /// Moves the store's WAL into its strata and closes it.
+    pub fn shutdown(self) -> Result<()> {
+        match Arc::try_unwrap(self.shared) {
+            Ok(shared) => Ok(shared.db.shutdown()?),
+            Err(shared) => {
+                shared
+                    .db
+                    .wal()
+                    .checkpoint_active()
+                    .map_err(|e| Error::io("checkpointing the state machine", e))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Applies `entries` in one sediment transaction.
+    pub fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Response>> {
+        let shared = &*self.shared;
+        let Some(last) = entries.last().map(|e| *e.get_log_id()) else {
+            return Ok(Vec::new());
+        };
+        let (mut membership, chain, safe, keys_before) = {
+            let state = shared.state.lock();
+            (
+                state.membership.clone(),
+                state.chain.clone(),
+                shared.safe_checkpoint(&state),
+                state.index.len(),
+            )
+        };
+        // Later commands on a key in the batch win; each one's response
+        // still sees the ones before it.
+        let mut overlay: HashMap<&str, bool> = HashMap::new();
+        let mut finals: BTreeMap<&str, Option<&[u8]>> = BTreeMap::new();
+        let mut responses = Vec::with_capacity(entries.len());
+        {
+            let state = shared.state.lock();
+            for entry in &entries {
+                match &entry.payload {
+                    EntryPayload::Blank => responses.push(Response::default()),
+                    EntryPayload::Normal(request) => {
+                        let key = match request {
+                            Request::Put { key, .. } | Request::Delete { key } => key.as_str(),
+                        };
+                        let existed = overlay
+                            .get(key)
+                            .copied()
+                            .unwrap_or_else(|| state.index.contains_key(key));
+                        responses.push(Response { existed });
+                        match request {
+                            Request::Put { value, .. } => {
+                                overlay.insert(key, true);
+                                finals.insert(key, Some(value));
+                            }
+                            Request::Delete { .. } => {
+                                overlay.insert(key, false);
+                                finals.insert(key, None);
+                            }
+                        }
+                    }
+                    EntryPayload::Membership(m) => {
+                        membership = StoredMembership::new(Some(*entry.get_log_id()), m.clone());
+                        responses.push(Response::default());
+                    }
+                }
+            }
+        }
+        let db = &shared.db;
+        let mut tx = db.begin_transaction()?;
+        let mut changes: Vec<(String, Option<GrainId>)> = Vec::with_capacity(finals.len());
+        {
+            let state = shared.state.lock();
+            let mut written = Vec::new();
+            for (key, value) in &finals {
+                let old = state.index.get(*key).copied();
+                let new = match value {
+                    Some(value) => {
+                        let id = tx.write(value)?;
+                        written.push(id);
+                        Some(id)
+                    }
+                    None => None,
+                };
+                if let Some(old) = old {
+                    tx.archive(old)?;
+                }
+                if old.is_some() || new.is_some() {
+                    changes.push(((*key).to_string(), new));
+                }
+            }
+        }
+        let full = wants_full_record(chain.len(), keys_before);
+        let (record, new_index) = if full {
+            let mut index = self.shared.state.lock().index.clone();
+            for (key, value) in &changes {
+                match value {
+                    Some(id) => index.insert(key.clone(), *id),
+                    None => index.remove(key),
+                };
+            }
+            for id in &chain {
+                tx.archive(*id)?;
+            }
+            let record = Journal {
+                prev: None,
+                last_applied: Some(last),
+                membership: membership.clone(),
+                changes: index
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Some(v.as_u64())))
+                    .collect(),
+            };
+            (record, Some(index))
+        } else {
+            let record = Journal {
+                prev: chain.last().map(|id| id.as_u64()),
+                last_applied: Some(last),
+                membership: membership.clone(),
+                changes: changes
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.map(GrainId::as_u64)))
+                    .collect(),
+            };
+            (record, None)
+        };
+        let journal = tx.write(&record.encode())?;
+        tx.set_embedded_header(Some(journal))?;
+        if safe > db.checkpointed_to().0 {
+            tx.checkpoint_to(SequenceId(safe))?;
+        }
+        let sequence = tx.commit()?;
+        let mut state = shared.state.lock();
+        match new_index {
+            Some(index) => {
+                state.index = index;
+                state.chain = vec![journal];
+            }
+            None => {
+                for (key, value) in changes {
+                    match value {
+                        Some(id) => state.index.insert(key, id),
+                        None => state.index.remove(&key),
+                    };
+                }
+                state.chain.push(journal);
+            }
+        }
+        state.last_applied = Some(last);
+        state.membership = membership;
+        state.sequence = sequence.0;
+        Ok(responses)
+    }
+
+    /// Writes a snapshot of the current map to a file and makes it the
+    /// current snapshot.
+    pub fn build_snapshot_file(&self) -> Result<(SnapshotMeta, PathBuf)> {
+        let shared = &*self.shared;
+        let (items, last_applied, membership, _pin) = {
+            let state = shared.state.lock();
+            let items: Vec<(String, GrainId)> =
+                state.index.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            (
+                items,
+                state.last_applied,
+                state.membership.clone(),
+                shared.pin(&state),
+            )
+        };
+        let counter = shared.snapshot_counter.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match last_applied {
+            Some(id) => format!(
+                "{}-{}-{}-{counter}",
+                id.leader_id.term, id.leader_id.node_id, id.index
+            ),
+            None => format!("0-0-0-{counter}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id: snapshot_id.clone(),
+        };
+        let dir = &shared.snapshot_directory;
+        let tmp = dir.join(format!("building-{snapshot_id}"));
+        let path = dir.join(format!("{SNAPSHOT_PREFIX}{snapshot_id}"));
+        let written = (|| -> Result<()> {
+            let file = File::create(&tmp).map_err(|e| Error::io("creating a snapshot", e))?;
+            let mut writer = SnapshotWriter::new(BufWriter::new(file), &meta)
+                .map_err(|e| Error::io("writing a snapshot", e))?;
+            for (key, id) in &items {
+                let value = shared.db.get(*id)?.ok_or_else(|| Error::Corrupt {
+                    what: format!("value of {key:?}"),
+                    detail: format!("grain {id} is gone"),
+                })?;
+                writer
+                    .add(key, &value)
+                    .map_err(|e| Error::io("writing a snapshot", e))?;
+            }
+            let file = writer
+                .finish()
+                .map_err(|e| Error::io("writing a snapshot", e))?
+                .into_inner()
+                .map_err(|e| Error::io("writing a snapshot", e.into_error()))?;
+            file.sync_all()
+                .map_err(|e| Error::io("syncing a snapshot", e))?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.make_current(&tmp, &path, meta.clone())?;
+        Ok((meta, path))
+    }
+
+    /// Renames a finished snapshot file into place and deletes the older.
+    fn make_current(&self, from: &Path, to: &Path, meta: SnapshotMeta) -> Result<()> {
+        let dir = &self.shared.snapshot_directory;
+        fs::rename(from, to).map_err(|e| Error::io("renaming a snapshot", e))?;
+        sync_dir(dir).map_err(|e| Error::io("syncing the snapshot directory", e))?;
+        let old = {
+            let mut state = self.shared.state.lock();
+            // A newer snapshot may have become current meanwhile.
+            let newer = state
+                .current_snapshot
+                .as_ref()
+                .is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
+            if newer {
+                Some(to.to_path_buf())
+            } else {
+                state
+                    .current_snapshot
+                    .replace((meta, to.to_path_buf()))
+                    .map(|(_, p)| p)
+            }
+        };
+        if let Some(old) = old {
+            if old != to {
+                // Readers holding it open keep reading the unlinked file.
+                let _ = fs::remove_file(old);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the map with the snapshot in the file at `path` (read from
+    /// the start) in one transaction, then keeps the file as the current
+    /// snapshot.
+    pub fn install_snapshot_file(&self, meta: &SnapshotMeta, path: &Path) -> Result<()> {
+        let shared = &*self.shared;
+        let file = File::open(path).map_err(|e| Error::io("opening a received snapshot", e))?;
+        let mut reader = SnapshotReader::new(BufReader::new(file))
+            .map_err(|e| Error::io("reading a received snapshot", e))?;
+        let (old_values, chain, safe) = {
+            let state = shared.state.lock();
+            (
+                state.index.values().copied().collect::<Vec<_>>(),
+                state.chain.clone(),
+                shared.safe_checkpoint(&state),
+            )
+        };
+        let db = &shared.db;
+        let mut tx = db.begin_transaction()?;
+        let mut index = BTreeMap::new();
+        while let Some((key, value)) = reader
+            .next_record()
+            .map_err(|e| Error::io("reading a received snapshot", e))?
+        {
+            let id = tx.write(&value)?;
+            if let Some(replaced) = index.insert(key, id) {
+                return Err(Error::Invalid(format!(
+                    "the snapshot holds a key twice (grain {replaced})"
+                )));
+            }
+        }
+        for id in old_values.into_iter().chain(chain) {
+            tx.archive(id)?;
+        }
+        let record = Journal {
+            prev: None,
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            changes: index
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.as_u64())))
+                .collect(),
+        };
+        let journal = tx.write(&record.encode())?;
+        tx.set_embedded_header(Some(journal))?;
+        if safe > db.checkpointed_to().0 {
+            tx.checkpoint_to(SequenceId(safe))?;
+        }
+        let sequence = tx.commit()?;
+        {
+            let mut state = shared.state.lock();
+            state.index = index;
+            state.chain = vec![journal];
+            state.last_applied = meta.last_log_id;
+            state.membership = meta.last_membership.clone();
+            state.sequence = sequence.0;
+        }
+        let to = shared
+            .snapshot_directory
+            .join(format!("{SNAPSHOT_PREFIX}{}", meta.snapshot_id));
+        self.make_current(path, &to, meta.clone())
+    }
+
+    /// The current snapshot's metadata and file, if any.
+    #[must_use]
+    pub fn current_snapshot(&self) -> Option<(SnapshotMeta, PathBuf)> {
+        self.shared.state.lock().current_snapshot.clone()
+    }
+
+    fn new_incoming_path(&self) -> PathBuf {
+        let counter = self.shared.snapshot_counter.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .snapshot_directory
+            .join(format!("incoming-{}-{counter}", std::process::id()))
+    }
+}
+
+/// Finds the newest complete snapshot file and deletes leftovers.
+fn find_snapshot(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>> {
+    let mut best: Option<(SnapshotMeta, PathBuf)> = None;
+    let entries =
+        fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(SNAPSHOT_PREFIX) {
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        let meta = File::open(&path)
+            .and_then(|f| SnapshotReader::new(BufReader::new(f)))
+            .map(|r| r.meta);
+        match meta {
+            Ok(meta) => {
+                if best
+                    .as_ref()
+                    .map_or(true, |(m, _)| m.last_log_id < meta.last_log_id)
+                {
+                    if let Some((_, older)) = best.replace((meta, path)) {
+                        let _ = fs::remove_file(older);
+                    }
+                } else {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+            Err(_) => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(best)
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        Error::io(
+            "a blocking state machine task",
+            io::Error::other(e.to_string()),
+        )
+    })?
+}
+
+async fn open_snapshot(meta: SnapshotMeta, path: PathBuf) -> Result<Snapshot<TypeConfig>> {
+    let file = tokio::fs::File::open(&path)
+        .await
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    Ok(Snapshot {
+        meta,
+        snapshot: Box::new(file),
+    })
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let sm = self.clone();
+        let (meta, path) = blocking(move || sm.build_snapshot_file())
+            .await
+            .map_err(snapshot_error)?;
+        open_snapshot(meta, path).await.map_err(snapshot_error)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok(self.applied())
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let sm = self.clone();
+        blocking(move || sm.apply_entries(entries))
+            .await
+            .map_err(sm_error)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.new_incoming_path();
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(snapshot_error)?;
+        // openraft hands the file back without its name: find it again by
+        // its inode. Leftovers are deleted at the next open.
+        let inode = file.metadata().await.map_err(snapshot_error)?.ino();
+        self.shared.incoming.lock().insert(inode, path);
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError> {
+        let mut file = snapshot.into_std().await;
+        let sm = self.clone();
+        let meta = meta.clone();
+        blocking(move || {
+            let inode = file
+                .metadata()
+                .map_err(|e| Error::io("inspecting a received snapshot", e))?
+                .ino();
+            let known = sm.shared.incoming.lock().remove(&inode);
+            let path = match known {
+                Some(path) => {
+                    file.sync_all()
+                        .map_err(|e| Error::io("syncing a received snapshot", e))?;
+                    path
+                }
+                None => {
+                    // Not from begin_receiving_snapshot: keep a copy.
+                    let path = sm.new_incoming_path();
+                    let mut copy =
+                        File::create(&path).map_err(|e| Error::io("copying a snapshot", e))?;
+                    file.seek(SeekFrom::Start(0))
+                        .and_then(|_| io::copy(&mut file, &mut copy))
+                        .and_then(|_| copy.sync_all())
+                        .map_err(|e| Error::io("copying a snapshot", e))?;
+                    path
+                }
+            };
+            drop(file);
+            sm.install_snapshot_file(&meta, &path)
+        })
+        .await
+        .map_err(snapshot_error)
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        match self.current_snapshot() {
+            Some((meta, path)) => Ok(Some(
+                open_snapshot(meta, path).await.map_err(snapshot_error)?,
+            )),
+            None => Ok(None),
+        }
+    }
+}
