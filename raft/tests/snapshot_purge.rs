@@ -89,7 +89,7 @@ fn log_files_stay_bounded_under_writes_and_purges() {
 async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     let args = [
         "--heartbeat-ms",
-        "60",
+        "100",
         "--snapshot-logs",
         "300",
         "--keep-logs",
