@@ -6,6 +6,8 @@ pub mod chart;
 pub mod floor;
 pub mod harness;
 pub mod peers;
+#[cfg(feature = "raft")]
+pub mod raft;
 pub mod report;
 pub mod sections;
 pub mod wal;

@@ -46,7 +46,7 @@ async fn acknowledged_writes_survive_leader_kills() {
         .unwrap_or(0x5eed_0010);
     println!("seed {seed}");
     let mut rng = Rng::new(seed);
-    let mut cluster = Cluster::start(&[1, 2, 3], &["--heartbeat-ms", "60"]);
+    let mut cluster = Cluster::start(&[1, 2, 3], &["--heartbeat-ms", "100"]);
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.init().await;
     let mut leader = cluster.wait_for_leader(None, Duration::from_secs(15)).await;

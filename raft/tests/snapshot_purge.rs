@@ -70,6 +70,19 @@ fn log_files_stay_bounded_under_writes_and_purges() {
                 .unwrap();
         }
         if round % 10 == 0 {
+            // Checkpoints run in the background and may lag behind a
+            // machine under load; once they catch up, purged space is gone.
+            log.checkpoint().unwrap();
+            let archives: u64 = std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("archive-"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum();
+            // The 300 live entries (~600 KB), at most one archive shared
+            // with purged ones, and nothing of the purged rest.
+            assert!(archives < 1_500_000, "archives hold {archives} bytes");
             sizes.push(dir_bytes(dir.path()));
         }
     }
@@ -78,10 +91,10 @@ fn log_files_stay_bounded_under_writes_and_purges() {
     assert_eq!(log.read_entries(..).unwrap().len(), 300);
     println!("log directory after every 2000 entries of 2 KB: {sizes:?} bytes");
     // 12,000 entries of 2 KB went through (24 MB); what stays is the live
-    // 300 entries (600 KB), the archives they share with purged ones, and
-    // a few WAL segments.
+    // entries' archives and a few WAL segments (which overfill past their
+    // nominal 256 KiB while a checkpoint runs).
     for size in sizes {
-        assert!(size < 5 << 20, "the log directory holds {size} bytes");
+        assert!(size < 8 << 20, "the log directory holds {size} bytes");
     }
 }
 
@@ -89,7 +102,7 @@ fn log_files_stay_bounded_under_writes_and_purges() {
 async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     let args = [
         "--heartbeat-ms",
-        "60",
+        "100",
         "--snapshot-logs",
         "300",
         "--keep-logs",

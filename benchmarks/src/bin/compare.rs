@@ -16,12 +16,13 @@ use benchmarks::sections::{self, scale, Options};
 use benchmarks::{machine_description, peers};
 
 const HELP: &str = "\
-compare [--quick] [--only wal|blob|scale] [--systems a,b,...]
+compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
         [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]
         [--rounds N] [--blobs N] [--scale-bytes N[K|M|G]] [--out DIR]
 
   --quick        short cells and scaled-down counts (whole run < 3 minutes)
-  --only S       one section: wal, blob or scale (scale runs only when asked)
+  --only S       one section: wal, blob, scale or raft (scale runs only when asked;
+                 raft needs --features raft, which peers includes)
   --systems L    only these systems (see the list below)
   --payloads L   WAL payload sizes in bytes (default 256,4096,1048576)
   --threads L    WAL thread counts (default 1,4,16)
@@ -77,8 +78,10 @@ fn parse(args: &[String]) -> Result<Command, String> {
             "--quick" => options.quick = true,
             "--only" => {
                 let section = value(&mut args, "--only")?;
-                if !matches!(section.as_str(), "wal" | "blob" | "scale") {
-                    return Err(format!("--only takes wal, blob or scale, not {section:?}"));
+                if !matches!(section.as_str(), "wal" | "blob" | "scale" | "raft") {
+                    return Err(format!(
+                        "--only takes wal, blob, scale or raft, not {section:?}"
+                    ));
                 }
                 only = Some(section);
             }
@@ -186,6 +189,12 @@ fn main() -> ExitCode {
     }
     if wanted("scale") {
         files.extend(sections::scale::run(&options));
+    }
+    if wanted("raft") {
+        #[cfg(feature = "raft")]
+        files.extend(benchmarks::raft::run(&options));
+        #[cfg(not(feature = "raft"))]
+        println!("## Replication (raft)\n\nNot compiled in: build with `--features raft`.\n");
     }
     if !files.is_empty() {
         println!("Files written:\n");

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Starts a 3-node sediment-raft cluster on loopback, initializes it, writes
+# and reads a few keys (also through a follower, which redirects), kills the
+# leader and reads through the new one, then stops every node.
+#
+#   scripts/cluster.sh            # ports 21001-21003, data in a temp dir
+#   BASE_PORT=22000 scripts/cluster.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BASE_PORT=${BASE_PORT:-21000}
+DATA=$(mktemp -d "${TMPDIR:-/tmp}/sediment-raft-cluster.XXXXXX")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$DATA"
+}
+trap cleanup EXIT
+
+cargo build --quiet -p sediment-raft
+BIN=target/debug/sediment-raft
+
+addr() { echo "127.0.0.1:$((BASE_PORT + $1))"; }
+
+for id in 1 2 3; do
+  "$BIN" node --id "$id" --listen "$(addr "$id")" --dir "$DATA/node-$id" \
+    --heartbeat-ms 100 2>"$DATA/node-$id.log" &
+  PIDS[id]=$!
+done
+for id in 1 2 3; do
+  until curl -sf "http://$(addr "$id")/cluster/metrics" >/dev/null; do sleep 0.1; done
+done
+echo "3 nodes up in $DATA"
+
+say() { echo; echo "\$ $*"; }
+run() { say "$@"; "$@"; echo; }
+
+run curl -s -X POST "http://$(addr 1)/cluster/init" -H 'content-type: application/json' \
+  -d "{\"members\": {\"1\": \"$(addr 1)\", \"2\": \"$(addr 2)\", \"3\": \"$(addr 3)\"}}"
+
+leader=""
+until [ -n "$leader" ] && [ "$leader" != null ]; do
+  sleep 0.1
+  leader=$(curl -s "http://$(addr 1)/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p')
+done
+echo "leader: node $leader"
+follower=$(( leader % 3 + 1 ))
+
+run curl -s -X PUT "http://$(addr "$leader")/kv/greeting" --data-binary 'hello, raft'
+run curl -s -X PUT "http://$(addr "$leader")/kv/colour" --data-binary 'blue'
+run curl -s "http://$(addr "$leader")/kv/greeting"
+say curl -s -i "http://$(addr "$follower")/kv/greeting"
+curl -s -i "http://$(addr "$follower")/kv/greeting" | grep -iE '^(HTTP|location)|error'
+run curl -s -L "http://$(addr "$follower")/kv/colour"
+run curl -s -X DELETE "http://$(addr "$leader")/kv/colour"
+say curl -s -o /dev/null -w '%{http_code}' "http://$(addr "$leader")/kv/colour"
+curl -s -o /dev/null -w '%{http_code}\n' "http://$(addr "$leader")/kv/colour"
+say curl -s -X PUT "http://$(addr "$leader")/kv/" --data-binary x
+curl -s -w ' %{http_code}\n' -X PUT "http://$(addr "$leader")/kv/" --data-binary x
+
+echo
+echo "killing the leader (node $leader) with SIGKILL"
+kill -9 "${PIDS[leader]}"
+{ wait "${PIDS[leader]}"; } 2>/dev/null || true
+new=""
+until [ -n "$new" ] && [ "$new" != null ] && [ "$new" != "$leader" ]; do
+  sleep 0.1
+  new=$(curl -s "http://$(addr "$follower")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p')
+done
+echo "new leader: node $new"
+run curl -s "http://$(addr "$new")/kv/greeting"
+run curl -s -X PUT "http://$(addr "$new")/kv/after-failover" --data-binary 'still here'
+
+echo "restarting node $leader"
+"$BIN" node --id "$leader" --listen "$(addr "$leader")" --dir "$DATA/node-$leader" \
+  --heartbeat-ms 100 2>>"$DATA/node-$leader.log" &
+PIDS[leader]=$!
+until [ "$(curl -s "http://$(addr "$leader")/kv/after-failover?consistency=local")" = "still here" ]; do sleep 0.1; done
+run curl -s "http://$(addr "$leader")/kv/after-failover?consistency=local"
+run curl -s "http://$(addr "$leader")/cluster/metrics"
+
+for id in 1 2 3; do kill "${PIDS[id]}"; done
+wait 2>/dev/null || true
+PIDS=()
+echo "stopped"
