@@ -24,6 +24,8 @@
 //! - Applying entries commits their values, the replaced values' archiving
 //!   and the last applied log id and membership in one sediment
 //!   transaction: the state machine never disagrees with its applied id.
+//!
+//! `FORMAT.md` in the crate describes every file a node writes.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
