@@ -275,11 +275,22 @@ fn bad_ids_are_answered_cleanly() {
     tx.set_embedded_header(Some(fresh)).unwrap();
     tx.commit().unwrap();
     f.db.verify().unwrap();
-    for id in f.freed.iter().chain(&f.rolled_back) {
+    // Freed and rolled-back grains are reusable at once: the fresh blob
+    // may have taken one of their ids.
+    assert_eq!(
+        f.db.get(fresh).unwrap().as_deref(),
+        Some(&b"after the bad ids"[..])
+    );
+    for id in f
+        .freed
+        .iter()
+        .chain(&f.rolled_back)
+        .filter(|id| **id != fresh)
+    {
         assert_eq!(f.db.get(*id).unwrap(), None, "{id}");
     }
     f.db.wal().checkpoint_active().unwrap();
-    for id in ids.iter().step_by(7) {
+    for id in ids.iter().step_by(7).filter(|id| **id != fresh) {
         check_read(&f, *id);
     }
 }
