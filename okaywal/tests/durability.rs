@@ -249,16 +249,23 @@ impl LogManager for WaitsForReader {
         entries: &mut SegmentReader,
         _: &WriteAheadLog,
     ) -> io::Result<()> {
+        // The tailing reader must have seen every committed entry of the
+        // segment before it is recycled (rolled-back ones, possibly the
+        // segment's last, it never sees).
+        let mut ids = Vec::new();
+        while let Some(entry) = entries.read_entry()? {
+            assert!(entry.id() <= last);
+            ids.push(entry.id().0);
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
-        while self.reader_at.load(Ordering::SeqCst) <= last.0 {
+        let highest = ids.iter().copied().max().unwrap_or(0);
+        while self.reader_at.load(Ordering::SeqCst) <= highest {
             if Instant::now() > deadline {
                 return Err(io::Error::other("the reader fell behind"));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        while let Some(entry) = entries.read_entry()? {
-            self.checkpointed.lock().unwrap().push(entry.id().0);
-        }
+        self.checkpointed.lock().unwrap().extend(ids);
         Ok(())
     }
 }
