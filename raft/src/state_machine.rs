@@ -391,12 +391,7 @@ impl StateMachine {
             };
             (record, None)
         };
-        let journal = tx.write(&record.encode())?;
-        tx.set_embedded_header(Some(journal))?;
-        if safe > db.checkpointed_to().0 {
-            tx.checkpoint_to(SequenceId(safe))?;
-        }
-        let sequence = tx.commit()?;
+        let (journal, sequence) = commit_journal(db, tx, &record, safe)?;
         let mut state = shared.state.lock();
         match new_index {
             Some(index) => {
@@ -552,12 +547,7 @@ impl StateMachine {
                 .map(|(k, v)| (k.clone(), Some(v.as_u64())))
                 .collect(),
         };
-        let journal = tx.write(&record.encode())?;
-        tx.set_embedded_header(Some(journal))?;
-        if safe > db.checkpointed_to().0 {
-            tx.checkpoint_to(SequenceId(safe))?;
-        }
-        let sequence = tx.commit()?;
+        let (journal, sequence) = commit_journal(db, tx, &record, safe)?;
         {
             let mut state = shared.state.lock();
             state.index = index;
@@ -741,4 +731,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             None => Ok(None),
         }
     }
+}
+
+/// Writes `record` as the new head of the journal, frees the archived
+/// grains no reader or snapshot needs any more (those archived at or before
+/// `safe`) and commits `tx`.
+fn commit_journal(
+    db: &Database,
+    mut tx: sediment::Transaction<'_>,
+    record: &Journal,
+    safe: u64,
+) -> sediment::Result<(GrainId, SequenceId)> {
+    let journal = tx.write(&record.encode())?;
+    tx.set_embedded_header(Some(journal))?;
+    if safe > db.checkpointed_to().0 {
+        tx.checkpoint_to(SequenceId(safe))?;
+    }
+    let sequence = tx.commit()?;
+    Ok((journal, sequence))
 }
