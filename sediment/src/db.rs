@@ -909,21 +909,27 @@ impl GrainReader {
     }
 }
 
+impl GrainReader {
+    fn checksum_error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "grain {} failed its checksum ({}, offset {})",
+                self.id,
+                self.location.0.display(),
+                self.location.1
+            ),
+        )
+    }
+}
+
 impl Read for GrainReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.remaining == 0 {
             // An empty blob has no data to hash on the way: check its CRC
             // (over sequence and length) here.
             if self.length == 0 && self.hasher.clone().finalize() != self.expected_crc {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "grain {} failed its checksum ({}, offset {})",
-                        self.id,
-                        self.location.0.display(),
-                        self.location.1
-                    ),
-                ));
+                return Err(self.checksum_error());
             }
             return Ok(0);
         }
@@ -952,15 +958,7 @@ impl Read for GrainReader {
         self.hasher.update(&buf[..n]);
         self.remaining -= n as u32;
         if self.remaining == 0 && self.hasher.clone().finalize() != self.expected_crc {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "grain {} failed its checksum ({}, offset {})",
-                    self.id,
-                    self.location.0.display(),
-                    self.location.1
-                ),
-            ));
+            return Err(self.checksum_error());
         }
         Ok(n)
     }

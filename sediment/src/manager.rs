@@ -17,7 +17,7 @@ use okaywal::{
 use crate::commit_log::CommitRecord;
 use crate::db::{Pending, Shared};
 use crate::error::{Context, Error, Result};
-use crate::format::{grain_crc, GrainHeader, INDEX_SLOT_SIZE};
+use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
 use crate::stratum::Stratum;
 use parking_lot::RwLockReadGuard;
@@ -180,6 +180,19 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
                         chunk.id
                     ),
                 })?;
+                // A blob must fill exactly the grains its id names: one
+                // that does not would spill into its neighbours.
+                if placement(data.len() as u64) != Some((chunk.id.basin(), chunk.id.count())) {
+                    return Err(Error::Corrupt {
+                        path: shared.directory.clone(),
+                        what: format!(
+                            "WAL entry {sequence} holds {} bytes for grain {}, which does not \
+                             fit them",
+                            data.len(),
+                            chunk.id
+                        ),
+                    });
+                }
                 if batch.add(&stratum, chunk.id, sequence, &data)? {
                     note(&mut touched, &stratum);
                 }
