@@ -5,11 +5,25 @@
 //! and overlapping `fdatasync`s measured slower than one at a time for
 //! small commits). Writers of large chunks may flush early on their own
 //! while a group sync runs (see `EntryWriter::flush_early`): for them the
-//! overlap pays. While sync
-//! *k* runs, the first thread to arrive becomes the leader of sync *k + 1*;
-//! later arrivals become its followers. When sync *k* finishes, its leader
-//! wakes the next leader first (so sync *k + 1* starts at once) and then
-//! exactly the followers sync *k* covered, each with its own unpark.
+//! overlap pays.
+//!
+//! While sync *k* runs, the first thread to arrive becomes the leader of
+//! sync *k + 1*; later arrivals become its followers. When sync *k*
+//! finishes, its leader wakes the next leader first and then exactly the
+//! followers sync *k* covered, each with its own unpark.
+//!
+//! **Gathering.** A plain group commit splits many committers into two
+//! cohorts that take turns: the threads sync *k* covered come back while
+//! sync *k + 1* already runs, so each sync covers about half of them and
+//! every commit waits for almost two syncs. So a leader first *gathers*:
+//! it waits, parked, until as many committers have joined as were active
+//! around the previous sync (those it covered plus those that were
+//! already waiting for the next), or until a fraction of the previous
+//! sync's duration has passed, whichever comes first. Committers that
+//! arrive meanwhile join this sync. With one committer, or committers that
+//! do not come back quickly, the expected count falls to what actually
+//! arrives and nobody waits; the wait is bounded by [`MAX_GATHER`] in any
+//! case. (ext4's journal does the same for concurrent `fsync`s.)
 //!
 //! After a failed sync every current and later waiter gets an error: a
 //! failed `fdatasync` is never retried as if nothing had happened.
@@ -17,19 +31,44 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
+
+/// The longest a leader waits for committers to join its sync.
+pub(crate) const MAX_GATHER: Duration = Duration::from_millis(1);
+/// A leader gathers for at most the previous sync's duration divided by
+/// this.
+const GATHER_DIVISOR: u32 = 2;
 
 #[derive(Debug, Default)]
 struct State {
     /// A sync is running.
     syncing: bool,
+    /// A leader is gathering committers for the sync it is about to start.
+    gathering: Option<Thread>,
+    /// How many committers (leader included) the gathering leader waits for.
+    gather_target: usize,
     /// The thread waiting to lead the next sync.
     next_leader: Option<Thread>,
     /// Threads waiting for the next sync that has not started yet.
     followers: Vec<Thread>,
+    /// Committers seen around the last sync: those it covered plus those
+    /// waiting for the next one when it ended.
+    active: usize,
+    /// How long the last sync took.
+    last_sync: Duration,
     /// Set by the first failed sync; never cleared.
     failure: Option<String>,
+}
+
+/// How a gathering leader's wait ended.
+enum Gathered<'a> {
+    /// This thread runs the sync.
+    Lead(MutexGuard<'a, State>),
+    /// Another committer completed the batch and ran its sync; the
+    /// gathering thread waited for it.
+    TakenOver,
 }
 
 /// Coordinates syncs between committing threads.
@@ -72,6 +111,24 @@ impl GroupCommit {
             if covered() {
                 return Ok(());
             }
+            if state.gathering.is_some() {
+                if state.followers.len() + 2 >= state.gather_target {
+                    // With this thread the batch is complete: it is running
+                    // already, so it leads the sync itself rather than wake
+                    // the gathering leader, who becomes a follower.
+                    let gatherer = state.gathering.take().expect("checked above");
+                    state.followers.push(gatherer);
+                    self.run_sync(state, &mut sync)?;
+                    continue;
+                }
+                // No sync runs, and the one about to start covers this
+                // thread's data (written before it got here).
+                let this_sync = self.completed.load(Ordering::Acquire) + 1;
+                state.followers.push(thread::current());
+                drop(state);
+                self.park_until(this_sync);
+                continue;
+            }
             if !state.syncing {
                 self.lead(state, &mut sync)?;
                 continue;
@@ -86,7 +143,11 @@ impl GroupCommit {
                 let state = self.state.lock();
                 // Followers are counting on this thread to start their sync,
                 // even if the sync that just ended covered its own data.
-                if state.failure.is_none() && !state.syncing && !state.followers.is_empty() {
+                if state.failure.is_none()
+                    && !state.syncing
+                    && state.gathering.is_none()
+                    && !state.followers.is_empty()
+                {
                     self.lead(state, &mut sync)?;
                 }
                 continue;
@@ -105,19 +166,77 @@ impl GroupCommit {
         }
     }
 
+    /// Waits, parked, for committers to join the sync this thread is about
+    /// to lead (see the module docs).
+    fn gather<'a>(&'a self, mut state: MutexGuard<'a, State>) -> Gathered<'a> {
+        let target = state.active;
+        if target <= state.followers.len() + 1 || state.last_sync.is_zero() {
+            return Gathered::Lead(state);
+        }
+        let window = (state.last_sync / GATHER_DIVISOR).min(MAX_GATHER);
+        let deadline = Instant::now() + window;
+        let me = thread::current();
+        let this_sync = self.completed.load(Ordering::Acquire) + 1;
+        state.gathering = Some(me.clone());
+        state.gather_target = target;
+        loop {
+            drop(state);
+            let now = Instant::now();
+            if now < deadline {
+                thread::park_timeout(deadline - now);
+            }
+            state = self.state.lock();
+            if !state.gathering.as_ref().is_some_and(|t| t.id() == me.id()) {
+                // The committer that completed the batch leads its sync.
+                drop(state);
+                self.park_until(this_sync);
+                return Gathered::TakenOver;
+            }
+            if state.failure.is_some()
+                || state.followers.len() + 1 >= target
+                || Instant::now() >= deadline
+            {
+                state.gathering = None;
+                return Gathered::Lead(state);
+            }
+        }
+    }
+
+    /// Gathers committers, then runs a sync for them unless another
+    /// committer took the lead meanwhile.
     fn lead(
+        &self,
+        state: MutexGuard<'_, State>,
+        sync: &mut impl FnMut() -> io::Result<()>,
+    ) -> io::Result<()> {
+        match self.gather(state) {
+            Gathered::Lead(state) => self.run_sync(state, sync),
+            Gathered::TakenOver => Ok(()),
+        }
+    }
+
+    /// Runs one sync for this thread and every follower registered now.
+    fn run_sync(
         &self,
         mut state: MutexGuard<'_, State>,
         sync: &mut impl FnMut() -> io::Result<()>,
     ) -> io::Result<()> {
+        if let Some(failure) = &state.failure {
+            return Err(failed(failure));
+        }
         state.syncing = true;
         self.busy.store(true, Ordering::Release);
         let covered = std::mem::take(&mut state.followers);
         let this_sync = self.completed.load(Ordering::Acquire) + 1;
         drop(state);
+        let started = Instant::now();
         let result = sync();
+        let took = started.elapsed();
         let mut state = self.state.lock();
         state.syncing = false;
+        state.last_sync = took;
+        state.active =
+            covered.len() + 1 + state.followers.len() + usize::from(state.next_leader.is_some());
         self.busy.store(false, Ordering::Release);
         let mut wake = covered;
         if let Err(err) = &result {
@@ -153,9 +272,13 @@ impl GroupCommit {
         }
         self.failed.store(true, Ordering::Release);
         let next = state.next_leader.take();
+        let gathering = state.gathering.clone();
         let followers = std::mem::take(&mut state.followers);
         drop(state);
-        next.into_iter().chain(followers).for_each(|t| t.unpark());
+        next.into_iter()
+            .chain(gathering)
+            .chain(followers)
+            .for_each(|t| t.unpark());
     }
 
     /// The error every commit gets once the log has failed.
