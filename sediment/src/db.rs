@@ -66,6 +66,15 @@ pub(crate) struct Meta {
     /// transaction with a lower sequence has finished (see
     /// `Shared::release_freed`).
     pub freeing: BTreeMap<u64, Vec<GrainId>>,
+    /// Set while a WAL checkpoint copies the blobs of entries up to this
+    /// sequence into the strata.
+    pub checkpointing_through: Option<u64>,
+    /// Grains whose blob that running checkpoint may be copying (it was
+    /// freed while its bytes were only in the WAL, and the checkpoint
+    /// checks `Shared::superseded` without a lock), by the sequence that
+    /// wrote the blob: (freeing sequence, grain). They move to `freeing`
+    /// when the checkpoint ends, so its copy never lands on a reused grain.
+    pub freed_in_wal: BTreeMap<u64, Vec<(u64, GrainId)>>,
     /// Commit records not yet in the commit log files.
     pub recent: BTreeMap<u64, CommitRecord>,
     pub wal_checkpointed_entry: u64,
@@ -105,9 +114,8 @@ pub(crate) struct Shared {
     /// Blobs (grain, writing sequence) that were freed while their bytes
     /// were still only in the WAL: the WAL checkpoint must not copy them
     /// into the strata, where the freed grains may already hold a newer
-    /// blob. Changed only under the `pending` write lock; read by the
-    /// checkpoint under its read lock, so a check and the copy it allows
-    /// happen before any free that would forbid it.
+    /// blob. A checkpoint that started before the free may have checked
+    /// already: such grains wait for it to end (`Meta::freed_in_wal`).
     pub superseded: Mutex<HashSet<(GrainId, u64)>>,
     /// Recently read small blobs.
     pub cache: BlobCache,
@@ -244,6 +252,8 @@ impl Shared {
         replay: bool,
     ) -> Result<()> {
         let sequence = record.sequence.0;
+        let mut in_wal = Vec::new();
+        let mut reusable = Vec::new();
         {
             let mut pending = self.pending.write();
             // A WAL checkpoint may already have moved this sequence into the
@@ -286,8 +296,19 @@ impl Shared {
                     stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
                 }
                 self.cache.remove(*id);
-                if let Some(freed) = pending.remove(id) {
-                    self.superseded.lock().insert((*id, freed.sequence));
+                match pending.remove(id) {
+                    Some(freed) => {
+                        self.superseded.lock().insert((*id, freed.sequence));
+                        if meta
+                            .checkpointing_through
+                            .is_some_and(|through| freed.sequence <= through)
+                        {
+                            in_wal.push((freed.sequence, *id));
+                        } else {
+                            reusable.push(*id);
+                        }
+                    }
+                    None => reusable.push(*id),
                 }
             }
         }
@@ -301,11 +322,14 @@ impl Shared {
         for id in &record.freed {
             meta.archived_set.remove(id);
         }
-        if !record.freed.is_empty() {
-            meta.freeing
-                .entry(sequence)
+        if !reusable.is_empty() {
+            meta.freeing.entry(sequence).or_default().extend(reusable);
+        }
+        for (written_by, id) in in_wal {
+            meta.freed_in_wal
+                .entry(written_by)
                 .or_default()
-                .extend(record.freed.iter().copied());
+                .push((sequence, id));
         }
         if let Some(header) = record.embedded_header {
             meta.embedded_header = header;
@@ -335,8 +359,8 @@ impl Shared {
     /// only go to a transaction whose record comes after the free: one
     /// that started earlier would have its allocation undone on disk by
     /// the free. Transactions that start from now on get higher sequences.
-    /// The freed blobs' own bytes, if still in the WAL, are kept out of
-    /// the strata by `superseded`.
+    /// Grains whose freed blob a running WAL checkpoint may be copying wait
+    /// in `Meta::freed_in_wal` for it to end first.
     pub fn release_freed(&self, meta: &mut Meta) {
         let through = meta.finished_through();
         while let Some(entry) = meta.freeing.first_entry() {

@@ -15,12 +15,11 @@ use okaywal::{
 };
 
 use crate::commit_log::CommitRecord;
-use crate::db::{Pending, Shared};
+use crate::db::Shared;
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
 use crate::stratum::Stratum;
-use parking_lot::RwLockReadGuard;
 
 /// Tag of a chunk carrying a blob's bytes.
 pub(crate) const DATA_CHUNK: u8 = 1;
@@ -152,6 +151,21 @@ impl LogManager for Manager {
 /// Moves every entry of a WAL segment into the strata, the commit log and
 /// the index, syncing them before the WAL may recycle the segment.
 fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
+    // Frees of blobs this checkpoint may copy hold their grains until it
+    // ends (see `Meta::freed_in_wal`); set before any blob is checked.
+    shared.meta.lock().checkpointing_through = Some(last_id);
+    let result = copy_entries(shared, last_id, entries);
+    let mut meta = shared.meta.lock();
+    meta.checkpointing_through = None;
+    let held = std::mem::take(&mut meta.freed_in_wal);
+    for (freed_by, id) in held.into_values().flatten() {
+        meta.freeing.entry(freed_by).or_default().push(id);
+    }
+    shared.release_freed(&mut meta);
+    result
+}
+
+fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
     let mut store = shared.store.lock();
     let applied_through = store.index.wal_checkpointed_entry;
     let mut index = store.index.clone();
@@ -301,35 +315,37 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
 }
 
 /// Largest run of adjacent grains copied with one write.
-const MAX_BATCH_BYTES: usize = 1 << 20;
+const MAX_RUN_BYTES: usize = 1 << 20;
+/// Bytes a checkpoint collects before writing them out.
+const MAX_COLLECTED_BYTES: usize = 16 << 20;
 
-/// Collects blobs bound for adjacent grains of one stratum, so a
-/// checkpoint writes runs of grains instead of one blob at a time.
+/// Collects the blobs a checkpoint copies into the strata and writes them
+/// sorted by file and offset, so blobs in neighbouring grains go out as
+/// one write (concurrent transactions interleave their blobs in the WAL,
+/// so WAL order rarely puts neighbours together).
 ///
-/// It holds the `pending` read lock from the check that a blob was not
-/// freed (`Shared::superseded`) until its bytes are written: a free, and
-/// so the reuse of its grains, waits for that write.
+/// No lock is held while writing: a blob freed after its check here keeps
+/// its grains unusable until this checkpoint has finished (see
+/// `Meta::freed_in_wal`).
 struct GrainBatch<'a> {
     shared: &'a Shared,
-    guard: Option<RwLockReadGuard<'a, HashMap<GrainId, Pending>>>,
-    stratum: Option<Arc<Stratum>>,
-    start: u64,
-    bytes: Vec<u8>,
+    /// Grain headers, blobs and padding, back to back.
+    arena: Vec<u8>,
+    /// Where each blob goes: stratum, offset in its file, bytes in `arena`.
+    writes: Vec<(Arc<Stratum>, u64, std::ops::Range<usize>)>,
 }
 
 impl<'a> GrainBatch<'a> {
     fn new(shared: &'a Shared) -> Self {
         Self {
             shared,
-            guard: None,
-            stratum: None,
-            start: 0,
-            bytes: Vec::new(),
+            arena: Vec::new(),
+            writes: Vec::new(),
         }
     }
 
     /// Queues the blob `id` written by `sequence`; returns false if it was
-    /// freed since and must not be copied.
+    /// freed since and need not be copied.
     fn add(
         &mut self,
         stratum: &Arc<Stratum>,
@@ -337,59 +353,68 @@ impl<'a> GrainBatch<'a> {
         sequence: u64,
         data: &[u8],
     ) -> Result<bool> {
-        let offset = stratum.offset_of(id.index());
-        let adjacent = self
-            .stratum
-            .as_ref()
-            .is_some_and(|s| Arc::ptr_eq(s, stratum))
-            && self.start + self.bytes.len() as u64 == offset;
-        if !adjacent || self.bytes.len() >= MAX_BATCH_BYTES {
-            self.flush()?;
-        }
-        if self.guard.is_none() {
-            self.guard = Some(self.shared.pending.read());
-        }
         if self.shared.superseded.lock().contains(&(id, sequence)) {
             return Ok(false);
         }
-        if self.bytes.is_empty() {
-            self.stratum = Some(stratum.clone());
-            self.start = offset;
-        }
+        let start = self.arena.len();
         let header = GrainHeader {
             sequence,
             length: data.len() as u32,
             crc: grain_crc(sequence, data),
         };
-        let end = self.bytes.len() + (u64::from(id.count()) * stratum.grain_size()) as usize;
-        self.bytes.extend_from_slice(&header.encode());
-        self.bytes.extend_from_slice(data);
+        self.arena.extend_from_slice(&header.encode());
+        self.arena.extend_from_slice(data);
         // The rest of the blob's last grain is its own: padding it keeps
         // the next blob adjacent.
-        self.bytes.resize(end, 0);
+        let end = start + (u64::from(id.count()) * stratum.grain_size()) as usize;
+        self.arena.resize(end, 0);
+        self.writes
+            .push((stratum.clone(), stratum.offset_of(id.index()), start..end));
+        if self.arena.len() >= MAX_COLLECTED_BYTES {
+            self.flush()?;
+        }
         Ok(true)
     }
 
-    /// Writes the queued run and lets frees proceed.
+    /// Writes everything queued.
     fn flush(&mut self) -> Result<()> {
-        if let (false, Some(stratum)) = (self.bytes.is_empty(), &self.stratum) {
-            stratum
-                .file
-                .write_all_at(&self.bytes, self.start)
-                .context(|| {
-                    format!(
-                        "writing {} bytes of grains at offset {} of {}",
-                        self.bytes.len(),
-                        self.start,
-                        stratum.path.display()
-                    )
-                })?;
+        // A stable sort: should one grain appear twice, the later blob is
+        // written later.
+        self.writes
+            .sort_by_key(|(stratum, offset, _)| (Arc::as_ptr(stratum) as usize, *offset));
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_at: Option<(&Arc<Stratum>, u64)> = None;
+        for (stratum, offset, range) in &self.writes {
+            let adjacent = run_at.is_some_and(|(s, start)| {
+                Arc::ptr_eq(s, stratum) && start + run.len() as u64 == *offset
+            });
+            if !adjacent || run.len() >= MAX_RUN_BYTES {
+                if let Some((s, start)) = run_at {
+                    write_run(s, start, &run)?;
+                }
+                run.clear();
+                run_at = Some((stratum, *offset));
+            }
+            run.extend_from_slice(&self.arena[range.clone()]);
         }
-        self.bytes.clear();
-        self.stratum = None;
-        self.guard = None;
+        if let Some((s, start)) = run_at {
+            write_run(s, start, &run)?;
+        }
+        self.writes.clear();
+        self.arena.clear();
         Ok(())
     }
+}
+
+fn write_run(stratum: &Stratum, start: u64, bytes: &[u8]) -> Result<()> {
+    stratum.file.write_all_at(bytes, start).context(|| {
+        format!(
+            "writing {} bytes of grains at offset {} of {}",
+            bytes.len(),
+            start,
+            stratum.path.display()
+        )
+    })
 }
 
 fn note(touched: &mut Vec<Arc<Stratum>>, stratum: &Arc<Stratum>) {

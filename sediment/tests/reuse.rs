@@ -1,7 +1,9 @@
 //! Freed grains are reusable as soon as the `checkpoint_to` that frees them
 //! commits (not only after the WAL has moved it into the strata), without
 //! ever letting an older transaction's record, or a freed blob's bytes still
-//! in the WAL, overwrite the blob that reused them.
+//! in the WAL, overwrite the blob that reused them. (The one wait: a blob
+//! freed while the WAL checkpoint is copying it keeps its grains until that
+//! checkpoint ends.)
 
 mod common;
 
@@ -109,5 +111,166 @@ fn transactions_older_than_the_free_do_not_get_its_grains() {
     assert_blob(&db, y, &blob(22, 999), "y after reopening");
     assert_blob(&db, z, &blob(23, 999), "z after reopening");
     assert!(db.verify().is_ok());
+    db.shutdown().unwrap();
+}
+
+/// Holds the WAL checkpoint's first write to a stratum until released.
+#[derive(Debug, Default)]
+struct Gate {
+    /// (armed, entered, released)
+    state: parking_lot::Mutex<(bool, bool, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl Gate {
+    fn pass(&self) {
+        let mut state = self.state.lock();
+        if !state.0 {
+            return;
+        }
+        state.0 = false;
+        state.1 = true;
+        self.changed.notify_all();
+        while !state.2 {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn wait_entered(&self) {
+        let mut state = self.state.lock();
+        while !state.1 {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().2 = true;
+        self.changed.notify_all();
+    }
+}
+
+#[derive(Debug)]
+struct GatedFs {
+    inner: okaywal::fs::StdFileSystem,
+    gate: std::sync::Arc<Gate>,
+}
+
+#[derive(Debug)]
+struct GatedFile {
+    inner: std::sync::Arc<dyn FileHandle>,
+    gated: bool,
+    gate: std::sync::Arc<Gate>,
+}
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+use std::io;
+use std::path::Path;
+
+impl FileSystem for GatedFs {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list_files(dir)
+    }
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<std::sync::Arc<dyn FileHandle>> {
+        let gated = path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("stratum-"));
+        Ok(std::sync::Arc::new(GatedFile {
+            inner: self.inner.open(path, mode)?,
+            gated,
+            gate: self.gate.clone(),
+        }))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+impl FileHandle for GatedFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let checkpoint = std::thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with("okaywal-checkpoint"));
+        if self.gated && checkpoint {
+            self.gate.pass();
+        }
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+/// The WAL checkpoint copies blobs into the strata without holding a lock
+/// against frees. A blob freed while that copy is under way must keep its
+/// grains until the checkpoint ends: a direct write handed those grains
+/// would be overwritten by the stale copy.
+#[test]
+fn a_blob_freed_during_its_checkpoint_keeps_its_grains_until_the_copy_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = std::sync::Arc::new(Gate::default());
+    let open_gated = |gate: &std::sync::Arc<Gate>| {
+        Config::for_directory(dir.path())
+            .file_system(GatedFs {
+                inner: okaywal::fs::StdFileSystem,
+                gate: gate.clone(),
+            })
+            .direct_write_bytes(1000)
+            .open()
+            .expect("open the database")
+    };
+    let db = open_gated(&gate);
+    let (a, _) = write(&db, &blob(30, 999));
+    gate.state.lock().0 = true;
+    // Lets the checkpoint finish even if an assertion below fails.
+    struct ReleaseOnDrop<'a>(&'a Gate);
+    impl Drop for ReleaseOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.release();
+        }
+    }
+    std::thread::scope(|scope| {
+        let _release = ReleaseOnDrop(&gate);
+        let checkpoint = scope.spawn(|| db.wal().checkpoint_active());
+        // The checkpoint has checked A (not freed) and is about to copy it.
+        gate.wait_entered();
+        free(&db, a);
+        assert_eq!(db.get(a).unwrap(), None);
+        let (b, _) = write(&db, &blob(31, 1000));
+        assert_ne!(b, a, "A's grains were reused while its copy was pending");
+        gate.release();
+        checkpoint.join().unwrap().unwrap();
+        assert_blob(&db, b, &blob(31, 1000), "b after the checkpoint");
+        // Once the checkpoint is over, A's grains are free again.
+        let (c, _) = write(&db, &blob(32, 1000));
+        assert_eq!(c, a, "A's grains were not released after the checkpoint");
+        assert_blob(&db, c, &blob(32, 1000), "c");
+    });
+    db.shutdown().unwrap();
+    let db = open(dir.path());
+    assert!(db.verify().is_ok(), "verify after reopening");
     db.shutdown().unwrap();
 }
