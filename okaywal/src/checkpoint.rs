@@ -168,8 +168,16 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
     // segment is a candidate, and only once its entries are all finished.
     // Checkpoints come before making spares: they free recycled files.
     let active = state.active;
-    let wants_spare =
-        may_make_spare && state.want_spare && state.spares.is_empty() && state.recycling.is_empty();
+    // The next spare is made once the active segment is half full.
+    let half_full = state
+        .segments
+        .get(&active)
+        .is_some_and(|seg| seg.full || seg.reserved_end >= inner.config.checkpoint_after_bytes / 2);
+    let wants_spare = may_make_spare
+        && state.want_spare
+        && half_full
+        && state.spares.is_empty()
+        && state.recycling.is_empty();
     // Unless writers are already growing a full active segment past its
     // size: a spare then comes first, or a slow checkpoint would let that
     // segment (and the next checkpoint) grow without bound.

@@ -266,10 +266,20 @@ impl Inner {
             .insert(id, SegmentState::new(segment, HEADER_SIZE));
         state.active = id;
         if state.spares.is_empty() {
+            // Made once this segment is half full (see `spare_due`), not
+            // now: a new log's first commits need the disk to themselves.
             state.want_spare = true;
-            self.signal.wake();
         }
         Ok(())
+    }
+
+    /// Wakes the maintenance thread to make the next spare when a write
+    /// from `from` to `to` in the active segment crosses its half.
+    fn spare_due(&self, state: &State, from: u64, to: u64) {
+        let half = self.config.checkpoint_after_bytes / 2;
+        if state.want_spare && from < half && to >= half {
+            self.signal.wake();
+        }
     }
 
     /// Reserves `len` bytes in `segment` for a record; returns the offset
@@ -288,7 +298,12 @@ impl Inner {
         if segment == active && seg.reserved_end >= checkpoint_after {
             seg.full = true;
         }
-        Ok((offset, seg.segment.synced_to.load(Ordering::Acquire)))
+        let end = seg.reserved_end;
+        let mark = seg.segment.synced_to.load(Ordering::Acquire);
+        if segment == active {
+            self.spare_due(&state, offset, end);
+        }
+        Ok((offset, mark))
     }
 
     /// Reserves room for a small record and copies it into the segment's
@@ -341,11 +356,15 @@ impl Inner {
         if seg.ready_for_checkpoint() {
             self.signal.wake();
         }
+
         let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
         if header.kind == RecordKind::Commit {
             state
                 .pending_commits
                 .insert(header.entry_id, (segment.id, record_end));
+        }
+        if segment.id == active {
+            self.spare_due(&state, offset, record_end);
         }
         drop(state);
         if let Some(ranges) = flush {

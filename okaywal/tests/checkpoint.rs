@@ -553,3 +553,33 @@ fn recycled_segments_shrink_back_to_their_preallocated_size() {
     }
     log.shutdown().unwrap();
 }
+
+/// A new log writes no spare segment file until its active segment is half
+/// full (so its first commits have the disk to themselves); from then on
+/// one is made ahead of the switch.
+#[test]
+fn the_next_spare_is_made_once_the_active_segment_is_half_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = small_segments(dir.path()).open(okaywal::LogVoid).unwrap();
+    let write = |bytes: usize| {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&vec![7; bytes]).unwrap();
+        entry.commit().unwrap();
+    };
+    write(100);
+    // Long enough for the maintenance thread to have made a spare if it
+    // were going to.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(log.stats().spare_segments, 0, "a spare was made at once");
+    write(SEGMENT as usize / 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while log.stats().spare_segments == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spare was made for a half-full segment"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(log.stats().live_segments, 1, "no switch happened yet");
+    log.shutdown().unwrap();
+}
