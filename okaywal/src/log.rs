@@ -356,7 +356,6 @@ impl Inner {
         if seg.ready_for_checkpoint() {
             self.signal.wake();
         }
-
         let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
         if header.kind == RecordKind::Commit {
             state

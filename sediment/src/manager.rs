@@ -378,8 +378,9 @@ impl<'a> GrainBatch<'a> {
 
     /// Writes everything queued.
     fn flush(&mut self) -> Result<()> {
-        // A stable sort: should one grain appear twice, the later blob is
-        // written later.
+        // Two blobs of one checkpoint never share a grain (a blob freed
+        // before its check is skipped; one freed after keeps its grains
+        // until the checkpoint ends), so the order of the writes is free.
         self.writes
             .sort_by_key(|(stratum, offset, _)| (Arc::as_ptr(stratum) as usize, *offset));
         let mut run: Vec<u8> = Vec::new();

@@ -6,14 +6,12 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::io;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_blob, blob, open_small_wal, seed, Rng, Watchdog};
-use okaywal::fs::{FileHandle, FileSystem, MemoryFileSystem, OpenMode};
+use common::{assert_blob, blob, open_small_wal, seed, FileHooks, HookedFs, Rng, Watchdog};
+use okaywal::fs::MemoryFileSystem;
 use sediment::{Config, Database, Error, GrainId, SequenceId};
 
 const THREADS: u64 = 8;
@@ -400,88 +398,27 @@ struct SyncControl {
     slow_checkpointer_syncs: AtomicBool,
 }
 
-#[derive(Debug, Clone)]
-struct SlowSyncFs {
-    inner: MemoryFileSystem,
-    control: Arc<SyncControl>,
-}
-
-#[derive(Debug)]
-struct SlowSyncFile {
-    inner: Arc<dyn FileHandle>,
-    control: Arc<SyncControl>,
-    is_wal: bool,
-}
-
 const SLOW_SYNC: Duration = Duration::from_millis(300);
 
-impl FileSystem for SlowSyncFs {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list_files(dir)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>> {
-        let file = self.inner.open(path, mode)?;
-        let is_wal = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("wal-"));
-        Ok(Arc::new(SlowSyncFile {
-            inner: file,
-            control: self.control.clone(),
-            is_wal,
-        }))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-}
-
-impl FileHandle for SlowSyncFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
+impl FileHooks for SyncControl {
+    fn before_sync(&self, name: &str) {
+        let is_wal = name.starts_with("wal-");
         let maintenance = std::thread::current().name() == Some("okaywal-checkpoint");
-        if self.is_wal && !maintenance && self.control.slow_committer_syncs.load(Ordering::SeqCst) {
+        if is_wal && !maintenance && self.slow_committer_syncs.load(Ordering::SeqCst) {
             std::thread::sleep(SLOW_SYNC);
         }
-        if !self.is_wal && self.control.slow_checkpointer_syncs.load(Ordering::SeqCst) {
+        if !is_wal && self.slow_checkpointer_syncs.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
     }
 }
 
-/// A database on a `SlowSyncFs` whose WAL segments fill after 32 KiB.
+/// A database on a file system with `SyncControl` hooks whose WAL segments fill after 32 KiB.
 fn slow_sync_db() -> (Database, Arc<SyncControl>) {
     let control = Arc::new(SyncControl::default());
-    let fs = SlowSyncFs {
+    let fs = HookedFs {
         inner: MemoryFileSystem::new(),
-        control: control.clone(),
+        hooks: control.clone(),
     };
     let db = Config::for_directory("/db")
         .file_system(fs)

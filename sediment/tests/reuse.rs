@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_blob, blob, free};
+use common::{assert_blob, blob, free, FileHooks, HookedFs};
 use sediment::{Config, Database, GrainId, SequenceId};
 
 fn open(dir: &std::path::Path) -> Database {
@@ -149,78 +149,14 @@ impl Gate {
     }
 }
 
-#[derive(Debug)]
-struct GatedFs {
-    inner: okaywal::fs::StdFileSystem,
-    gate: std::sync::Arc<Gate>,
-}
-
-#[derive(Debug)]
-struct GatedFile {
-    inner: std::sync::Arc<dyn FileHandle>,
-    gated: bool,
-    gate: std::sync::Arc<Gate>,
-}
-
-use okaywal::fs::{FileHandle, FileSystem, OpenMode};
-use std::io;
-use std::path::Path;
-
-impl FileSystem for GatedFs {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list_files(dir)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<std::sync::Arc<dyn FileHandle>> {
-        let gated = path
-            .file_name()
-            .is_some_and(|name| name.to_string_lossy().starts_with("stratum-"));
-        Ok(std::sync::Arc::new(GatedFile {
-            inner: self.inner.open(path, mode)?,
-            gated,
-            gate: self.gate.clone(),
-        }))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-}
-
-impl FileHandle for GatedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+impl FileHooks for Gate {
+    fn before_write(&self, name: &str) {
         let checkpoint = std::thread::current()
             .name()
-            .is_some_and(|name| name.starts_with("okaywal-checkpoint"));
-        if self.gated && checkpoint {
-            self.gate.pass();
+            .is_some_and(|thread| thread.starts_with("okaywal-checkpoint"));
+        if checkpoint && name.starts_with("stratum-") {
+            self.pass();
         }
-        self.inner.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()
-    }
-    fn sync_all(&self) -> io::Result<()> {
-        self.inner.sync_all()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
     }
 }
 
@@ -234,9 +170,9 @@ fn a_blob_freed_during_its_checkpoint_keeps_its_grains_until_the_copy_is_done() 
     let gate = std::sync::Arc::new(Gate::default());
     let open_gated = |gate: &std::sync::Arc<Gate>| {
         Config::for_directory(dir.path())
-            .file_system(GatedFs {
+            .file_system(HookedFs {
                 inner: okaywal::fs::StdFileSystem,
-                gate: gate.clone(),
+                hooks: gate.clone(),
             })
             .direct_write_bytes(1000)
             .open()

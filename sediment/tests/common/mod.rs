@@ -193,3 +193,87 @@ pub fn free(db: &Database, id: GrainId) {
     tx.checkpoint_to(archived).unwrap();
     tx.commit().unwrap();
 }
+
+/// Called by a [`HookedFs`] before the file operations it passes on, with
+/// the file's name (the last component of its path).
+pub trait FileHooks: Send + Sync + std::fmt::Debug + 'static {
+    /// Before `write_all_at`.
+    fn before_write(&self, _name: &str) {}
+    /// Before `sync_data` and `sync_all`.
+    fn before_sync(&self, _name: &str) {}
+}
+
+/// A file system that passes everything on to `inner`, calling `hooks`
+/// first for writes and syncs (to slow them down or hold them).
+#[derive(Debug)]
+pub struct HookedFs<F, H> {
+    pub inner: F,
+    pub hooks: std::sync::Arc<H>,
+}
+
+#[derive(Debug)]
+struct HookedFile<H> {
+    inner: std::sync::Arc<dyn okaywal::fs::FileHandle>,
+    name: String,
+    hooks: std::sync::Arc<H>,
+}
+
+impl<F: okaywal::fs::FileSystem, H: FileHooks> okaywal::fs::FileSystem for HookedFs<F, H> {
+    fn create_dir_all(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn list_files(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.list_files(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn open(
+        &self,
+        path: &Path,
+        mode: okaywal::fs::OpenMode,
+    ) -> std::io::Result<std::sync::Arc<dyn okaywal::fs::FileHandle>> {
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(std::sync::Arc::new(HookedFile {
+            inner: self.inner.open(path, mode)?,
+            name,
+            hooks: self.hooks.clone(),
+        }))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+impl<H: FileHooks> okaywal::fs::FileHandle for HookedFile<H> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.hooks.before_write(&self.name);
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.hooks.before_sync(&self.name);
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.hooks.before_sync(&self.name);
+        self.inner.sync_all()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+}
