@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::format::HEADER_SIZE;
-use crate::log::{weak, Inner, Spare, MAX_SPARES};
+use crate::log::{weak, Inner, Spare, SyncTarget, MAX_SPARES};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
 use crate::segment::{FileName, Segment};
@@ -219,7 +219,7 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
     Work::Wait
 }
 
-fn checkpoint(
+pub(crate) fn checkpoint(
     log: &WriteAheadLog,
     manager: &mut dyn LogManager,
     segment: &Arc<Segment>,
@@ -227,15 +227,19 @@ fn checkpoint(
     last_entry_id: Option<u64>,
 ) -> io::Result<()> {
     let inner = &log.inner;
-    // Rolled-back records may still be unsynced; the segment must be fully
-    // durable before it can be forgotten.
-    // Committers of this segment's last entries may still be waiting for a
-    // sync: once sealed, it is no longer among the group commit's targets,
-    // so this sync (which also names the file, if no commit did) covers
-    // them.
-    inner.flush_segment(segment.id)?;
+    // Rolled-back records may still be unsynced, and a sync leader may
+    // still be writing records it took from the buffer after this segment
+    // was chosen: the segment must be whole and durable before it is read
+    // and forgotten. This sync also covers committers of its last entries
+    // still waiting for one (and names the file, if no commit did).
+    inner.settle_segment(segment.id)?;
     let name = !segment.name_durable.load(Ordering::Acquire);
-    inner.sync_targets(&[(segment.clone(), limit, name)])?;
+    inner.sync_targets(&[SyncTarget {
+        segment: segment.clone(),
+        written: limit,
+        complete: limit,
+        name,
+    }])?;
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };

@@ -259,6 +259,7 @@ impl Inner {
             path,
             pending_name: Mutex::new(Some(spare.path)),
             synced_to: 0.into(),
+            marked_to: 0.into(),
             name_durable: false.into(),
         });
         state
@@ -282,8 +283,9 @@ impl Inner {
         }
     }
 
-    /// Reserves `len` bytes in `segment` for a record; returns the offset
-    /// and the durable mark to write into the record's header.
+    /// Reserves `len` bytes in `segment` for a large chunk record; returns
+    /// the offset and the durable mark to write into the record's header.
+    /// The chunk's data counts as in flight until [`Inner::data_written`].
     pub fn reserve(&self, segment: u64, len: u64) -> io::Result<(u64, u64)> {
         let mut state = self.state.lock();
         if let Some(err) = self.group.failure() {
@@ -295,11 +297,12 @@ impl Inner {
         let offset = seg.reserved_end;
         seg.reserved_end += len;
         seg.in_flight.insert(offset, seg.reserved_end);
+        seg.data_in_flight.insert(offset);
         if segment == active && seg.reserved_end >= checkpoint_after {
             seg.full = true;
         }
         let end = seg.reserved_end;
-        let mark = seg.segment.synced_to.load(Ordering::Acquire);
+        let mark = seg.segment.marked_to.load(Ordering::Acquire);
         if segment == active {
             self.spare_due(&state, offset, end);
         }
@@ -334,7 +337,7 @@ impl Inner {
         }
         let offset = seg.reserved_end;
         let header = RecordHeader {
-            durable_mark: seg.segment.synced_to.load(Ordering::Acquire),
+            durable_mark: seg.segment.marked_to.load(Ordering::Acquire),
             ..header
         };
         seg.reserved_end += header.record_len();
@@ -416,6 +419,29 @@ impl Inner {
         }
     }
 
+    /// Writes whatever a closed `segment` has buffered and waits until
+    /// every write into it has landed, including buffered records another
+    /// thread took for writing just before (a sync leader or a flushing
+    /// writer): only then is the file whole, to be read by a checkpoint.
+    pub fn settle_segment(&self, segment: u64) -> io::Result<()> {
+        self.flush_segment(segment)?;
+        let mut state = self.state.lock();
+        while state
+            .segments
+            .get(&segment)
+            .is_some_and(|seg| !seg.in_flight.is_empty() || !seg.data_in_flight.is_empty())
+        {
+            if let Some(err) = self.group.failure() {
+                return Err(err);
+            }
+            state.progress_waiters += 1;
+            self.progress
+                .wait_for(&mut state, Duration::from_millis(10));
+            state.progress_waiters -= 1;
+        }
+        Ok(())
+    }
+
     /// Marks the reservation at `offset` as written (its header is in the
     /// file), optionally finishing the entry that made it.
     pub fn complete(&self, segment: u64, offset: Option<u64>, finished_entry: Option<u64>) {
@@ -438,6 +464,19 @@ impl Inner {
             if seg.full && seg.open_entries == 0 {
                 self.drained.notify_all();
             }
+        }
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+    }
+
+    /// Marks the data of the large chunk reserved at `offset` as written
+    /// (or abandoned: a chunk whose data never lands fails its CRC, and its
+    /// entry cannot commit).
+    pub fn data_written(&self, segment: u64, offset: u64) {
+        let mut state = self.state.lock();
+        if let Some(seg) = state.segments.get_mut(&segment) {
+            seg.data_in_flight.remove(&offset);
         }
         if state.progress_waiters > 0 {
             self.progress.notify_all();
@@ -467,21 +506,21 @@ impl Inner {
                 writes.push((seg.segment.clone(), seg.take_buffered()));
             }
         }
-        let unnamed: Vec<(Arc<Segment>, u64, bool)> = state
+        let unnamed = state
             .segments
             .range(..=segment)
-            .filter(|(_, seg)| !seg.segment.name_durable.load(Ordering::Acquire))
-            .map(|(_, seg)| (seg.segment.clone(), seg.written_to(), true))
-            .collect();
+            .any(|(_, seg)| !seg.segment.name_durable.load(Ordering::Acquire));
         drop(state);
         for (segment, ranges) in writes {
             self.write_ranges(&segment, ranges)?;
         }
-        if !unnamed.is_empty() {
+        if unnamed {
             // A segment file gets its name only once its header is synced;
             // a buffered commit must be in a named file to survive a crash
             // of the process, so the first one in a segment pays that sync.
-            self.sync_targets(&unnamed)?;
+            // It is a whole sync pass: syncing the new segment alone could
+            // make it durable while its predecessor's tail is not.
+            self.sync_pass(segment, end)?;
         }
         Ok(())
     }
@@ -528,7 +567,7 @@ impl Inner {
         // where each segment was written before taking them.
         let targets = sync_targets(&state);
         let mut writes = Vec::new();
-        for (segment, _, _) in &targets {
+        for SyncTarget { segment, .. } in &targets {
             if let Some(seg) = state.segments.get_mut(&segment.id) {
                 if !seg.buffered.is_empty() {
                     writes.push((segment.clone(), seg.take_buffered()));
@@ -541,24 +580,31 @@ impl Inner {
         }
         self.sync_targets(&targets)
     }
-    pub fn sync_targets(&self, targets: &[(Arc<Segment>, u64, bool)]) -> io::Result<()> {
+    pub fn sync_targets(&self, targets: &[SyncTarget]) -> io::Result<()> {
         let covered = self.counters.unsynced_commits.swap(0, Ordering::AcqRel);
-        let mut synced_any = false;
-        for (segment, written, _) in targets {
-            if *written > segment.synced_to.load(Ordering::Acquire) {
+        // Which targets this call syncs; the others were covered by an
+        // earlier sync, which may have started before a large chunk's data
+        // was written, so their durable mark stays.
+        let mut synced = Vec::with_capacity(targets.len());
+        for SyncTarget {
+            segment, written, ..
+        } in targets
+        {
+            let needed = *written > segment.synced_to.load(Ordering::Acquire);
+            if needed {
                 segment.file.sync_data().map_err(|e| self.poison(e))?;
-                synced_any = true;
             }
+            synced.push(needed);
         }
-        if synced_any {
+        if synced.contains(&true) {
             Counters::add(&self.counters.syncs, 1);
         }
         Counters::add(&self.counters.synced_commits, covered);
         self.counters.unsynced_bytes.store(0, Ordering::Release);
-        let needs_dir = targets.iter().any(|(_, _, name)| *name);
+        let needs_dir = targets.iter().any(|target| target.name);
         if needs_dir {
             // Headers are durable now; only then may the names appear.
-            for (segment, _, name) in targets {
+            for SyncTarget { segment, name, .. } in targets {
                 if *name {
                     let mut pending = segment.pending_name.lock();
                     if let Some(from) = pending.as_ref() {
@@ -573,8 +619,20 @@ impl Inner {
                 .sync_dir(self.directory())
                 .map_err(|e| self.poison(e))?;
         }
-        for (segment, written, name) in targets {
+        for (
+            SyncTarget {
+                segment,
+                written,
+                complete,
+                name,
+            },
+            synced,
+        ) in targets.iter().zip(synced)
+        {
             segment.synced_to.fetch_max(*written, Ordering::AcqRel);
+            if synced {
+                segment.marked_to.fetch_max(*complete, Ordering::AcqRel);
+            }
             if *name {
                 segment.name_durable.store(true, Ordering::Release);
             }
@@ -676,19 +734,45 @@ impl Inner {
     }
 }
 
-fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<(Arc<Segment>, u64, bool)> {
-    state
-        .segments
-        .values()
-        .filter_map(|seg| {
-            let written = seg.written_to();
-            let name = !seg.segment.name_durable.load(Ordering::Acquire);
-            (written > seg.segment.synced_to.load(Ordering::Acquire)
-                || name
-                || !seg.buffered.is_empty())
-            .then(|| (seg.segment.clone(), written, name))
-        })
-        .collect()
+/// What one sync covers in one segment.
+#[derive(Debug)]
+pub(crate) struct SyncTarget {
+    pub segment: Arc<Segment>,
+    /// Every record below this offset is in the file before the sync
+    /// starts: `synced_to` becomes this.
+    pub written: u64,
+    /// Every byte below this offset, large chunks' data included, is in
+    /// the file before the sync starts: `marked_to` becomes this.
+    pub complete: u64,
+    /// The segment still has its spare name: rename it and sync the
+    /// directory after syncing the data.
+    pub name: bool,
+}
+
+/// The segments the next sync must cover, in id order. A segment after
+/// one that is closed with writes still in flight is left for a later
+/// sync (see [`SegmentState::closed_with_writes_in_flight`]).
+fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<SyncTarget> {
+    let mut targets = Vec::new();
+    for seg in state.segments.values() {
+        let written = seg.written_to();
+        let name = !seg.segment.name_durable.load(Ordering::Acquire);
+        if written > seg.segment.synced_to.load(Ordering::Acquire)
+            || name
+            || !seg.buffered.is_empty()
+        {
+            targets.push(SyncTarget {
+                segment: seg.segment.clone(),
+                written,
+                complete: seg.complete_to(),
+                name,
+            });
+        }
+        if seg.closed_with_writes_in_flight() {
+            break;
+        }
+    }
+    targets
 }
 
 impl WriteAheadLog {
@@ -770,6 +854,7 @@ impl WriteAheadLog {
                 path,
                 pending_name: Mutex::new(None),
                 synced_to: scan.end.into(),
+                marked_to: scan.end.into(),
                 name_durable: true.into(),
             });
             let mut state = SegmentState::new(segment, scan.end);
@@ -958,6 +1043,7 @@ impl Inner {
             path: PathBuf::new(),
             pending_name: Mutex::new(None),
             synced_to: 0.into(),
+            marked_to: 0.into(),
             name_durable: true.into(),
         });
         state.segments.insert(0, SegmentState::new(placeholder, 0));
@@ -1026,3 +1112,7 @@ impl Signal {
 pub(crate) fn weak(log: &WriteAheadLog) -> Weak<Inner> {
     Arc::downgrade(&log.inner)
 }
+
+#[cfg(test)]
+#[path = "log_tests.rs"]
+mod tests;

@@ -1,6 +1,6 @@
 //! One segment file and the bookkeeping of writes into it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -21,8 +21,14 @@ pub(crate) struct Segment {
     /// segment renames it to `path`: the header must be durable before the
     /// name is, or recovery would find a `wal-{id}` whose header was lost.
     pub pending_name: Mutex<Option<PathBuf>>,
-    /// Bytes below this offset are durable (the last completed sync).
+    /// Every record below this offset is durable (the last completed sync);
+    /// commits are acknowledged against it. The data of a large chunk may
+    /// still have been in flight below it (its header was written first).
     pub synced_to: AtomicU64,
+    /// Every byte below this offset is durable, large chunks' data
+    /// included: the `durable_mark` written into record headers, which
+    /// recovery takes as proof that damage below it is not a torn tail.
+    pub marked_to: AtomicU64,
     /// The directory entry naming this file is durable.
     pub name_durable: AtomicBool,
 }
@@ -35,6 +41,10 @@ pub(crate) struct SegmentState {
     pub reserved_end: u64,
     /// Reservations whose record header is not written yet: start → end.
     pub in_flight: BTreeMap<u64, u64>,
+    /// Large chunk records whose header is written but whose data and
+    /// trailer are not yet (their writers copy them outside the lock):
+    /// their start offsets. They bound the durable mark, not the sync.
+    pub data_in_flight: BTreeSet<u64>,
     /// Small records copied into memory at reservation, in offset order,
     /// not yet written to the file: (start, bytes). The next sync leader
     /// (or a writer that finds too much buffered) writes them in one
@@ -62,6 +72,7 @@ impl SegmentState {
             segment,
             reserved_end,
             in_flight: BTreeMap::new(),
+            data_in_flight: BTreeSet::new(),
             buffered: Vec::new(),
             buffered_bytes: 0,
             open_entries: 0,
@@ -81,6 +92,25 @@ impl SegmentState {
             .next()
             .copied()
             .unwrap_or(self.reserved_end)
+    }
+
+    /// Every byte below this offset, large chunks' data included, is in
+    /// the file or the write buffer: a sync up to here may raise the
+    /// durable mark to here.
+    pub fn complete_to(&self) -> u64 {
+        let written = self.written_to();
+        self.data_in_flight
+            .first()
+            .map_or(written, |&start| start.min(written))
+    }
+
+    /// This segment is closed (no entry is open in it) but some of its
+    /// records are still being written. The next segment's header names
+    /// it as its predecessor, and recovery takes any synced record there
+    /// as proof that this one was synced whole, so the next segment must
+    /// not be synced until these writes land.
+    pub fn closed_with_writes_in_flight(&self) -> bool {
+        self.open_entries == 0 && self.written_to() < self.reserved_end
     }
 
     pub fn ready_for_checkpoint(&self) -> bool {

@@ -136,12 +136,13 @@ impl<'log> EntryWriter<'log> {
             let result = file.write_all_at(&header.encode(self.segment.id), offset);
             inner.complete(self.segment.id, Some(offset), None);
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
-            result
+            let result = result
                 .and_then(|()| file.write_all_at(data, data_offset))
                 .and_then(|()| {
                     file.write_all_at(&crc.to_le_bytes(), data_offset + u64::from(length))
-                })
-                .map_err(|e| self.fail(e))?;
+                });
+            inner.data_written(self.segment.id, offset);
+            result.map_err(|e| self.fail(e))?;
             self.flush_early(data.len())?;
             offset
         };
@@ -171,7 +172,10 @@ impl<'log> EntryWriter<'log> {
             .file
             .write_all_at(&header.encode(self.segment.id), offset);
         inner.complete(self.segment.id, Some(offset), None);
-        result.map_err(|e| self.fail(e))?;
+        if let Err(err) = result {
+            inner.data_written(self.segment.id, offset);
+            return Err(self.fail(err));
+        }
         let capacity = inner.config.buffer_bytes.min(length as usize);
         Ok(ChunkWriter {
             entry: self,
@@ -400,6 +404,12 @@ impl Write for ChunkWriter<'_, '_> {
 
 impl Drop for ChunkWriter<'_, '_> {
     fn drop(&mut self) {
+        // Finished or abandoned, the chunk no longer holds back the durable
+        // mark (an abandoned chunk fails its CRC and its entry cannot commit).
+        self.entry
+            .log
+            .inner
+            .data_written(self.entry.segment.id, self.offset);
         if !self.finished && self.entry.broken.is_none() {
             self.entry.broken = Some("a chunk begun with begin_chunk was never finished".into());
         }

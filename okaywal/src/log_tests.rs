@@ -1,0 +1,168 @@
+//! White-box tests of the write bookkeeping in `log.rs`: interleavings of
+//! writers, sync leaders and the checkpointer that the public API cannot
+//! pin down, set up step by step on a log's `Inner`.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{sync_targets, Inner};
+use crate::format::{RecordHeader, RecordKind, HEADER_SIZE};
+use crate::fs::MemoryFileSystem;
+use crate::segment::Segment;
+use crate::{Configuration, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
+
+fn open() -> WriteAheadLog {
+    Configuration::default_for("/log")
+        .file_system(MemoryFileSystem::new())
+        .checkpoint_after_bytes(1 << 30)
+        .open(LogVoid)
+        .unwrap()
+}
+
+fn header(kind: RecordKind, entry_id: u64, length: u32) -> RecordHeader {
+    RecordHeader {
+        kind,
+        entry_id,
+        length,
+        durable_mark: 0,
+    }
+}
+
+/// Begins an entry and buffers one small chunk and its commit record, as
+/// `EntryWriter` does, without waiting for a sync. Returns the entry id.
+fn buffer_entry(inner: &Inner, data: &[u8]) -> (u64, Arc<Segment>) {
+    let (id, segment) = inner.begin().unwrap();
+    let chunk = header(RecordKind::Chunk, id, data.len() as u32);
+    inner
+        .append(&segment, chunk, Some((data, crc32fast::hash(data))), false)
+        .unwrap();
+    inner
+        .append(&segment, header(RecordKind::Commit, id, 1), None, true)
+        .unwrap();
+    (id, segment)
+}
+
+/// Takes a segment's buffered records the way a sync leader or a flushing
+/// writer does, leaving them to be written later.
+fn take_buffered(inner: &Inner, segment: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut state = inner.state.lock();
+    state.segments.get_mut(&segment).unwrap().take_buffered()
+}
+
+#[derive(Clone, Default)]
+struct Ids(Arc<Mutex<Vec<u64>>>);
+
+impl LogManager for Ids {
+    fn recover(&mut self, _entry: &mut crate::Entry<'_>) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _last: EntryId,
+        entries: &mut SegmentReader,
+        _wal: &WriteAheadLog,
+    ) -> std::io::Result<()> {
+        while let Some(entry) = entries.read_entry()? {
+            self.0.lock().unwrap().push(entry.id().0);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_checkpoint_waits_for_records_another_thread_took_for_writing() {
+    // The checkpointer picks a segment whose last records are still in the
+    // write buffer; before it flushes them, a sync leader takes them for
+    // its own write. The checkpoint must wait for that write, or it reads
+    // (and then recycles) a segment without its last committed entries.
+    let log = open();
+    let inner = log.inner.clone();
+    let (first, _) = buffer_entry(&inner, b"first");
+    let (last, segment) = buffer_entry(&inner, b"last");
+    let limit = inner.state.lock().segments[&segment.id].reserved_end;
+    let taken = take_buffered(&inner, segment.id);
+
+    let ids = Ids::default();
+    let checkpointer = {
+        let (log, segment, mut ids) = (
+            WriteAheadLog::borrowed(inner.clone()),
+            segment.clone(),
+            ids.clone(),
+        );
+        std::thread::spawn(move || {
+            crate::checkpoint::checkpoint(&log, &mut ids, &segment, limit, Some(last))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    inner.write_ranges(&segment, taken).unwrap();
+    checkpointer.join().unwrap().unwrap();
+    assert_eq!(*ids.0.lock().unwrap(), vec![first, last]);
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn a_segment_is_not_synced_while_its_closed_predecessor_is_still_written() {
+    // Recovery takes a synced record in a segment as proof that the
+    // segment before it was synced whole; so while the closed segment's
+    // last records are being written, the next one must not be synced.
+    let log = open();
+    let inner = log.inner.clone();
+    let (_, first) = buffer_entry(&inner, b"in the first segment");
+    let taken = take_buffered(&inner, first.id);
+    {
+        let spare = inner.create_spare().unwrap();
+        let mut state = inner.state.lock();
+        state.spares.push(spare);
+        inner.switch_segment(&mut state).unwrap();
+    }
+    let (_, second) = buffer_entry(&inner, b"in the second segment");
+    assert_ne!(first.id, second.id);
+
+    let covered = |inner: &Inner| -> Vec<u64> {
+        sync_targets(&inner.state.lock())
+            .iter()
+            .map(|target| target.segment.id)
+            .collect()
+    };
+    assert_eq!(covered(&inner), vec![first.id]);
+    inner.write_ranges(&first, taken).unwrap();
+    assert_eq!(covered(&inner), vec![first.id, second.id]);
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
+    // A large chunk's header is written first and its data afterwards: a
+    // sync may cover the header (so later commits can be acknowledged) but
+    // not raise the durable mark past a chunk whose data is not written,
+    // or recovery would call a torn chunk damage.
+    let log = open();
+    let inner = log.inner.clone();
+    let (id, segment) = inner.begin().unwrap();
+    let (offset, mark) = inner.reserve(segment.id, 200_000).unwrap();
+    assert_eq!(mark, 0);
+    assert_eq!(offset, HEADER_SIZE);
+    // The header is written: the reservation is no longer a hole.
+    inner.complete(segment.id, Some(offset), None);
+    let (_, other_segment) = buffer_entry(&inner, b"another entry");
+    assert_eq!(other_segment.id, segment.id);
+    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+
+    // The data lands; the mark rises with the next sync (and not before:
+    // the last one may have started before the data was written).
+    inner.data_written(segment.id, offset);
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    inner
+        .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
+        .unwrap();
+    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    log.shutdown().unwrap();
+}
