@@ -25,8 +25,16 @@ use crate::{temp_dir, PayloadPool, Rng};
 /// The name of the hidden subcommand that runs one system.
 pub const CHILD_COMMAND: &str = "__scale-child";
 
-/// The systems of the scale section.
-pub const SYSTEMS: &[&str] = &["sediment", "redb", "fjall", "marble", "sqlite"];
+/// The systems of the scale section. `parallel-limit` is no store: the
+/// disk itself under the same load (see [`ParallelLimit`]).
+pub const SYSTEMS: &[&str] = &[
+    "parallel-limit",
+    "sediment",
+    "redb",
+    "fjall",
+    "marble",
+    "sqlite",
+];
 
 const THREADS: usize = 8;
 const MIN_BLOB: u64 = 1 << 10;
@@ -93,6 +101,11 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         "bytes on disk = blocks allocated by the store's files (du); sediment deletes by \
          archive + checkpoint_to and runs no compaction; each peer's own reclamation runs \
          after the deletes",
+    );
+    space.note(
+        "parallel-limit is no store: every transaction is one pwrite at a reserved offset \
+         of one file plus fdatasync, by its own thread (the device's own speed under this \
+         load); it never reuses space",
     );
     let mut series = Vec::new();
     for &system in &systems {
@@ -328,11 +341,80 @@ fn fill(
     Ok((all, rates))
 }
 
-fn child(system: &str, bytes: u64, dir: &Path) -> Result<(), String> {
+/// The disk alone under the scale load: each transaction's blobs are
+/// written with one `pwrite` at an offset reserved in one file, then
+/// `fdatasync`ed, by the committing thread, with no coordination, index
+/// or space reuse. Its tenths show how fast the device itself is through
+/// the load, to compare the stores' tenths with.
+struct ParallelLimit {
+    file: std::fs::File,
+    end: AtomicU64,
+    lengths: Mutex<HashMap<u64, usize>>,
+}
+
+impl ParallelLimit {
+    fn open(dir: &Path) -> Result<Self, String> {
+        let path = dir.join("parallel-limit");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        Ok(Self {
+            file,
+            end: AtomicU64::new(0),
+            lengths: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+impl BlobSystem for ParallelLimit {
+    fn write(&self, _thread: usize, blobs: &[&[u8]]) -> Result<Vec<u64>, String> {
+        use std::os::unix::fs::FileExt;
+        let total: usize = blobs.iter().map(|b| b.len()).sum();
+        let start = self.end.fetch_add(total as u64, Ordering::Relaxed);
+        let joined = blobs.concat();
+        self.file
+            .write_all_at(&joined, start)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| format!("writing at {start}: {e}"))?;
+        let mut keys = Vec::with_capacity(blobs.len());
+        let mut lengths = self.lengths.lock();
+        let mut at = start;
+        for blob in blobs {
+            keys.push(at);
+            lengths.insert(at, blob.len());
+            at += blob.len() as u64;
+        }
+        Ok(keys)
+    }
+
+    fn get(&self, _thread: usize, key: u64) -> Result<Option<usize>, String> {
+        Ok(self.lengths.lock().get(&key).copied())
+    }
+
+    fn delete(&self, keys: &[u64]) -> Result<(), String> {
+        let mut lengths = self.lengths.lock();
+        for key in keys {
+            lengths.remove(key);
+        }
+        Ok(())
+    }
+}
+
+fn open_system(system: &str, dir: &Path) -> Result<Box<dyn BlobSystem>, String> {
+    if system == "parallel-limit" {
+        return Ok(Box::new(ParallelLimit::open(dir)?));
+    }
     if !blob::ALL.contains(&system) {
         return Err(format!("unknown system {system:?}"));
     }
-    let mut store = blob::open(system, dir, THREADS)?;
+    blob::open(system, dir, THREADS)
+}
+
+fn child(system: &str, bytes: u64, dir: &Path) -> Result<(), String> {
+    let mut store = open_system(system, dir)?;
     let started = Instant::now();
     let (mut stored, tenths) = fill(&*store, bytes, 1, system)?;
     println!("load_seconds {}", started.elapsed().as_secs_f64());
@@ -407,5 +489,30 @@ mod tests {
         let (key, len) = stored[0];
         assert_eq!(store.get(0, key).unwrap(), Some(len as usize));
         store.close().unwrap();
+    }
+
+    #[test]
+    fn parallel_limit_keeps_every_blob_where_its_key_says() {
+        let dir = temp_dir();
+        let store = open_system("parallel-limit", dir.path()).unwrap();
+        let (stored, _) = fill(&*store, 2 << 20, 3, "test").unwrap();
+        let payload: u64 = stored.iter().map(|(_, len)| len).sum();
+        assert!(payload >= 2 << 20);
+        let file_len = std::fs::metadata(dir.path().join("parallel-limit"))
+            .unwrap()
+            .len();
+        assert_eq!(file_len, payload);
+        let mut keys: Vec<(u64, u64)> = stored.clone();
+        keys.sort_unstable();
+        // Keys are offsets: the blobs tile the file without gaps or overlap.
+        let mut at = 0;
+        for (key, len) in keys {
+            assert_eq!(key, at);
+            assert_eq!(store.get(0, key).unwrap(), Some(len as usize));
+            at += len;
+        }
+        store.delete(&[stored[0].0]).unwrap();
+        assert_eq!(store.get(0, stored[0].0).unwrap(), None);
+        assert!(open_system("no-such-store", dir.path()).is_err());
     }
 }
