@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{blob, files_with_prefix, open_small_wal, seed, Rng};
+use common::{blob, file_len, files_with_prefix, open_small_wal, seed, Rng};
 use sediment::format::grain_crc;
 use sediment::{CommitRecord, Database, GrainId, NewGrain, SequenceId};
 
@@ -337,7 +337,7 @@ fn commit_log_bytes(dir: &Path) -> (usize, u64) {
     let files = files_with_prefix(dir, "commits-");
     let bytes = files
         .iter()
-        .map(|name| std::fs::metadata(dir.join(name)).unwrap().len())
+        .filter_map(|name| file_len(&dir.join(name)))
         .sum();
     (files.len(), bytes)
 }

@@ -6,7 +6,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{assert_blob, blob, dir_bytes, files_with_prefix, open_small_wal, seed, Rng};
+use common::{
+    assert_blob, blob, dir_bytes, file_len, files_with_prefix, open_small_wal, seed, Rng,
+};
 use sediment::{Database, Error, GrainId, SequenceId};
 
 const WAL_BYTES: u64 = 64 << 10;
@@ -16,7 +18,7 @@ fn breakdown(dir: &Path) -> (u64, u64, u64, u64) {
     let size = |prefix: &str| -> u64 {
         files_with_prefix(dir, prefix)
             .iter()
-            .map(|name| std::fs::metadata(dir.join(name)).unwrap().len())
+            .filter_map(|name| file_len(&dir.join(name)))
             .sum()
     };
     (

@@ -96,15 +96,20 @@ pub fn blob(tag: u64, len: usize) -> Vec<u8> {
 pub fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .expect("read the database directory")
-        .map(|entry| {
-            entry
-                .expect("directory entry")
-                .metadata()
-                .expect("metadata")
-        })
-        .filter(|meta| meta.is_file())
-        .map(|meta| meta.len())
+        .filter_map(|entry| file_len(&entry.expect("directory entry").path()))
         .sum()
+}
+
+/// Length of the regular file at `path`, or `None` when it is not a
+/// regular file or vanished: the store's background threads rename and
+/// delete WAL segments while a test lists the directory.
+pub fn file_len(path: &Path) -> Option<u64> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Some(meta.len()),
+        Ok(_) => None,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+        Err(err) => panic!("metadata of {}: {err}", path.display()),
+    }
 }
 
 /// Names of the files directly inside `dir` starting with `prefix`.
