@@ -478,11 +478,17 @@ struct CrashPoint {
 
 /// Runs the workload with a power cut at `point`, reboots and checks.
 /// Returns whether the fault fired, or what went wrong.
-fn crash_at(point: CrashPoint, workload_seed: u64) -> Result<bool, String> {
+/// With `jitter`, the disk delays operations at random (seeded by it)
+/// during the workload.
+fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Result<bool, String> {
     let fs = CrashFileSystem::new();
+    if let Some(jitter) = jitter {
+        fs.jitter(jitter, Duration::from_micros(150));
+    }
     fs.inject(point.operation, point.nth, FaultKind::PowerOff);
     let attempts = run_workload(&fs, workload_seed);
     let fired = fs.is_powered_off();
+    fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
     let db = open(&fs).map_err(|e| format!("reopening failed: {e}"))?;
     let checked =
@@ -554,10 +560,14 @@ fn only_points() -> Option<Vec<CrashPoint>> {
 
 /// `crash_at` on its own thread: a run that does not finish in time is
 /// reported (and its thread abandoned) instead of hanging the test.
-fn crash_at_with_timeout(point: CrashPoint, workload_seed: u64) -> Result<bool, String> {
+fn crash_at_with_timeout(
+    point: CrashPoint,
+    workload_seed: u64,
+    jitter: Option<u64>,
+) -> Result<bool, String> {
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let result = catch_unwind(AssertUnwindSafe(|| crash_at(point, workload_seed)))
+        let result = catch_unwind(AssertUnwindSafe(|| crash_at(point, workload_seed, jitter)))
             .unwrap_or_else(|_| Err("panicked".to_string()));
         let _ = sender.send(result);
     });
@@ -676,7 +686,7 @@ fn power_cut_at_every_sync_and_write() {
             failures.push((*point, format!("{HUNG}: skipped after 2 hung crash points")));
             continue;
         }
-        match crash_at_with_timeout(*point, workload_seed) {
+        match crash_at_with_timeout(*point, workload_seed, None) {
             Ok(true) => fired += 1,
             Ok(false) => {}
             Err(e) => {
@@ -761,5 +771,74 @@ fn power_cut_at_every_sync_and_write() {
         } else {
             first(&freed)
         }
+    );
+}
+
+/// Power cuts at random syncs and writes of random workloads while the
+/// disk delays every operation at random (and a sync covers only the
+/// writes made before it began): interleavings of committers, direct
+/// writes, checkpoints and the WAL's threads that the scheduler alone
+/// rarely produces. Runs for a fixed time; the printed seed replays it.
+#[test]
+fn power_cut_with_jittered_io() {
+    let seed = seed("power_cut_with_jittered_io");
+    let _watchdog = Watchdog::new("the jittered crash test", Duration::from_secs(300));
+    let mut rng = Rng::new(seed);
+    let started = Instant::now();
+    let (mut runs, mut fired) = (0_usize, 0_usize);
+    let mut failures = Vec::new();
+    // `JITTER_SECONDS` lengthens the run for a hunt.
+    let budget = Duration::from_secs(
+        std::env::var("JITTER_SECONDS")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(20),
+    );
+    while started.elapsed() < budget || runs < 10 {
+        let workload_seed = rng.next_u64();
+        let jitter = rng.next_u64();
+        // A fault-free run makes about 60 syncs and 70 writes.
+        let (operation, count) = if rng.percent(40) {
+            (Operation::Sync, 64)
+        } else {
+            (Operation::Write, 76)
+        };
+        let policy = match rng.below(4) {
+            0 => PowerLoss::Clean,
+            1 => PowerLoss::TornPrefix,
+            2 => PowerLoss::SectorHole,
+            _ => PowerLoss::Random(rng.next_u64()),
+        };
+        let point = CrashPoint {
+            operation,
+            nth: rng.below(count),
+            policy,
+        };
+        runs += 1;
+        match crash_at_with_timeout(point, workload_seed, Some(jitter)) {
+            Ok(true) => fired += 1,
+            Ok(false) => {}
+            Err(e) => failures.push(format!(
+                "{point:?}, workload seed {workload_seed}, jitter seed {jitter}: {e}"
+            )),
+        }
+        if failures.iter().any(|f| f.contains(HUNG)) {
+            break;
+        }
+    }
+    println!(
+        "{runs} jittered crash runs ({fired} power cuts fired mid-run) in {:.1?}; {} failed",
+        started.elapsed(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} jittered crash runs failed (test seed {seed}); first ones:\n{}",
+        failures.len(),
+        failures[..failures.len().min(5)].join("\n")
+    );
+    assert!(
+        fired * 2 > runs,
+        "only {fired} of {runs} power cuts fired mid-run"
     );
 }

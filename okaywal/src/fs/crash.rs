@@ -10,12 +10,19 @@
 //! Faults can be injected on the Nth operation of a kind: an I/O error of a
 //! chosen kind for that one call, or a power cut from that call on (the call
 //! and everything after it fail and nothing more reaches the disk).
+//!
+//! A sync makes durable only the writes that were made before it began; a
+//! write that lands while the sync is running stays unsynced, as on a real
+//! disk. [`CrashFileSystem::jitter`] adds random delays around operations,
+//! so that concurrent callers interleave in more ways than the scheduler
+//! alone would produce.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -86,7 +93,17 @@ enum Pending {
 struct Inode {
     data: Vec<u8>,
     durable: Vec<u8>,
-    pending: Vec<Pending>,
+    /// Unsynced changes in the order they were made, each numbered so a
+    /// sync can tell the ones made before it began from later ones.
+    pending: Vec<(u64, Pending)>,
+    next_change: u64,
+}
+
+impl Inode {
+    fn push(&mut self, change: Pending) {
+        self.pending.push((self.next_change, change));
+        self.next_change += 1;
+    }
 }
 
 fn apply(target: &mut Vec<u8>, op: &Pending) {
@@ -121,12 +138,20 @@ struct Faults {
     powered_off: bool,
 }
 
+/// Random delays: a generator and the longest delay.
+#[derive(Debug)]
+struct Jitter {
+    state: u64,
+    max: Duration,
+}
+
 #[derive(Debug)]
 struct Disk {
     tracking: bool,
     generation: AtomicU64,
     namespace: Mutex<Namespace>,
     faults: Mutex<Faults>,
+    jitter: Mutex<Option<Jitter>>,
 }
 
 impl Disk {
@@ -136,11 +161,40 @@ impl Disk {
             generation: AtomicU64::new(0),
             namespace: Mutex::default(),
             faults: Mutex::default(),
+            jitter: Mutex::new(None),
+        }
+    }
+
+    /// With jitter on: half the time nothing, a quarter of the time a
+    /// yield, otherwise a sleep of up to the configured maximum.
+    fn delay(&self) {
+        let pause = {
+            let mut jitter = self.jitter.lock();
+            let Some(jitter) = jitter.as_mut() else {
+                return;
+            };
+            let draw = next_random(&mut jitter.state);
+            match draw % 4 {
+                0 | 1 => None,
+                2 => Some(Duration::ZERO),
+                _ => {
+                    let max = u64::try_from(jitter.max.as_nanos())
+                        .unwrap_or(u64::MAX)
+                        .max(1);
+                    Some(Duration::from_nanos((draw >> 2) % max))
+                }
+            }
+        };
+        match pause {
+            None => {}
+            Some(Duration::ZERO) => std::thread::yield_now(),
+            Some(pause) => std::thread::sleep(pause),
         }
     }
 
     /// Counts an operation and decides whether it may proceed.
     fn check(&self, op: Operation, generation: u64, what: &dyn Fn() -> String) -> io::Result<()> {
+        self.delay();
         if generation != self.generation.load(Ordering::Acquire) {
             return Err(io::Error::other(format!(
                 "{}: handle from before a simulated power loss",
@@ -219,6 +273,27 @@ impl CrashFileSystem {
         self.disk.faults.lock().planned.push((operation, nth, kind));
     }
 
+    /// From now on every operation may wait up to `max_delay` (a random
+    /// time drawn from a generator seeded with `seed`) before it takes
+    /// effect, a write also after, and a sync between deciding which writes
+    /// it covers and making them durable. Races between threads that the
+    /// scheduler rarely produces then happen often; `Duration::ZERO` turns
+    /// the delays off again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use okaywal::fs::CrashFileSystem;
+    ///
+    /// let fs = CrashFileSystem::new();
+    /// fs.jitter(42, Duration::from_micros(200));
+    /// ```
+    pub fn jitter(&self, seed: u64, max_delay: Duration) {
+        *self.disk.jitter.lock() = (!max_delay.is_zero()).then_some(Jitter {
+            state: seed,
+            max: max_delay,
+        });
+    }
+
     /// Removes every planned fault that has not fired yet.
     pub fn clear_faults(&self) {
         self.disk.faults.lock().planned.clear();
@@ -256,7 +331,7 @@ impl CrashFileSystem {
             let mut contents = inode.durable.clone();
             let pending = std::mem::take(&mut inode.pending);
             let last = pending.len().checked_sub(1);
-            for (i, op) in pending.iter().enumerate() {
+            for (i, (_, op)) in pending.iter().enumerate() {
                 let is_last = Some(i) == last;
                 match policy {
                     PowerLoss::Clean => {}
@@ -510,23 +585,35 @@ impl FileHandle for SimFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.check_writable()?;
         self.check(Operation::Write, "writing")?;
-        let mut inode = self.inode.write();
-        write_into(&mut inode.data, offset, buf);
-        if self.disk.tracking {
-            inode.pending.push(Pending::Write {
-                offset,
-                bytes: buf.to_vec(),
-            });
+        {
+            let mut inode = self.inode.write();
+            write_into(&mut inode.data, offset, buf);
+            if self.disk.tracking {
+                inode.push(Pending::Write {
+                    offset,
+                    bytes: buf.to_vec(),
+                });
+            }
         }
+        self.disk.delay();
         Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
         self.check(Operation::Sync, "syncing")?;
         if self.disk.tracking {
+            let begun_at = self.inode.read().next_change;
+            self.disk.delay();
             let mut inode = self.inode.write();
             let inode = &mut *inode;
-            for op in inode.pending.drain(..) {
+            // Changes arrive in order, so those before the sync began are a
+            // prefix (others may have taken part of it meanwhile).
+            let covered = inode
+                .pending
+                .iter()
+                .take_while(|(number, _)| *number < begun_at)
+                .count();
+            for (_, op) in inode.pending.drain(..covered) {
                 apply(&mut inode.durable, &op);
             }
         }
@@ -543,7 +630,7 @@ impl FileHandle for SimFile {
         let mut inode = self.inode.write();
         inode.data.resize(len as usize, 0);
         if self.disk.tracking {
-            inode.pending.push(Pending::SetLen(len));
+            inode.push(Pending::SetLen(len));
         }
         Ok(())
     }
@@ -561,6 +648,48 @@ mod tests {
         let file = fs.open(path, OpenMode::Create).unwrap();
         file.write_all_at(bytes, 0).unwrap();
         file
+    }
+
+    /// With jitter, writes keep landing while syncs run: each sync must
+    /// still make durable every write that completed before it began.
+    #[test]
+    fn a_jittered_sync_covers_every_write_completed_before_it() {
+        let fs = CrashFileSystem::new();
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let file = write_file(&fs, Path::new("/d/a"), b"");
+        fs.jitter(1, Duration::from_micros(300));
+        let completed = AtomicU64::new(0);
+        let durable = || {
+            let namespace = fs.disk.namespace.lock();
+            let inode = namespace.files.get(Path::new("/d/a")).unwrap().clone();
+            drop(namespace);
+            let durable = inode.read().durable.clone();
+            durable
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 0..300_u64 {
+                    file.write_all_at(&[(i % 251) as u8 + 1; 8], i * 8).unwrap();
+                    completed.store(i + 1, Ordering::Release);
+                }
+            });
+            loop {
+                let before = completed.load(Ordering::Acquire);
+                file.sync_data().unwrap();
+                let durable = durable();
+                for i in 0..before {
+                    let at = (i * 8) as usize;
+                    assert_eq!(
+                        durable.get(at..at + 8),
+                        Some(&[(i % 251) as u8 + 1; 8][..]),
+                        "write {i} completed before the sync began but is not durable"
+                    );
+                }
+                if before == 300 {
+                    break;
+                }
+            }
+        });
     }
 
     #[test]
