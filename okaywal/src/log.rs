@@ -587,10 +587,16 @@ impl Inner {
         // was written, so their durable mark stays.
         let mut synced = Vec::with_capacity(targets.len());
         for SyncTarget {
-            segment, written, ..
+            segment,
+            written,
+            complete,
+            ..
         } in targets
         {
-            let needed = *written > segment.synced_to.load(Ordering::Acquire);
+            // Data that landed since the last sync (a large chunk's) needs
+            // a sync too before a later segment's: see `sync_targets`.
+            let needed = *written > segment.synced_to.load(Ordering::Acquire)
+                || *complete > segment.marked_to.load(Ordering::Acquire);
             if needed {
                 segment.file.sync_data().map_err(|e| self.poison(e))?;
             }
@@ -756,15 +762,21 @@ fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<SyncTarget> {
     let mut targets = Vec::new();
     for seg in state.segments.values() {
         let written = seg.written_to();
+        let complete = seg.complete_to();
         let name = !seg.segment.name_durable.load(Ordering::Acquire);
+        // A segment whose mark lags its complete bytes is synced again even
+        // with no new records: a closed segment must be durable to its end,
+        // large chunks' data (and an abandoned chunk's trailer) included,
+        // before the next segment's first sync tells recovery it was.
         if written > seg.segment.synced_to.load(Ordering::Acquire)
+            || complete > seg.segment.marked_to.load(Ordering::Acquire)
             || name
             || !seg.buffered.is_empty()
         {
             targets.push(SyncTarget {
                 segment: seg.segment.clone(),
                 written,
-                complete: seg.complete_to(),
+                complete,
                 name,
             });
         }

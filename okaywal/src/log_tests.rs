@@ -153,16 +153,55 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
     assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
 
-    // The data lands; the mark rises with the next sync (and not before:
-    // the last one may have started before the data was written).
+    // The data lands: the mark stays (the last sync may have started
+    // before the data was written) until the next sync, which syncs the
+    // segment again although it has no new records.
     inner.data_written(segment.id, offset);
-    inner.sync_pass(segment.id, end).unwrap();
     assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
     let end = inner.state.lock().segments[&segment.id].reserved_end;
     inner.sync_pass(segment.id, end).unwrap();
     assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_sync() {
+    // A chunk begun with `begin_chunk` and abandoned: its header was synced,
+    // its trailer (which makes the file cover the record) lands after that
+    // sync and its entry ends without a record. The next segment's first
+    // sync tells recovery this segment was durable to its end, so this
+    // segment must be synced again first, although it has no new records.
+    let log = open();
+    let inner = log.inner.clone();
+    let (id, first) = inner.begin().unwrap();
+    let (offset, _) = inner.reserve(first.id, 200_000).unwrap();
+    inner.complete(first.id, Some(offset), None);
+    let end = inner.state.lock().segments[&first.id].reserved_end;
+    inner.sync_pass(first.id, end).unwrap();
+    assert_eq!(first.synced_to.load(Ordering::Acquire), end);
+    assert_eq!(first.marked_to.load(Ordering::Acquire), offset);
+    inner.data_written(first.id, offset);
+    inner.complete(first.id, None, Some(id));
+    {
+        let spare = inner.create_spare().unwrap();
+        let mut state = inner.state.lock();
+        state.spares.push(spare);
+        inner.switch_segment(&mut state).unwrap();
+    }
+    let (_, second) = buffer_entry(&inner, b"in the second segment");
+    let covered: Vec<u64> = sync_targets(&inner.state.lock())
+        .iter()
+        .map(|target| target.segment.id)
+        .collect();
+    assert_eq!(covered, vec![first.id, second.id]);
+    let second_end = inner.state.lock().segments[&second.id].reserved_end;
+    inner.sync_pass(second.id, second_end).unwrap();
+    assert_eq!(first.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
     log.shutdown().unwrap();
 }

@@ -255,7 +255,9 @@ impl<'log> EntryWriter<'log> {
             Counters::add(&inner.counters.rollbacks, 1);
         }
         if kind == RecordKind::Rollback && self.chunks == 0 {
-            // Nothing of this entry is on disk; nothing to mark.
+            // No chunk of this entry was finished, so recovery discards
+            // whatever of it is on disk (an abandoned chunk's record is
+            // walkable but has no commit): nothing to mark.
             inner.complete(self.segment.id, None, Some(self.id.0));
             return Ok(0);
         }
@@ -404,6 +406,17 @@ impl Write for ChunkWriter<'_, '_> {
 
 impl Drop for ChunkWriter<'_, '_> {
     fn drop(&mut self) {
+        if !self.finished && self.entry.log.inner.group.failure().is_none() {
+            // An abandoned chunk's entry never commits, but recovery must
+            // still be able to walk past its record to the ones after it:
+            // writing the trailer makes the file cover the whole record
+            // even when nothing else was written beyond it (a record that
+            // runs past the end of the file reads as the torn tail).
+            let trailer_at = self.data_offset() + u64::from(self.length);
+            if let Err(err) = self.entry.segment.file.write_all_at(&[0; 4], trailer_at) {
+                self.entry.fail(err);
+            }
+        }
         // Finished or abandoned, the chunk no longer holds back the durable
         // mark (an abandoned chunk fails its CRC and its entry cannot commit).
         self.entry

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use common::{cut_power, try_run_workload, Mix, Model, Recorder, Workload, ALL_OPERATIONS};
-use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
+use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
 use okaywal::Configuration;
 
 const DIR: &str = "/crash";
@@ -409,4 +409,67 @@ fn power_cut_with_jittered_io() {
         fired * 2 >= runs,
         "only {fired} of {runs} power cuts fired inside the workload"
     );
+}
+
+/// A chunk begun with `begin_chunk` and abandoned before its data was
+/// written, at the end of a segment the log then leaves: the next
+/// segment's header records where the abandoned one ended, and after a
+/// power loss recovery must still walk the whole abandoned record (which
+/// reaches past the preallocated file) instead of calling the segment cut
+/// short and refusing to open. Found by `power_cut_with_jittered_io`.
+#[test]
+fn an_abandoned_chunk_at_the_end_of_a_segment_does_not_block_reopening() {
+    for policy in policies(5) {
+        let fs = CrashFileSystem::new();
+        let log = config(&fs).open(Recorder::new()).unwrap();
+        let mut acknowledged = BTreeMap::new();
+        let mut commit = |log: &okaywal::WriteAheadLog, byte: u8| {
+            let mut entry = log.begin_entry().unwrap();
+            entry.write_chunk(&[byte; 1000]).unwrap();
+            let id = entry.commit().unwrap();
+            acknowledged.insert(id.0, byte);
+        };
+        // Past half of the 16 KiB segment, so the spare gets made.
+        for byte in 0..10 {
+            commit(&log, byte);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !fs
+            .list_files(std::path::Path::new(DIR))
+            .unwrap()
+            .iter()
+            .any(|name| name.starts_with("wal-spare-"))
+        {
+            assert!(Instant::now() < deadline, "no spare segment was made");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        {
+            let mut entry = log.begin_entry().unwrap();
+            let mut chunk = entry.begin_chunk(12 << 10).unwrap();
+            std::io::Write::write_all(&mut chunk, &[0xEE; 100]).unwrap();
+            // Both dropped unfinished.
+        }
+        // The active segment is full: these go to the next one, and the
+        // second is written after that segment's first sync.
+        for byte in 20..24 {
+            commit(&log, byte);
+        }
+        cut_power(&fs);
+        let _ = log.shutdown();
+        drop(log);
+        fs.power_loss(policy);
+
+        let recorder = Recorder::new();
+        let log = config(&fs)
+            .open(recorder.clone())
+            .unwrap_or_else(|e| panic!("{policy:?}: reopening failed: {e}"));
+        let seen = recorder.seen();
+        let mut present: BTreeSet<u64> = seen.recovered.iter().map(|(id, _)| *id).collect();
+        present.extend(seen.checkpointed_ids());
+        drop(seen);
+        for id in acknowledged.keys() {
+            assert!(present.contains(id), "{policy:?}: entry {id} lost");
+        }
+        log.shutdown().unwrap();
+    }
 }
