@@ -88,6 +88,118 @@ fn workload(log: &WriteAheadLog) -> (Script, BTreeSet<u64>) {
     (script, synced)
 }
 
+/// Recovers after a power loss and checks the crash run of `workload`:
+/// bytes intact, every durable or synced entry present, and the suffix
+/// property (once an entry is missing, nothing logged after it survives).
+fn check_suffix(
+    fs: &CrashFileSystem,
+    script: &Script,
+    synced: &BTreeSet<u64>,
+    what: &str,
+) -> Result<(), String> {
+    let recorder = Recorder::default();
+    let log = config(fs)
+        .open(recorder.clone())
+        .map_err(|e| format!("{what}: reopen: {e}"))?;
+    let recovered = recorder.recovered.lock().unwrap().clone();
+    for (id, chunks) in &recovered {
+        if chunks.concat() != payload(*id) {
+            return Err(format!("{what}: entry {id} came back with other bytes"));
+        }
+    }
+    for (id, durability, ok) in script {
+        if *ok && *durability == Durability::Durable && !recovered.contains_key(id) {
+            return Err(format!("{what}: durable entry {id} lost"));
+        }
+    }
+    if let Some(id) = synced.iter().find(|id| !recovered.contains_key(id)) {
+        return Err(format!("{what}: synced entry {id} lost"));
+    }
+    let mut lost = None;
+    for (id, _, _) in script {
+        match (lost, recovered.contains_key(id)) {
+            (None, false) => lost = Some(*id),
+            (Some(first), true) => {
+                return Err(format!(
+                    "{what}: entry {id} survived although {first} before it was lost"
+                ))
+            }
+            _ => {}
+        }
+    }
+    log.shutdown().ok();
+    Ok(())
+}
+
+/// The suffix property with power cuts at random syncs and writes while
+/// the disk delays every operation at random (the background thread's
+/// syncs and checkpoints then interleave with the writer in new ways).
+#[test]
+fn buffered_entries_are_lost_only_as_a_suffix_with_jittered_io() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("seed {seed}");
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    let (mut runs, mut fired) = (0, 0);
+    // `JITTER_SECONDS` lengthens the run for a hunt.
+    let budget = Duration::from_secs(
+        std::env::var("JITTER_SECONDS")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(8),
+    );
+    while start.elapsed() < budget || runs < 20 {
+        let fs = CrashFileSystem::new();
+        let jitter = next();
+        fs.jitter(jitter, Duration::from_micros(150));
+        let log = config(&fs).open(LogVoid).unwrap();
+        let (op, count) = if next() % 2 == 0 {
+            (Operation::Sync, 40)
+        } else {
+            (Operation::Write, 80)
+        };
+        let at = fs.operation_count(op) + next() % count;
+        fs.inject(op, at, FaultKind::PowerOff);
+        let (script, synced) = workload(&log);
+        fired += usize::from(fs.is_powered_off());
+        drop(log);
+        fs.jitter(0, Duration::ZERO);
+        let policy = match next() % 3 {
+            0 => PowerLoss::Clean,
+            1 => PowerLoss::TornPrefix,
+            _ => PowerLoss::Random(next()),
+        };
+        fs.power_loss(policy);
+        runs += 1;
+        let what = format!("power cut at {op:?} #{at}, {policy:?}, jitter seed {jitter}");
+        if let Err(err) = check_suffix(&fs, &script, &synced, &what) {
+            failures.push(err);
+        }
+    }
+    println!(
+        "{runs} jittered runs ({fired} cut the power mid-run), {} failures",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} runs failed:\n{}",
+        failures.len(),
+        failures[..failures.len().min(5)].join("\n")
+    );
+    assert!(fired * 2 > runs, "only {fired} of {runs} power cuts fired");
+}
+
 #[test]
 fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
     let count_fs = CrashFileSystem::new();
@@ -113,39 +225,10 @@ fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
             let (script, synced) = workload(&log);
             drop(log);
             fs.power_loss(policy);
-            let recorder = Recorder::default();
-            let log = config(&fs)
-                .open(recorder.clone())
-                .unwrap_or_else(|e| panic!("sync point {crash_at}, {policy:?}: reopen: {e}"));
-            let recovered = recorder.recovered.lock().unwrap().clone();
             let what = format!("sync point {crash_at}, {policy:?}");
-            for (id, chunks) in &recovered {
-                assert_eq!(chunks.concat(), payload(*id), "{what}: entry {id} bytes");
+            if let Err(err) = check_suffix(&fs, &script, &synced, &what) {
+                panic!("{err}");
             }
-            for (id, durability, ok) in &script {
-                if *ok && *durability == Durability::Durable {
-                    assert!(
-                        recovered.contains_key(id),
-                        "{what}: durable entry {id} lost"
-                    );
-                }
-            }
-            for id in &synced {
-                assert!(recovered.contains_key(id), "{what}: synced entry {id} lost");
-            }
-            // The suffix property: once an entry is missing, nothing logged
-            // after it survives.
-            let mut lost = None;
-            for (id, _, _) in &script {
-                match (lost, recovered.contains_key(id)) {
-                    (None, false) => lost = Some(*id),
-                    (Some(first), true) => {
-                        panic!("{what}: entry {id} survived although {first} before it was lost")
-                    }
-                    _ => {}
-                }
-            }
-            log.shutdown().ok();
             points += 1;
         }
     }

@@ -193,7 +193,28 @@ fn workload_survives_power_loss_on_the_crash_file_system() {
 #[test]
 fn entries_acknowledged_as_durable_survive_power_loss() {
     for seed in 0..8_u64 {
+        acknowledged_entries_survive(seed, None);
+    }
+}
+
+/// The same with the disk delaying every operation at random, so that
+/// appends, the sync thread and checkpoints interleave in more ways.
+#[test]
+fn entries_acknowledged_as_durable_survive_power_loss_with_jittered_io() {
+    for seed in 0..12_u64 {
+        acknowledged_entries_survive(
+            seed,
+            Some(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED),
+        );
+    }
+}
+
+fn acknowledged_entries_survive(seed: u64, jitter: Option<u64>) {
+    {
         let fs = CrashFileSystem::new();
+        if let Some(jitter) = jitter {
+            fs.jitter(jitter, Duration::from_micros(150));
+        }
         let config = || {
             LogStoreConfig::new("/log")
                 .segment_bytes(32 << 10)
@@ -243,6 +264,7 @@ fn entries_acknowledged_as_durable_survive_power_loss() {
         std::thread::sleep(Duration::from_millis(20));
         let durable = acknowledged.load(Ordering::SeqCst);
         drop(log);
+        fs.jitter(0, Duration::ZERO);
         let policy = match seed % 3 {
             0 => PowerLoss::Clean,
             1 => PowerLoss::TornPrefix,
@@ -261,7 +283,7 @@ fn entries_acknowledged_as_durable_survive_power_loss() {
             assert_eq!(id.index, i as u64 + 1, "seed {seed}: a hole in the log");
         }
         println!(
-            "seed {seed}: power off at {operation:?} #{nth}: {durable} acknowledged, {} recovered, {} archive files",
+            "seed {seed}, jitter {jitter:?}: power off at {operation:?} #{nth}: {durable} acknowledged, {} recovered, {} archive files",
             ids.len(),
             log.archive_files()
         );
