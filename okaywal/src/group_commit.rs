@@ -4,8 +4,9 @@
 //! for one. Group syncs never overlap (the disk serialises flushes anyway,
 //! and overlapping `fdatasync`s measured slower than one at a time for
 //! small commits). Writers of large chunks may flush early on their own
-//! while a group sync runs (see `EntryWriter::flush_early`): for them the
-//! overlap pays.
+//! while a group sync runs (see `EntryWriter::flush_early`), and entries of
+//! 256 KiB or more commit with a sync pass of their own instead of joining
+//! the group (`Inner::sync_own`): for them the overlap pays.
 //!
 //! While sync *k* runs, the first thread to arrive becomes the leader of
 //! sync *k + 1*; later arrivals become its followers. When sync *k*

@@ -494,6 +494,19 @@ impl Inner {
         )
     }
 
+    /// A sync pass of the caller's own, outside the group commit, unless
+    /// `end` is durable already: for large entries, whose writers gain
+    /// more from overlapping syncs than from sharing one. Concurrent sync
+    /// passes are safe: each covers what was written before it started.
+    pub fn sync_own(&self, segment: &Arc<Segment>, end: u64) -> io::Result<()> {
+        if segment.synced_to.load(Ordering::Acquire) >= end
+            && segment.name_durable.load(Ordering::Acquire)
+        {
+            return Ok(());
+        }
+        self.sync_pass(segment.id, end)
+    }
+
     /// Returns once every record below `end` in `segment` (and every
     /// record of earlier closed segments) is in the file, i.e. handed to the
     /// operating system: what a buffered commit promises.

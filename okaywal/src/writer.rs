@@ -218,6 +218,14 @@ impl<'log> EntryWriter<'log> {
         let end = self.write_end(RecordKind::Commit)?;
         match durability {
             Durability::Durable => {
+                if self.bytes >= EARLY_FLUSH_BYTES as u64 {
+                    // A large entry runs its own sync pass at once, which
+                    // may overlap a group sync, instead of waiting for the
+                    // running sync to end and the next to start: for large
+                    // entries, overlapping syncs beat batching them (1 MiB
+                    // commits at 4 and 16 threads: about 10% more).
+                    inner.sync_own(&self.segment, end)?;
+                }
                 inner.wait_durable(&self.segment, end)?;
                 Counters::add(&inner.counters.durable_commits, 1);
             }

@@ -296,8 +296,9 @@ pub struct Mix {
     pub rollback: u64,
     pub drop: u64,
     pub unfinished: u64,
-    /// Percent of entries with one chunk of 64..160 KiB (written header
-    /// first by the log).
+    /// Percent of entries with one chunk of 64..320 KiB (written header
+    /// first by the log; from 256 KiB on, committed with a sync pass of
+    /// the writer's own).
     pub large: u64,
 }
 
@@ -337,7 +338,7 @@ pub fn random_plan(rng: &mut Rng, mix: &Mix) -> Plan {
     let chunks = (0..count)
         .map(|i| {
             let len = if large && i == 0 {
-                rng.range(64 * 1024, 160 * 1024)
+                rng.range(64 * 1024, 320 * 1024)
             } else if count > 1 {
                 rng.below((mix.max_chunk / 2) as u64 + 1) as usize
             } else {
