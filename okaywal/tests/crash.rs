@@ -8,7 +8,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{cut_power, try_run_workload, Mix, Model, Recorder, Workload, ALL_OPERATIONS};
+use common::{
+    cut_power, jitter_budget, test_seed, try_run_workload, Mix, Model, Recorder, Rng, Workload,
+    ALL_OPERATIONS,
+};
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
 use okaywal::Configuration;
 
@@ -339,34 +342,12 @@ fn a_lost_header_of_an_unsynced_segment_does_not_block_reopening() {
 /// fresh seed each time; `OKAYWAL_TEST_SEED` replays one.
 #[test]
 fn power_cut_with_jittered_io() {
-    let seed = std::env::var("OKAYWAL_TEST_SEED")
-        .ok()
-        .map(|s| s.trim().parse::<u64>().expect("OKAYWAL_TEST_SEED is a u64"))
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    println!("power_cut_with_jittered_io: seed {seed} (rerun with OKAYWAL_TEST_SEED={seed})");
-    let mut state = seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(test_seed("power_cut_with_jittered_io"));
+    let mut next = || rng.next_u64();
     let start = Instant::now();
     let mut failures = Vec::new();
     let (mut runs, mut fired) = (0, 0);
-    // `JITTER_SECONDS` lengthens the run for a hunt.
-    let budget = Duration::from_secs(
-        std::env::var("JITTER_SECONDS")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(20),
-    );
+    let budget = jitter_budget(20);
     while start.elapsed() < budget || runs < 20 {
         let mut work = workload(4, 30);
         work.seed = next();
@@ -401,7 +382,7 @@ fn power_cut_with_jittered_io() {
     );
     assert!(
         failures.is_empty(),
-        "{} of {runs} jittered crash runs failed (seed {seed}); first ones:\n{}",
+        "{} of {runs} jittered crash runs failed; first ones:\n{}",
         failures.len(),
         failures[..failures.len().min(6)].join("\n")
     );

@@ -13,6 +13,10 @@ use okaywal::{
     WriteAheadLog,
 };
 
+mod common;
+
+use common::{jitter_budget, test_seed, Rng};
+
 const DIR: &str = "/log";
 
 #[derive(Debug, Clone, Default)]
@@ -136,29 +140,14 @@ fn check_suffix(
 /// syncs and checkpoints then interleave with the writer in new ways).
 #[test]
 fn buffered_entries_are_lost_only_as_a_suffix_with_jittered_io() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("seed {seed}");
-    let mut state = seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(test_seed(
+        "buffered_entries_are_lost_only_as_a_suffix_with_jittered_io",
+    ));
+    let mut next = || rng.next_u64();
     let start = Instant::now();
     let mut failures = Vec::new();
     let (mut runs, mut fired) = (0, 0);
-    // `JITTER_SECONDS` lengthens the run for a hunt.
-    let budget = Duration::from_secs(
-        std::env::var("JITTER_SECONDS")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(8),
-    );
+    let budget = jitter_budget(8);
     while start.elapsed() < budget || runs < 20 {
         let fs = CrashFileSystem::new();
         let jitter = next();

@@ -117,6 +117,13 @@ async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     let addrs = cluster.addrs();
     let hint = AtomicU64::new(leader);
     let value = |i: u64| format!("value {i} ").repeat(200).into_bytes();
+    let client = cluster.client.clone();
+    let (client, addrs_ref, hint_ref) = (&client, &addrs, &hint);
+    let write = move |i: u64| {
+        let key = format!("key-{}", i % 150);
+        let bytes = value(i);
+        async move { assert!(put(client, addrs_ref, &key, &bytes, hint_ref, || false).await) }
+    };
     let log_dir = cluster.nodes[&leader].dir.join("log");
 
     // The first 280 fill several WAL segments before the first snapshot;
@@ -124,17 +131,7 @@ async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     // segments checkpointed (which deletes purged archives).
     let mut max_size = 0;
     for i in 0..1200 {
-        assert!(
-            put(
-                &cluster.client,
-                &addrs,
-                &format!("key-{}", i % 150),
-                &value(i),
-                &hint,
-                || false
-            )
-            .await
-        );
+        write(i).await;
         max_size = max_size.max(dir_bytes(&log_dir));
     }
     let metrics = cluster.metrics(leader).await.unwrap();
@@ -148,18 +145,7 @@ async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     let mut now = dir_bytes(&log_dir);
     let mut extra = 0;
     while now >= max_size && extra < 600 {
-        let i = 1200 + extra;
-        assert!(
-            put(
-                &cluster.client,
-                &addrs,
-                &format!("key-{}", i % 150),
-                &value(i),
-                &hint,
-                || false
-            )
-            .await
-        );
+        write(1200 + extra).await;
         extra += 1;
         now = dir_bytes(&log_dir);
     }

@@ -19,6 +19,33 @@ use okaywal::{
     SegmentReader, WriteAheadLog,
 };
 
+/// A seed for a randomized test: `OKAYWAL_TEST_SEED` when set, otherwise
+/// the clock; printed so that a failure can be replayed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = std::env::var("OKAYWAL_TEST_SEED")
+        .ok()
+        .map(|s| s.trim().parse::<u64>().expect("OKAYWAL_TEST_SEED is a u64"))
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock after 1970")
+                .as_nanos() as u64
+        });
+    println!("{test}: seed {seed} (rerun with OKAYWAL_TEST_SEED={seed})");
+    seed
+}
+
+/// How long a jittered test runs: `JITTER_SECONDS` when set (a longer
+/// hunt), otherwise `default_seconds`.
+pub fn jitter_budget(default_seconds: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var("JITTER_SECONDS")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(default_seconds),
+    )
+}
+
 /// splitmix64: deterministic, seedable, no dependencies.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
