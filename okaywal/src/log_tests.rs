@@ -50,6 +50,23 @@ fn take_buffered(inner: &Inner, segment: u64) -> Vec<(u64, Vec<u8>)> {
     state.segments.get_mut(&segment).unwrap().take_buffered()
 }
 
+/// Makes a spare and switches the log to it, as a full active segment
+/// does.
+fn switch_to_a_new_segment(inner: &Inner) {
+    let spare = inner.create_spare().unwrap();
+    let mut state = inner.state.lock();
+    state.spares.push(spare);
+    inner.switch_segment(&mut state).unwrap();
+}
+
+/// The ids of the segments the next sync pass would sync, in order.
+fn next_sync_covers(inner: &Inner) -> Vec<u64> {
+    sync_targets(&inner.state.lock())
+        .iter()
+        .map(|target| target.segment.id)
+        .collect()
+}
+
 #[derive(Clone, Default)]
 struct Ids(Arc<Mutex<Vec<u64>>>);
 
@@ -111,24 +128,13 @@ fn a_segment_is_not_synced_while_its_closed_predecessor_is_still_written() {
     let inner = log.inner.clone();
     let (_, first) = buffer_entry(&inner, b"in the first segment");
     let taken = take_buffered(&inner, first.id);
-    {
-        let spare = inner.create_spare().unwrap();
-        let mut state = inner.state.lock();
-        state.spares.push(spare);
-        inner.switch_segment(&mut state).unwrap();
-    }
+    switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
     assert_ne!(first.id, second.id);
 
-    let covered = |inner: &Inner| -> Vec<u64> {
-        sync_targets(&inner.state.lock())
-            .iter()
-            .map(|target| target.segment.id)
-            .collect()
-    };
-    assert_eq!(covered(&inner), vec![first.id]);
+    assert_eq!(next_sync_covers(&inner), vec![first.id]);
     inner.write_ranges(&first, taken).unwrap();
-    assert_eq!(covered(&inner), vec![first.id, second.id]);
+    assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
     log.shutdown().unwrap();
 }
 
@@ -187,18 +193,9 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     assert_eq!(first.marked_to.load(Ordering::Acquire), offset);
     inner.data_written(first.id, offset);
     inner.complete(first.id, None, Some(id));
-    {
-        let spare = inner.create_spare().unwrap();
-        let mut state = inner.state.lock();
-        state.spares.push(spare);
-        inner.switch_segment(&mut state).unwrap();
-    }
+    switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
-    let covered: Vec<u64> = sync_targets(&inner.state.lock())
-        .iter()
-        .map(|target| target.segment.id)
-        .collect();
-    assert_eq!(covered, vec![first.id, second.id]);
+    assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
     let second_end = inner.state.lock().segments[&second.id].reserved_end;
     inner.sync_pass(second.id, second_end).unwrap();
     assert_eq!(first.marked_to.load(Ordering::Acquire), end);
