@@ -77,10 +77,25 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         }
     };
     let mut throughput = Table::new(&[
-        "system", "10%#", "20%#", "30%#", "40%#", "50%#", "60%#", "70%#", "80%#", "90%#", "100%#",
+        "system",
+        "10%#",
+        "20%#",
+        "30%#",
+        "40%#",
+        "50%#",
+        "60%#",
+        "70%#",
+        "80%#",
+        "90%#",
+        "100%#",
+        "last ÷ first#",
         "load s#",
     ]);
     throughput.note("MiB/s of payload committed during each tenth of the load");
+    throughput.note(
+        "last ÷ first: the last tenth's rate over the first's; parallel-limit's is the \
+         device's own (a virtual disk may absorb a burst far faster than it sustains)",
+    );
     let extra = bytes / 4;
     let mut space = Table::new(&[
         "system",
@@ -135,6 +150,10 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         let mut row = vec![system.to_string()];
         row.extend(tenths.iter().map(|t| t.map_or(String::new(), rate)));
         row.resize(11, String::new());
+        row.push(match (tenths.first(), tenths.last()) {
+            (Some(Some(first)), Some(Some(last))) if *first > 0.0 => format!("{:.2}", last / first),
+            _ => String::new(),
+        });
         row.push(get("load_seconds").map_or(String::new(), |s| format!("{s:.1}")));
         throughput.row(row);
         series.push(Series {

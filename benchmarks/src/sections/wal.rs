@@ -36,6 +36,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         "commits/s#",
         "p50 µs#",
         "p99 µs#",
+        "p99 ÷ p50#",
         "× floor#",
     ]);
     for note in notes {
@@ -46,7 +47,8 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
          systems in reverse order every other round); every round starts from an empty \
          directory, except floor and parallel-limit, whose preallocated 256 MiB files \
          are made once per run; × floor = commits/s ÷ the floor's in the same \
-         configuration",
+         configuration; p99 ÷ p50 of floor at 1 thread is the spread of a lone \
+         fdatasync on this disk, which no log can narrow",
         format_args!("{:.1} s", duration.as_secs_f64() * rounds as f64),
         if rounds == 1 { "" } else { "s" },
         duration.as_millis(),
@@ -157,6 +159,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                             rate(per_second),
                             micros(m.p50),
                             micros(m.p99),
+                            spread(m.p50, m.p99),
                             ratio,
                         ]);
                         rates[size_index]
@@ -225,4 +228,13 @@ fn failed_row(size: usize, threads: usize, system: &str, err: &str) -> Vec<Strin
         system.to_string(),
         format!("failed: {err}"),
     ]
+}
+
+/// p99 over p50, or a dash when p50 is zero.
+fn spread(p50: Duration, p99: Duration) -> String {
+    if p50.is_zero() {
+        "–".to_string()
+    } else {
+        format!("{:.1}", p99.as_secs_f64() / p50.as_secs_f64())
+    }
 }
