@@ -205,6 +205,8 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
         .next()
         .filter(|seg| seg.segment.id != active && seg.ready_for_checkpoint())
         .map(|seg| (seg.segment.clone(), seg.reserved_end, seg.last_entry_id));
+    #[cfg(test)]
+    let may_checkpoint = may_checkpoint && !state.checkpoints_paused;
     if let (true, Some((segment, limit, last_entry_id))) = (may_checkpoint, candidate) {
         state.checkpointing = Some(segment.id);
         return Work::Checkpoint {

@@ -11,7 +11,9 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::Configuration;
-use crate::format::{RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::{
+    RecordHeader, RecordKind, SegmentHeader, CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
+};
 use crate::fs::{zero_fill, FileHandle, FileSystem, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
@@ -119,6 +121,10 @@ pub(crate) struct State {
     /// The highest entry id whose segment has been checkpointed and
     /// recycled.
     pub recycled_through: u64,
+    /// White-box tests stop the background checkpointer from taking
+    /// segments whose bookkeeping they are still looking at.
+    #[cfg(test)]
+    pub checkpoints_paused: bool,
 }
 
 impl State {
@@ -298,6 +304,7 @@ impl Inner {
         seg.reserved_end += len;
         seg.in_flight.insert(offset, seg.reserved_end);
         seg.data_in_flight.insert(offset);
+        Counters::add(&self.counters.bytes_written, len);
         if segment == active && seg.reserved_end >= checkpoint_after {
             seg.full = true;
         }
@@ -307,6 +314,55 @@ impl Inner {
             self.spare_due(&state, offset, end);
         }
         Ok((offset, mark))
+    }
+
+    /// Reserves room for a chunk record whose data the caller writes into
+    /// the file itself, and puts the record's header and CRC trailer into
+    /// the segment's write buffer in the same critical section: the record
+    /// is never a hole for other committers' syncs (the next sync pass
+    /// writes both with its other buffered records), and the writer's only
+    /// system call is the `pwrite` of its data, which runs outside the lock
+    /// in parallel with other writers'. The data counts as in flight until
+    /// [`Inner::data_written`]. Returns the record's offset.
+    pub fn reserve_chunk(
+        &self,
+        segment: &Arc<Segment>,
+        header: RecordHeader,
+        crc: u32,
+    ) -> io::Result<u64> {
+        let mut state = self.state.lock();
+        if let Some(err) = self.group.failure() {
+            return Err(err);
+        }
+        let active = state.active;
+        let seg = state.live(segment.id)?;
+        let offset = seg.reserved_end;
+        let header = RecordHeader {
+            durable_mark: seg.segment.marked_to.load(Ordering::Acquire),
+            ..header
+        };
+        let record_len = header.record_len();
+        seg.reserved_end += record_len;
+        seg.data_in_flight.insert(offset);
+        seg.buffer(offset, &[&header.encode(segment.id)]);
+        seg.buffer(
+            offset + record_len - CHUNK_TRAILER_SIZE as u64,
+            &[&crc.to_le_bytes()],
+        );
+        Counters::add(&self.counters.bytes_written, record_len);
+        if segment.id == active && seg.reserved_end >= self.config.checkpoint_after_bytes {
+            seg.full = true;
+        }
+        let end = seg.reserved_end;
+        let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
+        if segment.id == active {
+            self.spare_due(&state, offset, end);
+        }
+        drop(state);
+        if let Some(ranges) = flush {
+            self.write_ranges(segment, ranges)?;
+        }
+        Ok(offset)
     }
 
     /// Reserves room for a small record and copies it into the segment's
@@ -927,6 +983,8 @@ impl WriteAheadLog {
                 open_ids: std::collections::BTreeSet::new(),
                 pending_commits: BTreeMap::new(),
                 recycled_through: 0,
+                #[cfg(test)]
+                checkpoints_paused: false,
             }),
             progress: Condvar::new(),
             signal: Arc::default(),

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{sync_targets, Inner};
-use crate::format::{RecordHeader, RecordKind, HEADER_SIZE};
+use crate::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
 use crate::fs::MemoryFileSystem;
 use crate::segment::Segment;
 use crate::{Configuration, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
@@ -126,6 +126,7 @@ fn a_segment_is_not_synced_while_its_closed_predecessor_is_still_written() {
     // last records are being written, the next one must not be synced.
     let log = open();
     let inner = log.inner.clone();
+    inner.state.lock().checkpoints_paused = true;
     let (_, first) = buffer_entry(&inner, b"in the first segment");
     let taken = take_buffered(&inner, first.id);
     switch_to_a_new_segment(&inner);
@@ -184,6 +185,9 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     // segment must be synced again first, although it has no new records.
     let log = open();
     let inner = log.inner.clone();
+    // Otherwise the checkpointer may take (and sync) the closed segment
+    // before the test looks at the next sync's targets.
+    inner.state.lock().checkpoints_paused = true;
     let (id, first) = inner.begin().unwrap();
     let (offset, _) = inner.reserve(first.id, 200_000).unwrap();
     inner.complete(first.id, Some(offset), None);
@@ -200,5 +204,62 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     inner.sync_pass(second.id, second_end).unwrap();
     assert_eq!(first.marked_to.load(Ordering::Acquire), end);
     assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
+    // `reserve_chunk` buffers the header and trailer with the reservation,
+    // so another committer's sync pass never waits for the copy; the
+    // durable mark still stays below the chunk until its data is written
+    // and synced.
+    let log = open();
+    let inner = log.inner.clone();
+    let (id, segment) = inner.begin().unwrap();
+    let data = vec![5_u8; 100_000];
+    let crc = crc32fast::hash(&data);
+    let offset = inner
+        .reserve_chunk(&segment, header(RecordKind::Chunk, id, 100_000), crc)
+        .unwrap();
+    assert_eq!(offset, HEADER_SIZE);
+    let (_, other) = buffer_entry(&inner, b"a later entry");
+    assert_eq!(other.id, segment.id);
+    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    {
+        let state = inner.state.lock();
+        let seg = &state.segments[&segment.id];
+        assert_eq!(seg.written_to(), end, "the copied chunk left a hole");
+        assert_eq!(seg.complete_to(), offset);
+    }
+    // A sync pass for the later entry returns without the chunk's data and
+    // writes the chunk's header and trailer.
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    let mut encoded = [0_u8; RECORD_HEADER_SIZE];
+    segment.file.read_exact_at(&mut encoded, offset).unwrap();
+    let written = RecordHeader::decode(&encoded, segment.id).unwrap();
+    assert_eq!(
+        (written.kind, written.entry_id, written.length),
+        (RecordKind::Chunk, id, 100_000)
+    );
+    let trailer_at = offset + (RECORD_HEADER_SIZE + 100_000) as u64;
+    let mut trailer = [0_u8; 4];
+    segment
+        .file
+        .read_exact_at(&mut trailer, trailer_at)
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(trailer), crc);
+
+    segment
+        .file
+        .write_all_at(&data, offset + RECORD_HEADER_SIZE as u64)
+        .unwrap();
+    inner.data_written(segment.id, offset);
+    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    inner
+        .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
+        .unwrap();
     log.shutdown().unwrap();
 }

@@ -9,8 +9,10 @@ use crate::segment::Segment;
 use crate::stats::Counters;
 use crate::WriteAheadLog;
 
-/// Chunks larger than this are written header first, so that other
-/// committers need not wait for their data to be copied (see FORMAT.md).
+/// Chunks larger than this are copied into the file by their writers,
+/// outside the log's lock, while their header and trailer go through the
+/// write buffer, so that other committers need not wait for the copy (see
+/// FORMAT.md).
 const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
 /// Chunks from this size are flushed by their writer when another sync is
 /// already running (see `EntryWriter::flush_early`).
@@ -124,23 +126,11 @@ impl<'log> EntryWriter<'log> {
                 .append(&self.segment, header, Some((data, crc)), false)
                 .inspect_err(|e| self.broken = Some(e.to_string()))?
         } else {
-            // Large chunks are copied by their writers in parallel: header
-            // first, so the reservation stops being a hole at once.
-            let record_len = (RECORD_HEADER_SIZE + data.len() + CHUNK_TRAILER_SIZE) as u64;
-            let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
-            let header = RecordHeader {
-                durable_mark: mark,
-                ..header
-            };
-            let file = &self.segment.file;
-            let result = file.write_all_at(&header.encode(self.segment.id), offset);
-            inner.complete(self.segment.id, Some(offset), None);
+            // Large chunks are copied by their writers in parallel, with one
+            // `pwrite` each; header and trailer wait in the write buffer.
+            let offset = inner.reserve_chunk(&self.segment, header, crc)?;
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
-            let result = result
-                .and_then(|()| file.write_all_at(data, data_offset))
-                .and_then(|()| {
-                    file.write_all_at(&crc.to_le_bytes(), data_offset + u64::from(length))
-                });
+            let result = self.segment.file.write_all_at(data, data_offset);
             inner.data_written(self.segment.id, offset);
             result.map_err(|e| self.fail(e))?;
             self.flush_early(data.len())?;

@@ -1,7 +1,7 @@
 //! Durability modes, reading the live log, recovery modes and statistics.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
+use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -596,4 +596,25 @@ fn stats_count_a_scripted_workload() {
     assert!(stats.live_segments >= 1);
     assert!(stats.recycled_segments >= 1);
     assert_eq!(stats.checkpoint_failures, 0);
+}
+
+#[test]
+fn bytes_written_counts_large_and_streamed_chunks() {
+    // Chunks above the inline limit are copied by their writers and
+    // streamed chunks through `begin_chunk`; both are bytes the log wrote.
+    let fs = CrashFileSystem::new();
+    let log = config(&fs).open(LogVoid).unwrap();
+    let before = log.stats().bytes_written;
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(&vec![7_u8; 300_000]).unwrap();
+    let mut streamed = entry.begin_chunk(200_000).unwrap();
+    streamed.write_all(&vec![9_u8; 200_000]).unwrap();
+    streamed.finish().unwrap();
+    entry.commit().unwrap();
+    let written = log.stats().bytes_written - before;
+    assert!(
+        (500_000..510_000).contains(&written),
+        "{written} bytes counted for 500,000 bytes of chunks"
+    );
+    log.shutdown().unwrap();
 }
