@@ -41,12 +41,14 @@ pub(crate) struct SegmentState {
     pub reserved_end: u64,
     /// Reservations whose record header is not written yet: start → end.
     pub in_flight: BTreeMap<u64, u64>,
-    /// Large chunk records whose header is written but whose data and
-    /// trailer are not yet (their writers copy them outside the lock):
-    /// their start offsets. They bound the durable mark, not the sync.
+    /// Large chunk records whose data is not written yet (their writers
+    /// copy it outside the lock; the header is in the file or the write
+    /// buffer): their start offsets. They bound the durable mark, not the
+    /// sync.
     pub data_in_flight: BTreeSet<u64>,
-    /// Small records copied into memory at reservation, in offset order,
-    /// not yet written to the file: (start, bytes). The next sync leader
+    /// Small records (and large chunks' headers and trailers) copied into
+    /// memory at reservation, in offset order, not yet written to the
+    /// file: (start, bytes). The next sync leader
     /// (or a writer that finds too much buffered) writes them in one
     /// `pwrite` per contiguous range.
     pub buffered: Vec<(u64, Vec<u8>)>,
