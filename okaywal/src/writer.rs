@@ -128,7 +128,9 @@ impl<'log> EntryWriter<'log> {
         } else {
             // Large chunks are copied by their writers in parallel, with one
             // `pwrite` each; header and trailer wait in the write buffer.
-            let offset = inner.reserve_chunk(&self.segment, header, crc)?;
+            let offset = inner
+                .reserve_chunk(&self.segment, header, crc)
+                .inspect_err(|e| self.broken = Some(e.to_string()))?;
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
             let result = self.segment.file.write_all_at(data, data_offset);
             inner.data_written(self.segment.id, offset);
