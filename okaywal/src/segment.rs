@@ -48,9 +48,8 @@ pub(crate) struct SegmentState {
     pub data_in_flight: BTreeSet<u64>,
     /// Small records (and large chunks' headers and trailers) copied into
     /// memory at reservation, in offset order, not yet written to the
-    /// file: (start, bytes). The next sync leader
-    /// (or a writer that finds too much buffered) writes them in one
-    /// `pwrite` per contiguous range.
+    /// file: (start, bytes). The next sync leader (or a writer that finds
+    /// too much buffered) writes them in one `pwrite` per contiguous range.
     pub buffered: Vec<(u64, Vec<u8>)>,
     pub buffered_bytes: usize,
     /// Entries begun in this segment and not yet committed or rolled back.
