@@ -87,6 +87,8 @@ pub(crate) struct Inner {
     pub last_committed_id: AtomicU64,
     /// Signalled after every completed sync (for readers tailing the log).
     pub synced: Condvar,
+    /// Held while segments are renamed and the directory synced.
+    pub naming: Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -676,30 +678,15 @@ impl Inner {
         }
         Counters::add(&self.counters.synced_commits, covered);
         self.counters.unsynced_bytes.store(0, Ordering::Release);
-        let needs_dir = targets.iter().any(|target| target.name);
-        if needs_dir {
-            // Headers are durable now; only then may the names appear.
-            for SyncTarget { segment, name, .. } in targets {
-                if *name {
-                    let mut pending = segment.pending_name.lock();
-                    if let Some(from) = pending.as_ref() {
-                        self.fs
-                            .rename(from, &segment.path)
-                            .map_err(|e| self.poison(e))?;
-                        *pending = None;
-                    }
-                }
-            }
-            self.fs
-                .sync_dir(self.directory())
-                .map_err(|e| self.poison(e))?;
+        if targets.iter().any(|target| target.name) {
+            self.name_segments(targets)?;
         }
         for (
             SyncTarget {
                 segment,
                 written,
                 complete,
-                name,
+                ..
             },
             synced,
         ) in targets.iter().zip(synced)
@@ -708,12 +695,46 @@ impl Inner {
             if synced {
                 segment.marked_to.fetch_max(*complete, Ordering::AcqRel);
             }
-            if *name {
-                segment.name_durable.store(true, Ordering::Release);
-            }
         }
         self.prune_pending_commits();
         self.synced.notify_all();
+        Ok(())
+    }
+
+    /// Gives the targets' segments their real names once their headers
+    /// are durable (the caller has just synced them), and syncs the
+    /// directory. Serialised: when large entries' writers run sync passes
+    /// of their own, all of them find the new segment unnamed; one
+    /// directory sync names it for all of them (each directory sync is a
+    /// journal commit, and sixteen of them per segment cost more than the
+    /// data's own syncs).
+    fn name_segments(&self, targets: &[SyncTarget]) -> io::Result<()> {
+        let _naming = self.naming.lock();
+        let unnamed: Vec<&Arc<Segment>> = targets
+            .iter()
+            .filter(|target| target.name && !target.segment.name_durable.load(Ordering::Acquire))
+            .map(|target| &target.segment)
+            .collect();
+        if unnamed.is_empty() {
+            // Named by another sync pass, whose directory sync completed
+            // before it released `naming`.
+            return Ok(());
+        }
+        for segment in &unnamed {
+            let mut pending = segment.pending_name.lock();
+            if let Some(from) = pending.as_ref() {
+                self.fs
+                    .rename(from, &segment.path)
+                    .map_err(|e| self.poison(e))?;
+                *pending = None;
+            }
+        }
+        self.fs
+            .sync_dir(self.directory())
+            .map_err(|e| self.poison(e))?;
+        for segment in unnamed {
+            segment.name_durable.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -996,6 +1017,7 @@ impl WriteAheadLog {
             counters: Counters::default(),
             last_committed_id: AtomicU64::new(0),
             synced: Condvar::new(),
+            naming: Mutex::new(()),
         });
         // The first active segment: a reused file if any, else a new one.
         if inner.state.lock().spares.is_empty() {

@@ -14,9 +14,9 @@ use crate::WriteAheadLog;
 /// write buffer, so that other committers need not wait for the copy (see
 /// FORMAT.md).
 const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
-/// Chunks from this size are flushed by their writer when another sync is
-/// already running (see `EntryWriter::flush_early`).
-const EARLY_FLUSH_BYTES: usize = 256 * 1024;
+/// Entries from this size commit with a sync pass of their own (see
+/// `EntryWriter::commit_with`).
+const OWN_SYNC_BYTES: usize = 256 * 1024;
 
 /// How durable a commit is when it returns; see
 /// [`EntryWriter::commit_with`].
@@ -93,20 +93,6 @@ impl<'log> EntryWriter<'log> {
         }
     }
 
-    /// For a large chunk written while another thread's sync is running:
-    /// syncs the file now, in parallel with that sync, instead of leaving
-    /// all of it to the next one. Large writes gain from overlapping
-    /// flushes (the device moves one writer's data while it flushes
-    /// another's); small ones lose, and a lone writer would only pay a
-    /// second flush. Durability still comes from the group commit.
-    fn flush_early(&mut self, len: usize) -> io::Result<()> {
-        if len >= EARLY_FLUSH_BYTES && self.log.inner.group.is_syncing() {
-            let file = self.segment.file.clone();
-            file.sync_data().map_err(|e| self.fail(e))?;
-        }
-        Ok(())
-    }
-
     fn fail(&mut self, err: io::Error) -> io::Error {
         self.broken = Some(err.to_string());
         self.log.inner.poison(err)
@@ -135,7 +121,6 @@ impl<'log> EntryWriter<'log> {
             let result = self.segment.file.write_all_at(data, data_offset);
             inner.data_written(self.segment.id, offset);
             result.map_err(|e| self.fail(e))?;
-            self.flush_early(data.len())?;
             offset
         };
         self.chunks += 1;
@@ -210,7 +195,7 @@ impl<'log> EntryWriter<'log> {
         let end = self.write_end(RecordKind::Commit)?;
         match durability {
             Durability::Durable => {
-                if self.bytes >= EARLY_FLUSH_BYTES as u64 {
+                if self.bytes >= OWN_SYNC_BYTES as u64 {
                     // A large entry runs its own sync pass at once, which
                     // may overlap a group sync, instead of waiting for the
                     // running sync to end and the next to start: for large
@@ -358,7 +343,6 @@ impl ChunkWriter<'_, '_> {
         {
             return Err(self.entry.fail(err));
         }
-        self.entry.flush_early(self.length as usize)?;
         self.finished = true;
         self.entry.chunks += 1;
         self.entry.bytes += u64::from(self.length);
