@@ -1,7 +1,7 @@
 //! Durability modes, reading the live log, recovery modes and statistics.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -668,4 +668,49 @@ fn concurrent_large_commits_name_each_segment_with_one_directory_sync() {
     for chunks in recorder.recovered.lock().unwrap().values() {
         assert_eq!(chunks, &vec![payload.clone()]);
     }
+}
+
+/// `crc_is_valid` hashes whatever the caller has not read yet: after a
+/// partial read, after no read at all, and over data damaged on disk.
+#[test]
+fn crc_is_valid_checks_unread_data_of_small_and_large_chunks() {
+    let fs = CrashFileSystem::new();
+    let log = Configuration::default_for(DIR)
+        .file_system(fs.clone())
+        .open(LogVoid)
+        .unwrap();
+    let small: Vec<u8> = (0..3_000_u32).map(|i| (i * 7) as u8).collect();
+    let large: Vec<u8> = (0..700_000_u32).map(|i| (i * 13 + 5) as u8).collect();
+    let mut entry = log.begin_entry().unwrap();
+    let small_at = entry.write_chunk(&small).unwrap().position;
+    let large_at = entry.write_chunk(&large).unwrap().position;
+    entry.commit().unwrap();
+
+    for (at, data) in [(small_at, &small), (large_at, &large)] {
+        let mut reader = log.read_at(at).unwrap();
+        assert!(reader.crc_is_valid().unwrap(), "unread chunk at {at}");
+        let mut reader = log.read_at(at).unwrap();
+        let mut head = [0_u8; 100];
+        reader.read_exact(&mut head).unwrap();
+        assert_eq!(&head[..], &data[..100]);
+        assert!(reader.crc_is_valid().unwrap(), "partly read chunk at {at}");
+        assert_eq!(reader.bytes_remaining(), 0);
+    }
+
+    // Damage one byte deep inside each chunk's data, on "disk".
+    let path = Path::new(DIR).join(format!("wal-{}", large_at.file_id));
+    let mut bytes = fs.contents(&path).expect("segment file");
+    for at in [small_at, large_at] {
+        bytes[at.offset as usize + 2_000] ^= 0x10;
+    }
+    assert!(fs.set_contents(&path, bytes));
+    for at in [small_at, large_at] {
+        let mut reader = log.read_at(at).unwrap();
+        assert!(!reader.crc_is_valid().unwrap(), "damaged chunk at {at}");
+        let mut reader = log.read_at(at).unwrap();
+        let mut head = [0_u8; 10];
+        reader.read_exact(&mut head).unwrap();
+        assert!(!reader.crc_is_valid().unwrap(), "damaged chunk at {at}");
+    }
+    log.shutdown().unwrap();
 }
