@@ -114,7 +114,8 @@ impl ChunkReader {
         }
         let mut buffer = vec![0_u8; remaining.min(256 * 1024)];
         while self.bytes_remaining() > 0 {
-            self.read(&mut buffer)?;
+            let wanted = buffer.len().min(self.bytes_remaining() as usize);
+            self.read_exact(&mut buffer[..wanted])?;
         }
         Ok(())
     }
