@@ -9,6 +9,9 @@ use parking_lot::Mutex;
 
 use crate::fs::FileHandle;
 
+/// Initial capacity of a new range in the write buffer.
+const RANGE_CAPACITY: usize = 4096;
+
 /// A segment file while it is live (active, sealed or being checkpointed).
 #[derive(Debug)]
 pub(crate) struct Segment {
@@ -125,7 +128,12 @@ impl SegmentState {
             .last()
             .is_some_and(|(start, data)| start + data.len() as u64 == offset);
         if !contiguous {
-            self.buffered.push((offset, Vec::new()));
+            // Records arrive in pieces (header, data, trailer) and batches
+            // of many: starting at a page saves the reallocations of
+            // growing from empty for every sync's batch.
+            let len: usize = bytes.iter().map(|piece| piece.len()).sum();
+            self.buffered
+                .push((offset, Vec::with_capacity(len.max(RANGE_CAPACITY))));
         }
         let range = &mut self.buffered.last_mut().expect("just ensured").1;
         for piece in bytes {
