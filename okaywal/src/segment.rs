@@ -129,11 +129,18 @@ impl SegmentState {
             .is_some_and(|(start, data)| start + data.len() as u64 == offset);
         if !contiguous {
             // Records arrive in pieces (header, data, trailer) and batches
-            // of many: starting at a page saves the reallocations of
-            // growing from empty for every sync's batch.
+            // of many: starting a batch at a page saves the reallocations
+            // of growing from empty for every sync. Only the batch's first
+            // range: large chunks leave a range per header and trailer,
+            // thousands of them before an entry's commit, and a page each
+            // would hold far more memory than they need.
             let len: usize = bytes.iter().map(|piece| piece.len()).sum();
-            self.buffered
-                .push((offset, Vec::with_capacity(len.max(RANGE_CAPACITY))));
+            let capacity = if self.buffered.is_empty() {
+                len.max(RANGE_CAPACITY)
+            } else {
+                len
+            };
+            self.buffered.push((offset, Vec::with_capacity(capacity)));
         }
         let range = &mut self.buffered.last_mut().expect("just ensured").1;
         for piece in bytes {
@@ -197,6 +204,45 @@ impl FileName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::{FileSystem, MemoryFileSystem, OpenMode};
+
+    #[test]
+    fn only_a_batch_s_first_range_gets_a_page_of_capacity() {
+        let fs = MemoryFileSystem::new();
+        fs.create_dir_all(Path::new("/")).expect("root");
+        let file = fs
+            .open(Path::new("/wal-1"), OpenMode::CreateNew)
+            .expect("memory file");
+        let segment = Arc::new(Segment {
+            id: 1,
+            file,
+            path: PathBuf::from("/wal-1"),
+            pending_name: Mutex::new(None),
+            synced_to: 0.into(),
+            marked_to: 0.into(),
+            name_durable: true.into(),
+        });
+        let mut state = SegmentState::new(segment, 0);
+        // A header and a trailer per large chunk, with the data between.
+        for chunk in 0..1_000_u64 {
+            let start = chunk * 100_000;
+            state.buffer(start, &[&[1; 25]]);
+            state.buffer(start + 50_000, &[&[2; 4]]);
+        }
+        assert_eq!(state.buffered.len(), 2_000);
+        assert_eq!(state.buffered_bytes, 29_000);
+        let capacity: usize = state.buffered.iter().map(|(_, data)| data.capacity()).sum();
+        assert!(
+            capacity < 29_000 + RANGE_CAPACITY + 2_000 * 8,
+            "{capacity} bytes of capacity for 29,000 buffered"
+        );
+        // Contiguous records extend the first range.
+        state.take_buffered();
+        state.buffer(0, &[&[3; 100]]);
+        state.buffer(100, &[&[4; 50]]);
+        assert_eq!(state.buffered.len(), 1);
+        assert_eq!(state.buffered[0].1.len(), 150);
+    }
 
     #[test]
     fn file_names_round_trip() {
