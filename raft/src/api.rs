@@ -16,6 +16,7 @@ use openraft::error::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::batch::WriteBatcher;
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
 
@@ -28,6 +29,9 @@ pub struct App {
     pub raft: Arc<Raft>,
     /// This node's state machine (for reads).
     pub state_machine: StateMachine,
+    /// Proposes `PUT`s and `DELETE`s, several to a Raft entry when they
+    /// arrive together.
+    pub writes: WriteBatcher,
 }
 
 impl std::fmt::Debug for App {
@@ -105,19 +109,19 @@ async fn put_value(
     };
     let uri = format!("/kv/{}", urlencode(&key));
     match app
-        .raft
-        .client_write(Request::Put {
+        .writes
+        .write(Request::Put {
             key,
             value: value.to_vec(),
         })
         .await
     {
-        Ok(response) => Json(json!({
-            "log_index": response.log_id.index,
-            "replaced": response.data.existed,
+        Ok(written) => Json(json!({
+            "log_index": written.log_index,
+            "replaced": written.existed,
         }))
         .into_response(),
-        Err(e) => write_error(e, &uri),
+        Err(e) => write_error(*e, &uri),
     }
 }
 
@@ -130,13 +134,13 @@ async fn delete_value(
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let uri = format!("/kv/{}", urlencode(&key));
-    match app.raft.client_write(Request::Delete { key }).await {
-        Ok(response) => Json(json!({
-            "log_index": response.log_id.index,
-            "existed": response.data.existed,
+    match app.writes.write(Request::Delete { key }).await {
+        Ok(written) => Json(json!({
+            "log_index": written.log_index,
+            "existed": written.existed,
         }))
         .into_response(),
-        Err(e) => write_error(e, &uri),
+        Err(e) => write_error(*e, &uri),
     }
 }
 

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod batch;
 mod error;
 pub mod journal;
 pub mod log_format;

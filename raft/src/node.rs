@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, App};
+use crate::batch::WriteBatcher;
 use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::network::{self, Network};
@@ -124,6 +125,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         id: config.id,
         raft: raft.clone(),
         state_machine: state_machine.clone(),
+        writes: WriteBatcher::start(raft.clone()),
     };
     let router = api::routes(app).merge(network::routes(raft.clone()));
     let listener = TcpListener::bind(config.listen)

@@ -307,24 +307,22 @@ impl StateMachine {
                 match &entry.payload {
                     EntryPayload::Blank => responses.push(Response::default()),
                     EntryPayload::Normal(request) => {
-                        let key = match request {
-                            Request::Put { key, .. } | Request::Delete { key } => key.as_str(),
-                        };
-                        let existed = overlay
-                            .get(key)
-                            .copied()
-                            .unwrap_or_else(|| state.index.contains_key(key));
-                        responses.push(Response { existed });
-                        match request {
-                            Request::Put { value, .. } => {
-                                overlay.insert(key, true);
-                                finals.insert(key, Some(value));
-                            }
-                            Request::Delete { .. } => {
-                                overlay.insert(key, false);
-                                finals.insert(key, None);
-                            }
+                        let mut each = Vec::new();
+                        for (key, value) in request.changes() {
+                            each.push(
+                                overlay
+                                    .get(key)
+                                    .copied()
+                                    .unwrap_or_else(|| state.index.contains_key(key)),
+                            );
+                            overlay.insert(key, value.is_some());
+                            finals.insert(key, value);
                         }
+                        let existed = each.first().copied().unwrap_or(false);
+                        if !matches!(request, Request::Batch(_)) {
+                            each.clear();
+                        }
+                        responses.push(Response { existed, each });
                     }
                     EntryPayload::Membership(m) => {
                         membership = StoredMembership::new(Some(*entry.get_log_id()), m.clone());

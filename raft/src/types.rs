@@ -61,6 +61,24 @@ pub enum Request {
         /// The key.
         key: String,
     },
+    /// Several puts and deletes that arrived together, applied in order as
+    /// if each were an entry of its own (see [`crate::batch`]). Never
+    /// nested.
+    Batch(Vec<Request>),
+}
+
+impl Request {
+    /// The changes this command makes, in order, as `(key, Some(value))`
+    /// for a put and `(key, None)` for a delete; a batch gives its
+    /// commands' changes (a nested batch is flattened).
+    #[must_use]
+    pub fn changes(&self) -> Vec<(&str, Option<&[u8]>)> {
+        match self {
+            Request::Put { key, value } => vec![(key.as_str(), Some(&value[..]))],
+            Request::Delete { key } => vec![(key.as_str(), None)],
+            Request::Batch(requests) => requests.iter().flat_map(Request::changes).collect(),
+        }
+    }
 }
 
 // Values can be megabytes: logging them whole would drown the log.
@@ -69,6 +87,7 @@ impl fmt::Debug for Request {
         match self {
             Request::Put { key, value } => write!(f, "Put({key:?}, {} bytes)", value.len()),
             Request::Delete { key } => write!(f, "Delete({key:?})"),
+            Request::Batch(requests) => write!(f, "Batch({} commands)", requests.len()),
         }
     }
 }
@@ -82,8 +101,13 @@ impl fmt::Display for Request {
 /// What applying a [`Request`] returned.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
-    /// Whether the key held a value before the command.
+    /// Whether the key held a value before the command (for a batch: before
+    /// its first command).
     pub existed: bool,
+    /// For a [`Request::Batch`]: whether each command's key held a value
+    /// just before that command, in order. Empty otherwise.
+    #[serde(default)]
+    pub each: Vec<bool>,
 }
 
 /// Checks a key against the service's rules: non-empty UTF-8 of at most

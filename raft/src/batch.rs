@@ -1,0 +1,246 @@
+//! Client writes gathered into shared Raft entries.
+//!
+//! openraft 0.9 appends one client write at a time and waits for that
+//! append's flush before it takes the next one (`RaftCore::append_to_log`
+//! awaits the `LogFlushed` callback), so a leader that proposes every
+//! `PUT` as its own entry makes one log `fdatasync` per write, one after
+//! the other, whatever the number of clients. The [`WriteBatcher`] puts
+//! the writes that arrive while earlier ones are in flight into one
+//! [`Request::Batch`] entry: one append, one replication round and one
+//! state-machine transaction for all of them. At most
+//! [`MAX_IN_FLIGHT`] entries are proposed at once, so that writes queue
+//! here (and share an entry) rather than inside openraft.
+//!
+//! A write that arrives alone is proposed alone, as a plain
+//! [`Request::Put`] or [`Request::Delete`]: a single client pays nothing
+//! for the batching. Commands in a batch are applied in order, each one
+//! seeing the ones before it, exactly as if they had been proposed one
+//! after the other; each is acknowledged only when the whole entry is
+//! committed and applied.
+
+use std::sync::Arc;
+
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::types::{Node, NodeId, Raft, Request};
+
+/// Entries proposed at once; writes arriving while this many are in flight
+/// wait and share the next entry.
+pub const MAX_IN_FLIGHT: usize = 2;
+/// A batch stops growing once its values reach this many bytes (a larger
+/// write still goes alone): every AppendEntries RPC must finish within a
+/// heartbeat interval.
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// A batch holds at most this many commands.
+pub const MAX_BATCH_LEN: usize = 1024;
+
+/// The error a write through the batcher can end with (boxed: openraft's
+/// error is over 200 bytes, and every waiter of a failed batch gets one).
+pub type WriteError = Box<RaftError<NodeId, ClientWriteError<NodeId, Node>>>;
+
+/// What a write's caller gets back: the log index of the entry that
+/// carried it, and whether its key held a value before it.
+pub type WriteResult = Result<Written, WriteError>;
+
+/// A committed and applied write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Index of the Raft entry that carried the write.
+    pub log_index: u64,
+    /// Whether the key held a value just before this write.
+    pub existed: bool,
+}
+
+/// One write waiting to be proposed.
+#[derive(Debug)]
+pub struct Pending {
+    /// The command.
+    pub request: Request,
+    /// Where its result goes.
+    pub done: oneshot::Sender<WriteResult>,
+}
+
+impl Pending {
+    fn bytes(&self) -> usize {
+        match &self.request {
+            Request::Put { key, value } => key.len() + value.len(),
+            Request::Delete { key } => key.len(),
+            Request::Batch(requests) => requests.len(),
+        }
+    }
+}
+
+/// Proposes client writes to Raft, several to an entry when they arrive
+/// together (see the module docs). Cloning shares the queue.
+#[derive(Debug, Clone)]
+pub struct WriteBatcher {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+impl WriteBatcher {
+    /// Starts the batching task for `raft` on the current tokio runtime.
+    /// It ends when every clone of the batcher is dropped.
+    #[must_use]
+    pub fn start(raft: Arc<Raft>) -> Self {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run(raft, receiver));
+        Self { queue }
+    }
+
+    /// Proposes `request` (a put or a delete) and waits until it is
+    /// committed and applied, or failed.
+    pub async fn write(&self, request: Request) -> WriteResult {
+        let (done, result) = oneshot::channel();
+        if self.queue.send(Pending { request, done }).is_err() {
+            return Err(stopped());
+        }
+        result.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+fn stopped() -> WriteError {
+    Box::new(RaftError::Fatal(openraft::error::Fatal::Stopped))
+}
+
+/// Takes `first` and then whatever is already queued, up to the limits.
+/// A write that would take the batch past [`MAX_BATCH_BYTES`] is left in
+/// `carry` for the next batch.
+pub fn collect(
+    first: Pending,
+    queue: &mut mpsc::UnboundedReceiver<Pending>,
+    carry: &mut Option<Pending>,
+) -> Vec<Pending> {
+    let mut bytes = first.bytes();
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH_LEN && bytes < MAX_BATCH_BYTES {
+        let Ok(next) = queue.try_recv() else { break };
+        if bytes + next.bytes() > MAX_BATCH_BYTES {
+            *carry = Some(next);
+            break;
+        }
+        bytes += next.bytes();
+        batch.push(next);
+    }
+    batch
+}
+
+async fn run(raft: Arc<Raft>, mut queue: mpsc::UnboundedReceiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut carry: Option<Pending> = None;
+    loop {
+        let first = match carry.take() {
+            Some(first) => first,
+            None => match queue.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        // Waiting for a slot before collecting is what lets writes pile
+        // up and share an entry.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let batch = collect(first, &mut queue, &mut carry);
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            propose(&raft, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
+    if batch.len() == 1 {
+        let Pending { request, done } = batch.pop().expect("one write");
+        let result = raft
+            .client_write(request)
+            .await
+            .map(|r| Written {
+                log_index: r.log_id.index,
+                existed: r.data.existed,
+            })
+            .map_err(Box::new);
+        let _ = done.send(result);
+        return;
+    }
+    let (requests, waiters): (Vec<Request>, Vec<_>) =
+        batch.into_iter().map(|p| (p.request, p.done)).unzip();
+    match raft.client_write(Request::Batch(requests)).await {
+        Ok(response) => {
+            for (i, done) in waiters.into_iter().enumerate() {
+                let _ = done.send(Ok(Written {
+                    log_index: response.log_id.index,
+                    existed: response.data.each.get(i).copied().unwrap_or(false),
+                }));
+            }
+        }
+        Err(e) => {
+            for done in waiters {
+                let _ = done.send(Err(Box::new(e.clone())));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, len: usize) -> (Pending, oneshot::Receiver<WriteResult>) {
+        let (done, result) = oneshot::channel();
+        let request = Request::Put {
+            key: key.into(),
+            value: vec![1; len],
+        };
+        (Pending { request, done }, result)
+    }
+
+    #[test]
+    fn queued_writes_join_the_first_up_to_the_byte_limit() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut receivers = Vec::new();
+        let (first, r) = put("a", 10);
+        receivers.push(r);
+        for (key, len) in [("b", 20), ("c", 30), ("big", MAX_BATCH_BYTES), ("d", 1)] {
+            let (p, r) = put(key, len);
+            tx.send(p).unwrap();
+            receivers.push(r);
+        }
+        let mut carry = None;
+        let batch = collect(first, &mut rx, &mut carry);
+        let keys: Vec<_> = batch
+            .iter()
+            .map(|p| match &p.request {
+                Request::Put { key, .. } => key.clone(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        // The large write goes first in the next batch, alone.
+        let big = carry.take().expect("the large write is carried over");
+        let next = collect(big, &mut rx, &mut carry);
+        assert_eq!(next.len(), 1);
+        assert!(carry.is_none(), "a full batch takes nothing more");
+        let d = rx.try_recv().expect("\"d\" is still queued");
+        assert_eq!(collect(d, &mut rx, &mut carry).len(), 1);
+        assert!(carry.is_none());
+        drop(tx);
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_command_limit() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut receivers = Vec::new();
+        for i in 0..MAX_BATCH_LEN + 5 {
+            let (p, r) = put(&format!("k{i}"), 0);
+            tx.send(p).unwrap();
+            receivers.push(r);
+        }
+        let (first, _r) = put("first", 0);
+        let mut carry = None;
+        assert_eq!(collect(first, &mut rx, &mut carry).len(), MAX_BATCH_LEN);
+        let first = rx.try_recv().unwrap();
+        assert_eq!(collect(first, &mut rx, &mut carry).len(), 6);
+    }
+}
