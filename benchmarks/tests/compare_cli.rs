@@ -70,3 +70,54 @@ fn bad_arguments_are_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown system"));
 }
+
+#[test]
+fn blob_a_measures_the_floor_in_the_same_rounds_by_default() {
+    let out = benchmarks::temp_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
+        .args([
+            "--quick",
+            "--only",
+            "blob",
+            "--seconds",
+            "0.05",
+            "--blobs",
+            "200",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("running compare");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let a = stdout
+        .split("### (a)")
+        .nth(1)
+        .and_then(|rest| rest.split("### (b)").next())
+        .unwrap_or_else(|| panic!("no (a) table:\n{stdout}"));
+    let row = |system: &str| {
+        a.lines()
+            .find(|l| l.starts_with(&format!("| {system} |")))
+            .unwrap_or_else(|| panic!("no {system} row in (a):\n{a}"))
+            .split('|')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row("floor").last().map(String::as_str), Some("1.00"), "{a}");
+    let sediment = row("sediment");
+    let ratio: f64 = sediment
+        .last()
+        .unwrap()
+        .parse()
+        .expect("a ratio to the floor");
+    assert!(ratio > 0.0, "{a}");
+    assert!(a.contains("- floor: no store"), "{a}");
+    // The floor is a reference, not a store: only (a) runs it.
+    let rest = stdout.split("### (b)").nth(1).unwrap();
+    assert!(!rest.contains("| floor |"), "{rest}");
+    let csv = std::fs::read_to_string(out.path().join("blob-a.csv")).unwrap();
+    assert!(csv.lines().any(|l| l.starts_with("floor,")), "{csv}");
+}

@@ -109,7 +109,16 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         return Vec::new();
     }
     let mut files = Vec::new();
-    small_transactions(&systems, &plan, options, &mut files);
+    // (a) also runs `floor` (no store) unless `--systems` leaves it out.
+    let floor_wanted = options
+        .systems
+        .as_ref()
+        .map_or(true, |names| names.iter().any(|n| n == "floor"));
+    let mut with_floor = systems.clone();
+    if floor_wanted {
+        with_floor.push("floor");
+    }
+    small_transactions(&with_floor, &plan, options, &mut files);
     mixed_transactions(&systems, &plan, options, &mut files);
     gets_and_space(&systems, &plan, options, &mut files);
     files
@@ -186,7 +195,7 @@ fn small_transactions(
     options: &Options,
     files: &mut Vec<PathBuf>,
 ) {
-    let mut table = Table::new(&["system", "tx/s#", "p50 µs#", "p99 µs#"]);
+    let mut table = Table::new(&["system", "tx/s#", "p50 µs#", "p99 µs#", "× floor#"]);
     let mut bars = Vec::new();
     let blob = payload(16, 16);
     let per_round = plan.small_transactions.div_ceil(plan.rounds as u64);
@@ -196,6 +205,11 @@ fn small_transactions(
             store.write(thread, &[&blob]).map(|_| 16)
         })
     });
+    let floor = results
+        .iter()
+        .find(|(s, _)| *s == "floor")
+        .and_then(|(_, r)| r.as_ref().ok())
+        .map(|samples| samples.summary().per_second());
     for (system, result) in results {
         match result {
             Ok(samples) => {
@@ -205,11 +219,21 @@ fn small_transactions(
                     rate(m.per_second()),
                     micros(m.p50),
                     micros(m.p99),
+                    floor.map_or("–".to_string(), |f| format!("{:.2}", m.per_second() / f)),
                 ]);
-                bars.push((system.to_string(), m.per_second()));
+                if system != "floor" {
+                    bars.push((system.to_string(), m.per_second()));
+                }
             }
             Err(err) => table.row(vec![system.to_string(), format!("failed: {err}")]),
         }
+    }
+    if floor.is_some() {
+        // In the same rounds as the stores, so that their rates can be read
+        // against what the disk gives one `pwrite` + `fdatasync`.
+        table.note(
+            "floor: no store; one `pwrite` of the 16-byte blob into a preallocated, zero-filled file and one `fdatasync` per transaction, in the same rounds",
+        );
     }
     table.note(format!(
         "{} of {} transactions, each on a fresh store",
