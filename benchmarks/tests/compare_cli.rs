@@ -3,30 +3,37 @@
 
 use std::process::Command;
 
-#[test]
-fn quick_run_writes_tables_csv_and_charts() {
+/// Runs `compare` with `args` and `--out` a fresh directory; checks that it
+/// succeeded and returns the directory, stdout and stderr.
+fn run_compare(args: &[&str]) -> (tempfile::TempDir, String, String) {
     let out = benchmarks::temp_dir();
     let output = Command::new(env!("CARGO_BIN_EXE_compare"))
-        .args([
-            "--quick",
-            "--systems",
-            "okaywal,sediment",
-            "--payloads",
-            "256",
-            "--threads",
-            "1,2",
-            "--seconds",
-            "0.05",
-            "--blobs",
-            "200",
-        ])
+        .args(args)
         .arg("--out")
         .arg(out.path())
         .output()
         .expect("running compare");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stdout}\n{stderr}");
+    (out, stdout, stderr)
+}
+
+#[test]
+fn quick_run_writes_tables_csv_and_charts() {
+    let (out, stdout, stderr) = run_compare(&[
+        "--quick",
+        "--systems",
+        "okaywal,sediment",
+        "--payloads",
+        "256",
+        "--threads",
+        "1,2",
+        "--seconds",
+        "0.05",
+        "--blobs",
+        "200",
+    ]);
     assert!(stdout.contains("CPUs, data on"), "{stdout}");
     assert!(stdout.contains("| 256 B | 1 | okaywal |"), "{stdout}");
     assert!(stdout.contains("| 256 B | 2 | okaywal |"), "{stdout}");
@@ -73,24 +80,15 @@ fn bad_arguments_are_refused() {
 
 #[test]
 fn blob_a_measures_the_floor_in_the_same_rounds_by_default() {
-    let out = benchmarks::temp_dir();
-    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
-        .args([
-            "--quick",
-            "--only",
-            "blob",
-            "--seconds",
-            "0.05",
-            "--blobs",
-            "200",
-        ])
-        .arg("--out")
-        .arg(out.path())
-        .output()
-        .expect("running compare");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (out, stdout, _) = run_compare(&[
+        "--quick",
+        "--only",
+        "blob",
+        "--seconds",
+        "0.05",
+        "--blobs",
+        "200",
+    ]);
     let a = stdout
         .split("### (a)")
         .nth(1)
