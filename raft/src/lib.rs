@@ -21,6 +21,9 @@
 //!   WAL sync that covers it; concurrent appends share that sync.
 //! - Votes, committed ids, truncations and purges are synced before the
 //!   call that saves them returns.
+//! - Client writes that arrive together are proposed as one entry
+//!   ([`batch`]) and each is acknowledged only once that entry is committed
+//!   and applied.
 //! - Applying entries commits their values, the replaced values' archiving
 //!   and the last applied log id and membership in one sediment
 //!   transaction: the state machine never disagrees with its applied id.
