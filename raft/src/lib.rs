@@ -1,7 +1,7 @@
 //! A replicated key-value store: [`openraft`] drives consensus, an
 //! [`okaywal`] write-ahead log is its durable Raft log ([`LogStore`]) and a
 //! [`sediment`] blob store is its state machine ([`StateMachine`]). Nodes
-//! talk HTTP on loopback ([`network`], [`api`]); [`node::run`] starts one.
+//! talk HTTP on loopback ([`network`], [`api`]); [`node::start`] starts one.
 //!
 //! ```no_run
 //! use sediment_raft::node::{self, NodeConfig};
