@@ -88,10 +88,11 @@ pub struct FloorBlobs {
 }
 
 impl FloorBlobs {
-    /// Creates the preallocated file in `dir`.
+    /// Creates the preallocated file in `dir`: 16 MiB, room for (a)'s
+    /// transactions many times over (writes wrap around inside it).
     pub fn open(dir: &Path) -> Result<Self, String> {
         Ok(Self {
-            floor: crate::floor::Floor::open(dir)
+            floor: crate::floor::Floor::open_sized(dir, 16 << 20)
                 .map_err(|e| format!("preallocating the floor's file: {e}"))?,
             next_key: std::sync::atomic::AtomicU64::new(1),
         })

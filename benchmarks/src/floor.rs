@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex};
 /// Size of the preallocated file; writes wrap around inside it.
 pub const FILE_BYTES: u64 = 256 << 20;
 
-fn preallocated(path: &Path) -> std::io::Result<File> {
+fn preallocated(path: &Path, bytes: u64) -> std::io::Result<File> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -19,7 +19,7 @@ fn preallocated(path: &Path) -> std::io::Result<File> {
         .truncate(true)
         .open(path)?;
     let zeros = vec![0_u8; 1 << 20];
-    for i in 0..FILE_BYTES >> 20 {
+    for i in 0..bytes.div_ceil(1 << 20) {
         file.write_all_at(&zeros, i << 20)?;
     }
     file.sync_all()?;
@@ -33,6 +33,8 @@ fn preallocated(path: &Path) -> std::io::Result<File> {
 #[derive(Debug)]
 pub struct Floor {
     file: File,
+    /// Size of the preallocated file; batches wrap around inside it.
+    size: u64,
     state: Mutex<FloorState>,
     done: Condvar,
 }
@@ -49,10 +51,18 @@ struct FloorState {
 }
 
 impl Floor {
-    /// Creates the preallocated file in `dir`.
+    /// Creates the preallocated file ([`FILE_BYTES`]) in `dir`.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
+        Self::open_sized(dir, FILE_BYTES)
+    }
+
+    /// Creates a preallocated file of `bytes` (rounded up to whole MiB) in
+    /// `dir`.
+    pub fn open_sized(dir: &Path, bytes: u64) -> std::io::Result<Self> {
+        let size = bytes.div_ceil(1 << 20).max(1) << 20;
         Ok(Self {
-            file: preallocated(&dir.join("floor"))?,
+            file: preallocated(&dir.join("floor"), size)?,
+            size,
             state: Mutex::new(FloorState {
                 open_batch: 1,
                 ..FloorState::default()
@@ -77,7 +87,7 @@ impl Floor {
                 let number = state.open_batch;
                 state.open_batch += 1;
                 let mut offset = state.offset;
-                if offset + batch.len() as u64 > FILE_BYTES {
+                if offset + batch.len() as u64 > self.size {
                     offset = 0;
                 }
                 state.offset = offset + batch.len() as u64;
@@ -110,7 +120,7 @@ impl ParallelLimit {
     /// Creates the preallocated file in `dir`.
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         Ok(Self {
-            file: preallocated(&dir.join("parallel"))?,
+            file: preallocated(&dir.join("parallel"), FILE_BYTES)?,
             offset: AtomicU64::new(0),
         })
     }
