@@ -832,9 +832,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let on_durable: Durable = Box::new(move |result| callback.log_io_completed(result));
         // openraft waits for each append's flush before it appends again,
         // so the hand-off to a blocking thread (~150 µs here) is paid once
-        // per entry on every node. Small appends only copy bytes into the
-        // WAL's buffer and are done in place; the sync happens on the log's
-        // sync thread either way.
+        // per entry on every node. Small appends are done in place: they
+        // copy into the WAL's buffer and hand it to the OS (a `pwrite`, no
+        // sync; the sync happens on the log's sync thread either way). They
+        // can still wait inside `begin_entry`: up to 100 ms for open entries
+        // at a segment switch, and for the checkpointer when too many
+        // segments await it. openraft's core awaits this call in either
+        // case; in place, the wait also holds this runtime worker.
         if payload_bytes(&entries) <= INLINE_APPEND_BYTES {
             return self
                 .append_entries(entries, on_durable)
