@@ -126,11 +126,12 @@ pub enum HeaderInfo {
 pub struct RecordInfo {
     /// Offset of its header in the file.
     pub offset: u64,
-    /// `chunk`, `commit` or `rollback`.
+    /// `chunk`, `commit`, `rollback` or `padding`.
     pub kind: &'static str,
     /// The entry it belongs to.
     pub entry_id: u64,
-    /// Data length (chunk), chunk count (commit) or 0 (rollback).
+    /// Data length (chunk), chunk count (commit), 0 (rollback) or filler
+    /// bytes (padding).
     pub length: u32,
     /// The writer's durable mark when the record was written.
     pub durable_mark: u64,
@@ -425,10 +426,12 @@ pub fn scan_segment(
                 header.record_len()
             ));
         }
-        let entry = entries.entry(header.entry_id).or_default();
         let (kind, data_crc_ok) = match header.kind {
+            // Filler before a large chunk: no part of any entry.
+            RecordKind::Padding => ("padding", None),
             RecordKind::Chunk => {
                 let crc_ok = chunk_crc_ok(&mut window, offset, header.length)?;
+                let entry = entries.entry(header.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {
@@ -441,6 +444,7 @@ pub fn scan_segment(
                 ("chunk", Some(crc_ok))
             }
             RecordKind::Commit => {
+                let entry = entries.entry(header.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {
@@ -449,6 +453,7 @@ pub fn scan_segment(
                 ("commit", None)
             }
             RecordKind::Rollback => {
+                let entry = entries.entry(header.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {

@@ -538,6 +538,37 @@ fn wal_dump_shows_entries_and_the_torn_tail() {
 }
 
 #[test]
+fn wal_dump_steps_over_padding_before_a_large_chunk() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("log");
+    let log = WriteAheadLog::recover(&dir, LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    let large = entry.write_chunk(&vec![7_u8; 100_000]).unwrap();
+    entry.commit().unwrap();
+    drop(log);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json", &"--records"])).stdout)
+            .unwrap();
+    let segment = &json["segments"][0];
+    let records = segment["records"].as_array().unwrap();
+    let kinds: Vec<&str> = records
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["padding", "chunk", "commit"], "{segment}");
+    assert_eq!(records[0]["offset"], 512);
+    assert_eq!(records[1]["offset"], large.position.offset);
+    assert_eq!(
+        records[0]["length"].as_u64().unwrap() + 25 + 512,
+        large.position.offset
+    );
+    let entries = segment["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{segment}");
+    assert_eq!(entries[0]["status"], "committed");
+}
+
+#[test]
 fn wal_dump_reports_truncation_and_unwritten_space() {
     let (_temp, dir, _) = torn_log();
     let segment = fs::read_dir(&dir)

@@ -153,7 +153,7 @@ pub fn headers(data: &[u8]) {
             );
             assert!(matches!(
                 header.kind,
-                RecordKind::Chunk | RecordKind::Commit | RecordKind::Rollback
+                RecordKind::Chunk | RecordKind::Commit | RecordKind::Rollback | RecordKind::Padding
             ));
         }
     }

@@ -13,6 +13,9 @@ pub const RECORD_HEADER_SIZE: usize = 25;
 pub const CHUNK_TRAILER_SIZE: usize = 4;
 /// The most bytes of `version_info` a segment header can hold.
 pub const MAX_VERSION_INFO: usize = 255;
+/// The data of a chunk written whole by its writer (larger than 64 KiB)
+/// starts at a multiple of this offset, after a padding record if needed.
+pub const CHUNK_ALIGNMENT: u64 = 4096;
 
 /// The header at offset 0 of every segment file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +116,9 @@ pub enum RecordKind {
     Commit = 2,
     /// The entry was rolled back; `length` is 0.
     Rollback = 3,
+    /// Filler before a large chunk, so that its data starts at a multiple
+    /// of [`CHUNK_ALIGNMENT`]: `length` bytes of no meaning follow.
+    Padding = 4,
 }
 
 /// The fixed-size header that starts every record.
@@ -122,7 +128,8 @@ pub struct RecordHeader {
     pub kind: RecordKind,
     /// The entry the record belongs to.
     pub entry_id: u64,
-    /// Data length for chunks, chunk count for commits, 0 for rollbacks.
+    /// Data length for chunks, chunk count for commits, 0 for rollbacks,
+    /// the number of filler bytes after the header for padding.
     pub length: u32,
     /// An offset in this segment below which everything was durable when
     /// the record was written; recovery uses it to tell a torn tail from
@@ -152,6 +159,7 @@ impl RecordHeader {
                 RECORD_HEADER_SIZE as u64 + u64::from(self.length) + CHUNK_TRAILER_SIZE as u64
             }
             RecordKind::Commit | RecordKind::Rollback => RECORD_HEADER_SIZE as u64,
+            RecordKind::Padding => RECORD_HEADER_SIZE as u64 + u64::from(self.length),
         }
     }
 
@@ -186,6 +194,7 @@ impl RecordHeader {
             1 => RecordKind::Chunk,
             2 => RecordKind::Commit,
             3 => RecordKind::Rollback,
+            4 => RecordKind::Padding,
             other => return Err(RecordError::BadKind(other)),
         };
         Ok(Self {
@@ -202,6 +211,23 @@ fn header_crc(salt: u64, bytes: &[u8]) -> u32 {
     hasher.update(&salt.to_le_bytes());
     hasher.update(bytes);
     hasher.finalize()
+}
+
+/// Where a chunk written whole by its writer goes when the segment's free
+/// space starts at `free`: returns `(padding, start)`, the length of the
+/// padding record that fills `free..start` (0 when none is needed) and the
+/// offset of the chunk record, whose data (after its header) then starts
+/// at a multiple of [`CHUNK_ALIGNMENT`]. A padding record is at least a
+/// record header long, so a gap shorter than that moves the chunk one
+/// alignment further.
+#[must_use]
+pub fn aligned_chunk_start(free: u64) -> (u64, u64) {
+    let header = RECORD_HEADER_SIZE as u64;
+    let mut start = (free + header).next_multiple_of(CHUNK_ALIGNMENT) - header;
+    if start != free && start - free < header {
+        start += CHUNK_ALIGNMENT;
+    }
+    (start - free, start)
 }
 
 /// Encodes a whole chunk record (header, data, data CRC) into `out`.
@@ -278,5 +304,35 @@ mod tests {
             assert!(RecordHeader::decode(&damaged, 7).is_err(), "flip at {at}");
         }
         assert_eq!(header.record_len(), 25 + 1000 + 4);
+        let padding = RecordHeader {
+            kind: RecordKind::Padding,
+            length: 100,
+            ..header
+        };
+        assert_eq!(
+            RecordHeader::decode(&padding.encode(7), 7).unwrap(),
+            padding
+        );
+        assert_eq!(padding.record_len(), 125);
+    }
+
+    #[test]
+    fn chunk_data_is_aligned_after_a_padding_record() {
+        let header = RECORD_HEADER_SIZE as u64;
+        for free in (HEADER_SIZE..3 * CHUNK_ALIGNMENT).chain([CHUNK_ALIGNMENT * 1000 - header]) {
+            let (pad, start) = aligned_chunk_start(free);
+            assert_eq!(start, free + pad, "free {free}");
+            assert_eq!((start + header) % CHUNK_ALIGNMENT, 0, "free {free}");
+            assert!(pad == 0 || pad >= header, "free {free}: pad {pad}");
+            assert!(pad < CHUNK_ALIGNMENT + header, "free {free}: pad {pad}");
+        }
+        assert_eq!(
+            aligned_chunk_start(CHUNK_ALIGNMENT - header),
+            (0, CHUNK_ALIGNMENT - header)
+        );
+        assert_eq!(
+            aligned_chunk_start(CHUNK_ALIGNMENT - header - 1),
+            (CHUNK_ALIGNMENT + 1, 2 * CHUNK_ALIGNMENT - header)
+        );
     }
 }

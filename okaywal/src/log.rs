@@ -12,7 +12,8 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::Configuration;
 use crate::format::{
-    RecordHeader, RecordKind, SegmentHeader, CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
+    aligned_chunk_start, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
+    CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
 };
 use crate::fs::{zero_fill, FileHandle, FileSystem, OpenMode};
 use crate::group_commit::GroupCommit;
@@ -338,13 +339,35 @@ impl Inner {
         }
         let active = state.active;
         let seg = state.live(segment.id)?;
-        let offset = seg.reserved_end;
+        let mark = seg.segment.marked_to.load(Ordering::Acquire);
+        let (pad, offset) = aligned_chunk_start(seg.reserved_end);
+        if pad > 0 {
+            // Parallel writers of large chunks then never share a page,
+            // and each data `pwrite` covers whole pages: concurrent
+            // writes into one page serialise on its lock in the kernel,
+            // and every sync would write the shared page again.
+            let padding = RecordHeader {
+                kind: RecordKind::Padding,
+                entry_id: header.entry_id,
+                length: (pad - RECORD_HEADER_SIZE as u64) as u32,
+                durable_mark: mark,
+            };
+            let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
+            seg.buffer(
+                seg.reserved_end,
+                &[
+                    &padding.encode(segment.id),
+                    &zeros[..padding.length as usize],
+                ],
+            );
+            Counters::add(&self.counters.bytes_written, pad);
+        }
         let header = RecordHeader {
-            durable_mark: seg.segment.marked_to.load(Ordering::Acquire),
+            durable_mark: mark,
             ..header
         };
         let record_len = header.record_len();
-        seg.reserved_end += record_len;
+        seg.reserved_end = offset + record_len;
         seg.data_in_flight.insert(offset);
         seg.buffer(offset, &[&header.encode(segment.id)]);
         seg.buffer(

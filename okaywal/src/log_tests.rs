@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{sync_targets, Inner};
-use crate::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::{
+    aligned_chunk_start, RecordHeader, RecordKind, CHUNK_ALIGNMENT, HEADER_SIZE, RECORD_HEADER_SIZE,
+};
 use crate::fs::MemoryFileSystem;
 use crate::segment::Segment;
 use crate::{Configuration, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
@@ -221,7 +223,9 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     let offset = inner
         .reserve_chunk(&segment, header(RecordKind::Chunk, id, 100_000), crc)
         .unwrap();
-    assert_eq!(offset, HEADER_SIZE);
+    // The data starts on a page, after a padding record from the header.
+    assert_eq!(offset, aligned_chunk_start(HEADER_SIZE).1);
+    assert_eq!((offset + RECORD_HEADER_SIZE as u64) % CHUNK_ALIGNMENT, 0);
     let (_, other) = buffer_entry(&inner, b"a later entry");
     assert_eq!(other.id, segment.id);
     let end = inner.state.lock().segments[&segment.id].reserved_end;
@@ -243,6 +247,13 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
         (written.kind, written.entry_id, written.length),
         (RecordKind::Chunk, id, 100_000)
     );
+    segment
+        .file
+        .read_exact_at(&mut encoded, HEADER_SIZE)
+        .unwrap();
+    let padding = RecordHeader::decode(&encoded, segment.id).unwrap();
+    assert_eq!(padding.kind, RecordKind::Padding);
+    assert_eq!(padding.record_len(), offset - HEADER_SIZE);
     let trailer_at = offset + (RECORD_HEADER_SIZE + 100_000) as u64;
     let mut trailer = [0_u8; 4];
     segment

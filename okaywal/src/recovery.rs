@@ -112,9 +112,9 @@ impl<'a> Sequential<'a> {
                 return Ok(None);
             }
             for i in 0..=(bytes.len() - RECORD_HEADER_SIZE) {
-                // A record starts with its kind (1–3): skip everything else,
+                // A record starts with its kind (1–4): skip everything else,
                 // which makes zeroed space cheap to cross.
-                if !(1..=3).contains(&bytes[i]) {
+                if !(1..=4).contains(&bytes[i]) {
                     continue;
                 }
                 if let Ok(header) = RecordHeader::decode(&bytes[i..], salt) {
@@ -252,6 +252,7 @@ pub(crate) fn scan_segment(
                 open.remove(&header.entry_id);
                 scan.discarded += 1;
             }
+            RecordKind::Padding => {}
         }
         offset = record_end;
     }

@@ -291,6 +291,63 @@ fn a_64_mib_entry_round_trips_with_the_default_configuration() {
 }
 
 #[test]
+fn large_chunks_start_their_data_on_a_page_and_padding_is_skipped_on_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Recorder::refusing();
+    let log = WriteAheadLog::recover(dir.path(), first.clone()).unwrap();
+    // Odd sizes put the free space at every kind of distance from a page
+    // boundary, including closer than a record header.
+    let sizes = [
+        (70_000, 10),
+        (100_001, 0),
+        (65_537, 4_040),
+        (1 << 20, 4_071),
+        (200_000, 4_045),
+        (90_000, 1),
+    ];
+    let mut expected = Vec::new();
+    for (i, (large, small)) in sizes.into_iter().enumerate() {
+        let big = big_data(large, i as u64);
+        let little = big_data(small, 100 + i as u64);
+        let mut entry = log.begin_entry().unwrap();
+        let record = entry.write_chunk(&big).unwrap();
+        if small > 0 {
+            entry.write_chunk(&little).unwrap();
+        }
+        let id = entry.commit().unwrap();
+        // The record header is 25 bytes; the data follows it.
+        assert_eq!(
+            (record.position.offset + 25) % 4096,
+            0,
+            "chunk of {large} bytes at {}",
+            record.position
+        );
+        let (read, valid) = read_chunk(&log, record.position).unwrap();
+        assert!(valid && read == big);
+        let mut chunks = vec![big];
+        if small > 0 {
+            chunks.push(little);
+        }
+        expected.push((id.0, chunks));
+    }
+    log.shutdown().unwrap();
+    drop(log);
+
+    let second = Recorder::new();
+    let log = WriteAheadLog::recover(dir.path(), second.clone()).unwrap();
+    {
+        let seen = second.seen();
+        assert_eq!(seen.recovered.len(), expected.len());
+        for ((id, chunks), (want_id, want)) in seen.recovered.iter().zip(&expected) {
+            assert_eq!(id, want_id);
+            assert!(chunks == want, "entry {id} recovered different chunks");
+        }
+        assert!(seen.aborted.is_empty());
+    }
+    log.shutdown().unwrap();
+}
+
+#[test]
 fn version_info_reaches_the_manager_and_abandon_discards_segments() {
     let fs = MemoryFileSystem::new();
     let config = |version: &[u8]| {
