@@ -326,7 +326,9 @@ impl Inner {
     /// writes both with its other buffered records), and the writer's only
     /// system call is the `pwrite` of its data, which runs outside the lock
     /// in parallel with other writers'. The data counts as in flight until
-    /// [`Inner::data_written`]. Returns the record's offset.
+    /// [`Inner::data_written`]. The record is placed so that its data
+    /// starts on a page, after a padding record when needed (see
+    /// `aligned_chunk_start`). Returns the record's offset.
     pub fn reserve_chunk(
         &self,
         segment: &Arc<Segment>,
@@ -340,7 +342,8 @@ impl Inner {
         let active = state.active;
         let seg = state.live(segment.id)?;
         let mark = seg.segment.marked_to.load(Ordering::Acquire);
-        let (pad, offset) = aligned_chunk_start(seg.reserved_end);
+        let free = seg.reserved_end;
+        let (pad, offset) = aligned_chunk_start(free);
         if pad > 0 {
             // Parallel writers of large chunks then never share a page,
             // and each data `pwrite` covers whole pages: concurrent
@@ -354,7 +357,7 @@ impl Inner {
             };
             let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
             seg.buffer(
-                seg.reserved_end,
+                free,
                 &[
                     &padding.encode(segment.id),
                     &zeros[..padding.length as usize],
@@ -381,7 +384,7 @@ impl Inner {
         let end = seg.reserved_end;
         let flush = (seg.buffered_bytes >= self.config.buffer_bytes).then(|| seg.take_buffered());
         if segment.id == active {
-            self.spare_due(&state, offset, end);
+            self.spare_due(&state, free, end);
         }
         drop(state);
         if let Some(ranges) = flush {
