@@ -63,11 +63,7 @@ pub struct Pending {
 
 impl Pending {
     fn bytes(&self) -> usize {
-        match &self.request {
-            Request::Put { key, value } => key.len() + value.len(),
-            Request::Delete { key } => key.len(),
-            Request::Batch(requests) => requests.len(),
-        }
+        self.request.payload_bytes()
     }
 }
 
@@ -164,19 +160,28 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
         let _ = done.send(result);
         return;
     }
-    let (requests, waiters): (Vec<Request>, Vec<_>) =
-        batch.into_iter().map(|p| (p.request, p.done)).unzip();
+    // `Response::each` has one flag per change, so a waiter's flag is at
+    // the count of changes before its command (a caller's own batch is
+    // flattened into this one and answers for its first change).
+    let mut first_change = 0;
+    let mut waiters = Vec::with_capacity(batch.len());
+    let mut requests = Vec::with_capacity(batch.len());
+    for Pending { request, done } in batch {
+        waiters.push((first_change, done));
+        first_change += request.changes().len();
+        requests.push(request);
+    }
     match raft.client_write(Request::Batch(requests)).await {
         Ok(response) => {
-            for (i, done) in waiters.into_iter().enumerate() {
+            for (at, done) in waiters {
                 let _ = done.send(Ok(Written {
                     log_index: response.log_id.index,
-                    existed: response.data.each.get(i).copied().unwrap_or(false),
+                    existed: response.data.each.get(at).copied().unwrap_or(false),
                 }));
             }
         }
         Err(e) => {
-            for done in waiters {
+            for (_, done) in waiters {
                 let _ = done.send(Err(Box::new(e.clone())));
             }
         }
@@ -226,6 +231,34 @@ mod tests {
         assert_eq!(collect(d, &mut rx, &mut carry).len(), 1);
         assert!(carry.is_none());
         drop(tx);
+    }
+
+    #[test]
+    fn a_queued_batch_counts_its_values_bytes() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (done, _r) = oneshot::channel();
+        let halves = Request::Batch(vec![
+            Request::Put {
+                key: "x".into(),
+                value: vec![0; MAX_BATCH_BYTES / 2],
+            },
+            Request::Put {
+                key: "y".into(),
+                value: vec![0; MAX_BATCH_BYTES / 2],
+            },
+        ]);
+        tx.send(Pending {
+            request: halves,
+            done,
+        })
+        .unwrap();
+        let (first, _r) = put("a", 10);
+        let mut carry = None;
+        assert_eq!(collect(first, &mut rx, &mut carry).len(), 1);
+        assert!(
+            carry.is_some(),
+            "the 1 MiB batch does not fit after 11 bytes"
+        );
     }
 
     #[test]

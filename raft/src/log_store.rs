@@ -752,11 +752,7 @@ fn payload_bytes(entries: &[Entry]) -> usize {
     entries
         .iter()
         .map(|entry| match &entry.payload {
-            EntryPayload::Normal(request) => request
-                .changes()
-                .iter()
-                .map(|(key, value)| key.len() + value.map_or(0, <[u8]>::len))
-                .sum(),
+            EntryPayload::Normal(request) => request.payload_bytes(),
             _ => 0,
         })
         .sum()

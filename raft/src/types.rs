@@ -79,6 +79,17 @@ impl Request {
             Request::Batch(requests) => requests.iter().flat_map(Request::changes).collect(),
         }
     }
+
+    /// Bytes of keys and values this command carries (a batch: all of its
+    /// commands').
+    #[must_use]
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Request::Put { key, value } => key.len() + value.len(),
+            Request::Delete { key } => key.len(),
+            Request::Batch(requests) => requests.iter().map(Request::payload_bytes).sum(),
+        }
+    }
 }
 
 // Values can be megabytes: logging them whole would drown the log.
