@@ -120,19 +120,42 @@ impl ChunkReader {
         Ok(())
     }
 
-    /// Reads the whole chunk, failing with `InvalidData` if its CRC does not
-    /// match.
+    /// Reads the rest of the chunk (all of it if nothing was read yet),
+    /// failing with `InvalidData` if the chunk's CRC does not match.
     pub fn read_all(mut self) -> io::Result<Vec<u8>> {
-        let mut data = Vec::with_capacity(self.bytes_remaining() as usize);
-        self.read_to_end(&mut data)?;
+        let start = self.read as usize;
+        let end = self.length as usize;
+        if let Some(mut bytes) = self.prefetched.take() {
+            // Hand over the prefetched buffer itself: no zero-filled copy
+            // as `read_to_end` would make.
+            self.hasher.update(&bytes[start..end]);
+            self.read = self.length;
+            let stored = u32::from_le_bytes(
+                bytes[end..end + CHUNK_TRAILER_SIZE]
+                    .try_into()
+                    .expect("4 bytes"),
+            );
+            if self.hasher.clone().finalize() != stored {
+                return Err(self.crc_mismatch());
+            }
+            bytes.truncate(end);
+            bytes.drain(..start);
+            return Ok(bytes);
+        }
+        let mut data = vec![0; end - start];
+        self.read_exact(&mut data)?;
         if self.crc_is_valid()? {
             Ok(data)
         } else {
-            Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("chunk at {} failed its CRC check", self.position),
-            ))
+            Err(self.crc_mismatch())
         }
+    }
+
+    fn crc_mismatch(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("chunk at {} failed its CRC check", self.position),
+        )
     }
 }
 
@@ -164,5 +187,60 @@ impl Read for ChunkReader {
         self.hasher.update(&buf[..n]);
         self.read += n as u32;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::{FileSystem, MemoryFileSystem, OpenMode};
+
+    /// A prefetched reader over `data` whose stored CRC is `crc`.
+    fn prefetched(data: &[u8], crc: u32) -> ChunkReader {
+        let fs = MemoryFileSystem::new();
+        fs.create_dir_all(std::path::Path::new("/d")).unwrap();
+        let file = fs
+            .open(std::path::Path::new("/d/f"), OpenMode::Create)
+            .unwrap();
+        let mut bytes = data.to_vec();
+        bytes.extend(crc.to_le_bytes());
+        let position = LogPosition {
+            file_id: 1,
+            offset: 100,
+        };
+        ChunkReader::prefetched(file, position, 125, bytes)
+    }
+
+    #[test]
+    fn read_all_returns_the_unread_rest_and_checks_the_whole_chunk() {
+        let data: Vec<u8> = (0..5000_u32).map(|i| (i * 7) as u8).collect();
+        let crc = crc32fast::hash(&data);
+        assert_eq!(prefetched(&data, crc).read_all().unwrap(), data);
+
+        let mut reader = prefetched(&data, crc);
+        let mut head = [0_u8; 10];
+        reader.read_exact(&mut head).unwrap();
+        assert_eq!(head, data[..10]);
+        assert_eq!(reader.read_all().unwrap(), data[10..]);
+
+        assert_eq!(
+            prefetched(&[], crc32fast::hash(&[])).read_all().unwrap(),
+            b""
+        );
+    }
+
+    #[test]
+    fn read_all_rejects_a_chunk_whose_crc_does_not_match() {
+        let data = b"some chunk data".to_vec();
+        let wrong = crc32fast::hash(&data) ^ 1;
+        let err = prefetched(&data, wrong).read_all().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("failed its CRC"), "{err}");
+
+        // Bytes read before `read_all` count too.
+        let mut reader = prefetched(&data, wrong);
+        let mut head = [0_u8; 4];
+        reader.read_exact(&mut head).unwrap();
+        assert!(reader.read_all().is_err());
     }
 }

@@ -73,14 +73,17 @@ fn parse_entry(
                     .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
                 let position = chunk.position();
                 let bytes = if with_data {
-                    let mut bytes = Vec::with_capacity(chunk.bytes_remaining() as usize);
-                    chunk.read_to_end(&mut bytes)?;
-                    if !chunk.check_crc()? {
-                        return Err(invalid(format!(
-                            "WAL entry {id}: chunk at {position} failed its CRC"
-                        )));
-                    }
-                    Some(bytes)
+                    // `read_all` checks the CRC and, unlike `read_to_end`,
+                    // does not zero-fill a buffer first.
+                    Some(chunk.read_all().map_err(|e| {
+                        if e.kind() == io::ErrorKind::InvalidData {
+                            invalid(format!(
+                                "WAL entry {id}: chunk at {position} failed its CRC"
+                            ))
+                        } else {
+                            e
+                        }
+                    })?)
                 } else {
                     None
                 };
@@ -91,8 +94,16 @@ fn parse_entry(
                 });
             }
             RECORD_CHUNK => {
-                let mut bytes = Vec::new();
-                chunk.read_to_end(&mut bytes)?;
+                let position = chunk.position();
+                let bytes = chunk.read_all().map_err(|e| {
+                    if e.kind() == io::ErrorKind::InvalidData {
+                        invalid(format!(
+                            "WAL entry {id}: commit record at {position} failed its CRC"
+                        ))
+                    } else {
+                        e
+                    }
+                })?;
                 let decoded = CommitRecord::decode(&bytes)
                     .map_err(|e| invalid(format!("WAL entry {id}: commit record: {e}")))?;
                 if decoded.sequence.0 != id.0 {
