@@ -77,6 +77,9 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         };
         let signal = inner.signal.clone();
         let mut wait = None;
+        if std::mem::take(&mut inner.state.lock().checkpoint_requested) {
+            checkpoint_backoff.retry_now();
+        }
         recycle_finished(&inner);
         match next_work(&inner, checkpoint_backoff.ready(), spare_backoff.ready()) {
             Work::Stop => return,
@@ -146,6 +149,12 @@ impl Backoff {
         let delay = self.delay.map_or(IDLE_WAIT, |d| (d * 2).min(MAX_BACKOFF));
         self.delay = Some(delay);
         self.retry_at = Some(Instant::now() + delay);
+    }
+
+    /// Allows the next attempt at once; the delay after another failure
+    /// still grows.
+    fn retry_now(&mut self) {
+        self.retry_at = None;
     }
 
     fn ready(&self) -> bool {
@@ -373,10 +382,14 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     } else {
         active.saturating_sub(1)
     };
-    inner.signal.wake();
     if *inner.maintenance_thread.lock() == Some(std::thread::current().id()) {
+        inner.signal.wake();
         return Ok(());
     }
+    // Someone waits for this checkpoint: a failed one is retried now, not
+    // after a backoff of up to two seconds.
+    state.checkpoint_requested = true;
+    inner.signal.wake();
     let attempts_before = state.checkpoint_attempts;
     loop {
         let pending = state

@@ -114,6 +114,9 @@ pub(crate) struct State {
     pub shutting_down: bool,
     pub checkpoint_error: Option<String>,
     pub checkpoint_attempts: u64,
+    /// A caller of `checkpoint_active` is waiting: retry a failed
+    /// checkpoint now rather than after the backoff.
+    pub checkpoint_requested: bool,
     /// The id of the segment being checkpointed right now.
     pub checkpointing: Option<u64>,
     /// Entries begun and not yet committed or rolled back.
@@ -1026,6 +1029,7 @@ impl WriteAheadLog {
                 shutting_down: false,
                 checkpoint_error: None,
                 checkpoint_attempts: 0,
+                checkpoint_requested: false,
                 checkpointing: None,
                 open_ids: std::collections::BTreeSet::new(),
                 pending_commits: BTreeMap::new(),
@@ -1090,7 +1094,9 @@ impl WriteAheadLog {
 
     /// Seals the active segment (if it holds anything) and waits until it
     /// and every older segment have been checkpointed through
-    /// [`LogManager::checkpoint_to`].
+    /// [`LogManager::checkpoint_to`]. A checkpoint that failed before is
+    /// retried at once (the background retries back off up to 2 s); if it
+    /// fails again, its error is returned.
     ///
     /// Do not call this while holding an uncommitted [`EntryWriter`] on the
     /// same thread: the checkpoint waits for that entry to finish. Called

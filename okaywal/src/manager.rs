@@ -57,7 +57,9 @@ pub trait LogManager: Send + 'static {
     /// store. Every entry with an id ≤ `last_checkpointed_id` that was not
     /// handed to an earlier `checkpoint_to` is in this segment, and none
     /// after it. When this returns `Ok`, the segment is recycled; on `Err`
-    /// it is kept and the checkpoint is retried later.
+    /// it is kept and the checkpoint is retried later: after 0.1 s, then
+    /// after twice as long each time up to 2 s, or at once when
+    /// [`WriteAheadLog::checkpoint_active`] is called.
     fn checkpoint_to(
         &mut self,
         last_checkpointed_id: crate::EntryId,

@@ -593,3 +593,34 @@ fn present_len(path: &std::path::Path) -> Option<u64> {
         Err(err) => panic!("metadata of {}: {err}", path.display()),
     }
 }
+
+#[test]
+fn checkpoint_active_retries_a_failed_checkpoint_without_waiting_out_the_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::refusing();
+    let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
+    let mut rng = Rng::new(21);
+    for _ in 0..40 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&rng.bytes(3000)).unwrap();
+        entry.commit().unwrap();
+    }
+    // The background thread retries the sealed segments with a growing
+    // delay: 0.1, 0.2, 0.4 and 0.8 s, then 1.6 s after the fifth failure.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while recorder.seen().refused.len() < 5 {
+        assert!(std::time::Instant::now() < deadline, "no retries");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    recorder.allow_checkpoints();
+    // A caller waiting for a checkpoint gets a new attempt at once.
+    let started = std::time::Instant::now();
+    log.checkpoint_active().unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "checkpoint_active waited {waited:?}, as long as the backoff"
+    );
+    assert!(!recorder.seen().checkpoints.is_empty());
+    log.shutdown().unwrap();
+}
