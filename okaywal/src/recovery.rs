@@ -337,12 +337,17 @@ pub(crate) fn find_segments(
             result => {
                 // A header that never became durable means nothing in the
                 // file was ever acknowledged (the file is named only after
-                // its header is synced), unless records follow it: then
-                // the header was written and later damaged.
-                let mut first = [0_u8; RECORD_HEADER_SIZE];
+                // its header is synced), unless records of this segment
+                // follow it: then the header was written and later
+                // damaged. They are searched for anywhere, not just right
+                // after the header, since the damage may have taken the
+                // first records too: reusing such a file would drop its
+                // entries silently, and its old records would pass for
+                // the new segment's if it got the same id.
                 let records_follow = len >= HEADER_SIZE + RECORD_HEADER_SIZE as u64
-                    && file.read_exact_at(&mut first, HEADER_SIZE).is_ok()
-                    && RecordHeader::decode(&first, id).is_ok();
+                    && Sequential::new(&*file, buffer_bytes)
+                        .next_record(HEADER_SIZE, len, id)?
+                        .is_some();
                 if records_follow {
                     let why = match result {
                         Ok(_) => "names another segment".to_string(),

@@ -460,6 +460,37 @@ fn a_damaged_segment_header_gives_an_error_or_nothing() {
     println!("{errors} of {HEADER_SIZE} header bit flips refused with an error");
 }
 
+#[test]
+fn a_damaged_header_and_first_record_before_intact_records_is_an_error() {
+    // Damage across the start of the file (one bad sector, say) took the
+    // header and the first record. The entries after them must not be
+    // dropped silently by treating the file as an unused one.
+    let base = build_base();
+    let original = base.segment_bytes();
+    let first_record = HEADER_SIZE as usize;
+    for (header_at, record_at) in [(0, first_record), (100, first_record + 5)] {
+        let mut damaged = original.clone();
+        damaged[header_at] ^= 0x10;
+        damaged[record_at] ^= 0x10;
+        let what = format!("header byte {header_at} and record byte {record_at} flipped");
+        for mode in [RecoveryMode::default(), RecoveryMode::SkipCorrupted] {
+            let err = reopen_mode(
+                &base.with_segment(damaged.clone()),
+                &base,
+                4096,
+                &what,
+                mode,
+            )
+            .expect_err(&what);
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
+            assert!(
+                err.to_string().contains(&base.segment) && err.to_string().contains("header"),
+                "{what}: {err}"
+            );
+        }
+    }
+}
+
 /// The same on the real file system, truncating the real file.
 #[test]
 fn truncated_segment_on_disk() {
