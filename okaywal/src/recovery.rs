@@ -446,8 +446,11 @@ pub(crate) fn find_segments(
 /// the reader's window.
 const PREFETCH_CHUNK_BYTES: usize = 64 * 1024;
 
-/// How much of a segment one read brings into a reader's window.
+/// The most a reader's window reads ahead of the record it was asked for.
 const WINDOW_BYTES: usize = 256 * 1024;
+
+/// The least read-ahead a window shrinks to.
+const MIN_AHEAD: usize = 4096;
 
 /// The part of a segment read last, shared by the entries of one
 /// [`SegmentReader`]. Reading small chunks one `pread` each cost a system
@@ -455,20 +458,33 @@ const WINDOW_BYTES: usize = 256 * 1024;
 /// small entries spent a third of its instructions there. Entries are
 /// read in id order, which is nearly file order (concurrent entries
 /// interleave within a few of them), so one read serves many chunks.
-#[derive(Debug, Default)]
+///
+/// The read-ahead adapts: a window that served less than an eighth of
+/// what it read makes the next one a quarter as long (down to 4 KiB), and
+/// one that served half or more doubles it again. An entry whose small
+/// chunks lie far apart (a long transaction among many others) then costs
+/// a page or so per chunk instead of 256 KiB.
+#[derive(Debug)]
 struct ReadWindow {
     start: u64,
     bytes: Vec<u8>,
     /// Where the reader's records end: a window never reads past it, so a
     /// reader of one entry reads no more than that entry spans.
     limit: u64,
+    /// How far the next refill reads past the record asked for.
+    ahead: usize,
+    /// Bytes handed out since the last refill.
+    served: usize,
 }
 
 impl ReadWindow {
     fn new(limit: u64) -> Self {
         Self {
+            start: 0,
+            bytes: Vec::new(),
             limit,
-            ..Self::default()
+            ahead: WINDOW_BYTES,
+            served: 0,
         }
     }
 
@@ -478,7 +494,14 @@ impl ReadWindow {
         let end = offset + len as u64;
         let held = offset >= self.start && end <= self.start + self.bytes.len() as u64;
         if !held {
-            let read_end = (offset + WINDOW_BYTES as u64).min(self.limit).max(end);
+            if !self.bytes.is_empty() {
+                if self.served * 8 < self.bytes.len() {
+                    self.ahead = (self.ahead / 4).max(MIN_AHEAD);
+                } else if self.served * 2 >= self.bytes.len() {
+                    self.ahead = (self.ahead * 2).min(WINDOW_BYTES);
+                }
+            }
+            let read_end = (offset + self.ahead as u64).min(self.limit).max(end);
             // Resized, not cleared: the read overwrites every byte, so only
             // growth needs filling.
             self.bytes.resize((read_end - offset) as usize, 0);
@@ -487,7 +510,9 @@ impl ReadWindow {
                 return Err(err);
             }
             self.start = offset;
+            self.served = 0;
         }
+        self.served += len;
         let at = (offset - self.start) as usize;
         Ok(&self.bytes[at..at + len])
     }
@@ -789,5 +814,46 @@ mod tests {
             "past the file's end"
         );
         assert_eq!(short.get(&*file, 0, 10).unwrap(), expect(0, 10));
+    }
+
+    #[test]
+    fn a_read_window_reads_less_ahead_for_records_far_apart_and_more_again_for_close_ones() {
+        let fs = CrashFileSystem::new();
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let file = fs.open(Path::new("/d/f"), OpenMode::Create).unwrap();
+        let len = 8_000_000_u64;
+        let content: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+        file.write_all_at(&content, 0).unwrap();
+        let expect = |offset: u64, n: usize| &content[offset as usize..offset as usize + n];
+        let mut window = ReadWindow::new(len);
+
+        // 100-byte records 300 kB apart: every one is a miss, and after a
+        // few the window reads little more than the record.
+        let mut offset = 0;
+        for _ in 0..8 {
+            assert_eq!(
+                window.get(&*file, offset, 100).unwrap(),
+                expect(offset, 100)
+            );
+            offset += 300_000;
+        }
+        assert!(
+            window.bytes.len() <= MIN_AHEAD + 100,
+            "a sparse reader still reads {} bytes at a time",
+            window.bytes.len()
+        );
+
+        // Records back to back: the read-ahead grows back to the maximum.
+        let reads_before = fs.operation_count(Operation::Read);
+        for _ in 0..2_000 {
+            assert_eq!(
+                window.get(&*file, offset, 1000).unwrap(),
+                expect(offset, 1000)
+            );
+            offset += 1000;
+        }
+        assert_eq!(window.bytes.len(), WINDOW_BYTES);
+        let reads = fs.operation_count(Operation::Read) - reads_before;
+        assert!(reads < 30, "{reads} reads for 2 MB of records in a row");
     }
 }

@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use okaywal::{
-    Entry, EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader, WriteAheadLog,
+    Entry, EntryChunk, EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader,
+    WriteAheadLog,
 };
 
 use crate::commit_log::CommitRecord;
@@ -46,6 +47,19 @@ struct DataChunk {
     data: Option<Vec<u8>>,
 }
 
+/// The rest of `chunk`, its CRC checked; a mismatch is reported as
+/// `mismatch()` says. (`read_all`, unlike `read_to_end`, does not zero-fill
+/// a buffer first.)
+fn read_verified(chunk: EntryChunk<'_>, mismatch: impl FnOnce() -> String) -> io::Result<Vec<u8>> {
+    chunk.read_all().map_err(|e| {
+        if e.kind() == io::ErrorKind::InvalidData {
+            io::Error::new(io::ErrorKind::InvalidData, mismatch())
+        } else {
+            e
+        }
+    })
+}
+
 /// Reads an entry's chunks; with `with_data`, also the blobs' bytes.
 fn parse_entry(
     entry: &mut Entry<'_>,
@@ -73,16 +87,8 @@ fn parse_entry(
                     .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
                 let position = chunk.position();
                 let bytes = if with_data {
-                    // `read_all` checks the CRC and, unlike `read_to_end`,
-                    // does not zero-fill a buffer first.
-                    Some(chunk.read_all().map_err(|e| {
-                        if e.kind() == io::ErrorKind::InvalidData {
-                            invalid(format!(
-                                "WAL entry {id}: chunk at {position} failed its CRC"
-                            ))
-                        } else {
-                            e
-                        }
+                    Some(read_verified(chunk, || {
+                        format!("WAL entry {id}: chunk at {position} failed its CRC")
                     })?)
                 } else {
                     None
@@ -95,14 +101,8 @@ fn parse_entry(
             }
             RECORD_CHUNK => {
                 let position = chunk.position();
-                let bytes = chunk.read_all().map_err(|e| {
-                    if e.kind() == io::ErrorKind::InvalidData {
-                        invalid(format!(
-                            "WAL entry {id}: commit record at {position} failed its CRC"
-                        ))
-                    } else {
-                        e
-                    }
+                let bytes = read_verified(chunk, || {
+                    format!("WAL entry {id}: commit record at {position} failed its CRC")
                 })?;
                 let decoded = CommitRecord::decode(&bytes)
                     .map_err(|e| invalid(format!("WAL entry {id}: commit record: {e}")))?;
