@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use okaywal::format::{RecordHeader, RecordKind, SegmentHeader};
 use okaywal::fs::{
@@ -16,10 +16,10 @@ use okaywal::fs::{
 };
 use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
 use sediment::format::{GrainHeader, IndexHeader, StratumHeader, BASINS};
-use sediment::{CommitRecord, Config, Database, GrainId};
+use sediment::{CommitRecord, Config, Database, GrainId, SequenceId};
 
 /// The names of the targets, matching `../fuzz/fuzz_targets/*.rs`.
-pub const TARGETS: [&str; 3] = ["wal_segment", "headers", "operations"];
+pub const TARGETS: [&str; 4] = ["wal_segment", "headers", "operations", "store_files"];
 
 /// Runs target `name` on `data`.
 pub fn run(name: &str, data: &[u8]) {
@@ -27,6 +27,7 @@ pub fn run(name: &str, data: &[u8]) {
         "wal_segment" => wal_segment(data),
         "headers" => headers(data),
         "operations" => operations(data),
+        "store_files" => store_files(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -329,5 +330,230 @@ fn check(db: &Database, model: &BTreeMap<GrainId, Vec<u8>>) {
     }
     if let Err(err) = db.verify() {
         panic!("verify failed: {err}");
+    }
+}
+
+/// A small database as it lies on disk after its last transaction, with
+/// what it holds: the base that `store_files` damages.
+struct Image {
+    /// Every file of the database directory, sorted by name.
+    files: Vec<(String, Vec<u8>)>,
+    /// Blobs the database holds: grain → bytes.
+    live: BTreeMap<GrainId, Vec<u8>>,
+    /// Blobs archived (some freed, some not yet) whose grains were not
+    /// reused: they may read back, but only with exactly these bytes.
+    archived: BTreeMap<GrainId, Vec<u8>>,
+}
+
+fn image_config(fs: &MemoryFileSystem) -> Config {
+    Config::for_directory("/db")
+        .file_system(fs.clone())
+        .wal(|wal| {
+            // No automatic checkpoint: what sits in the WAL and what in the
+            // strata is decided below, the same in every run.
+            wal.preallocate_bytes(32 * 1024)
+                .checkpoint_after_bytes(16 * 1024 * 1024)
+        })
+        .direct_write_bytes(2048)
+}
+
+fn build_image() -> Image {
+    let fs = MemoryFileSystem::new();
+    let db = image_config(&fs).open().expect("a fresh database opens");
+    let mut live = BTreeMap::new();
+    let mut archived = BTreeMap::new();
+    let write = |sizes: &[usize], seed: u8, archive: &[GrainId], checkpoint: Option<u64>| {
+        let mut tx = db.begin_transaction().unwrap();
+        let mut written = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            let bytes = blob(seed.wrapping_add(i as u8), *size);
+            written.push((tx.write(&bytes).unwrap(), bytes));
+        }
+        for grain in archive {
+            tx.archive(*grain).unwrap();
+        }
+        if let Some(sequence) = checkpoint {
+            tx.checkpoint_to(SequenceId(sequence)).unwrap();
+        }
+        let sequence = tx.commit().unwrap();
+        (written, sequence)
+    };
+    // Blobs of several size classes, one written straight into a stratum.
+    let (first, _) = write(&[0, 10, 100, 700, 3000, 5000], 1, &[], None);
+    live.extend(first.iter().cloned());
+    let (second, archived_at) = write(&[40, 2500], 2, &[first[1].0, first[4].0], None);
+    live.extend(second);
+    let (third, _) = write(&[16, 1200], 3, &[], Some(archived_at.0));
+    live.extend(third);
+    for (grain, _) in [&first[1], &first[4]] {
+        let bytes = live.remove(grain).unwrap();
+        archived.insert(*grain, bytes);
+    }
+    // Into the strata and the commit log; what follows stays in the WAL.
+    db.wal().checkpoint_active().unwrap();
+    let (fourth, _) = write(&[1, 300, 4096], 4, &[first[2].0], None);
+    live.extend(fourth);
+    archived.insert(first[2].0, live.remove(&first[2].0).unwrap());
+    let (fifth, _) = write(&[64, 64, 9000], 5, &[], None);
+    live.extend(fifth);
+    // An archived grain that was reused holds another blob now.
+    archived.retain(|grain, _| !live.contains_key(grain));
+    drop(db);
+    let dir = Path::new("/db");
+    let mut names = fs.list_files(dir).unwrap();
+    names.sort();
+    let files = names
+        .into_iter()
+        .map(|name| {
+            let file = fs.open(&dir.join(&name), OpenMode::Read).unwrap();
+            let mut bytes = vec![0; usize::try_from(file.len().unwrap()).unwrap()];
+            file.read_exact_at(&mut bytes, 0).unwrap();
+            (name, bytes)
+        })
+        .collect();
+    Image {
+        files,
+        live,
+        archived,
+    }
+}
+
+fn image() -> &'static Image {
+    static IMAGE: OnceLock<Image> = OnceLock::new();
+    IMAGE.get_or_init(build_image)
+}
+
+/// Damaged store files: the input is a list of edits (6 bytes each: file,
+/// operation, offset) to the files of a small database whose blobs lie in
+/// strata, in the commit log and in the WAL. Opening it must not panic;
+/// if it opens, no blob may read back with other bytes than it was written
+/// with (an error or `None` are fine: the damage may have taken it), and
+/// `verify`, `stats`, `commit_log` and a new transaction must not panic.
+pub fn store_files(data: &[u8]) {
+    let image = image();
+    let fs = MemoryFileSystem::new();
+    let dir = Path::new("/db");
+    fs.create_dir_all(dir).unwrap();
+    let mut files: Vec<(String, Vec<u8>)> = image.files.clone();
+    for edit in data.chunks_exact(6).take(8) {
+        let (_, bytes) = &mut files[usize::from(edit[0]) % image.files.len()];
+        let offset = u32::from_le_bytes(edit[2..6].try_into().unwrap()) as usize;
+        let op = edit[1];
+        if bytes.is_empty() {
+            continue;
+        }
+        let at = offset % bytes.len();
+        match op % 4 {
+            0 => bytes[at] ^= 1 << (op >> 5),
+            1 => bytes[at] = op,
+            2 => {
+                // A lost sector: 512 aligned bytes read back as zeros.
+                let start = at / 512 * 512;
+                let end = (start + 512).min(bytes.len());
+                bytes[start..end].fill(0);
+            }
+            _ => bytes.truncate(at),
+        }
+    }
+    for (name, bytes) in &files {
+        let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
+        file.write_all_at(bytes, 0).unwrap();
+    }
+    let db = match image_config(&fs).open() {
+        Ok(db) => db,
+        Err(err) => {
+            // Refusing to open is a fine answer to damage, if it says why.
+            assert!(!err.to_string().is_empty(), "an empty error message");
+            return;
+        }
+    };
+    // `None` or an error are fine: the damage may have taken the blob.
+    let expect = |grain: &GrainId, bytes: &[u8]| {
+        if let Ok(Some(stored)) = db.get(*grain) {
+            assert_eq!(
+                stored, bytes,
+                "blob {grain} read back with other bytes after damage"
+            );
+        }
+    };
+    for (grain, bytes) in &image.live {
+        expect(grain, bytes);
+        if let Ok(Some(mut reader)) = db.read(*grain) {
+            let mut stored = Vec::new();
+            if io::Read::read_to_end(&mut reader, &mut stored).is_ok() {
+                assert_eq!(&stored, bytes, "blob {grain} streamed other bytes");
+            }
+        }
+    }
+    for (grain, bytes) in &image.archived {
+        expect(grain, bytes);
+    }
+    // Ids nobody wrote: answers, not panics.
+    for word in data.chunks_exact(8).take(4) {
+        if let Ok(grain) = GrainId::from_u64(u64::from_le_bytes(word.try_into().unwrap())) {
+            let _ = db.get(grain);
+        }
+    }
+    let _ = db.verify();
+    let _ = db.stats();
+    if let Ok(log) = db.commit_log(SequenceId(0)) {
+        let _ = log.count();
+    }
+    // The database keeps working, or refuses to with an error.
+    if let Ok(mut tx) = db.begin_transaction() {
+        let bytes = blob(9, 777);
+        if let Ok(grain) = tx.write(&bytes) {
+            if tx.commit().is_ok() {
+                if let Ok(stored) = db.get(grain) {
+                    assert_eq!(
+                        stored.as_deref(),
+                        Some(&bytes[..]),
+                        "a blob committed after the damage read back wrong"
+                    );
+                }
+            }
+        }
+    }
+    let _ = db.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The undamaged image must hold what `store_files` checks against,
+    /// spread over every kind of file, or the target tests nothing.
+    #[test]
+    fn the_store_image_reads_back_whole_and_spans_every_kind_of_file() {
+        let image = image();
+        for (name, bytes) in &image.files {
+            println!("{name}: {} bytes", bytes.len());
+        }
+        let has = |prefix: &str| image.files.iter().any(|(n, _)| n.starts_with(prefix));
+        assert!(has("index") && has("stratum-") && has("commits-") && has("wal-"));
+        assert!(image.live.len() >= 12 && !image.archived.is_empty());
+        let fs = MemoryFileSystem::new();
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        for (name, bytes) in &image.files {
+            let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
+            file.write_all_at(bytes, 0).unwrap();
+        }
+        let db = image_config(&fs).open().unwrap();
+        for (grain, bytes) in &image.live {
+            assert_eq!(db.get(*grain).unwrap().as_deref(), Some(&bytes[..]));
+        }
+        // Archived blobs stay readable until a `checkpoint_to` frees them.
+        let mut freed = 0;
+        for (grain, bytes) in &image.archived {
+            match db.get(*grain).unwrap() {
+                None => freed += 1,
+                Some(stored) => assert_eq!(&stored, bytes),
+            }
+        }
+        assert!(freed >= 1 && freed < image.archived.len());
+        // Some of the blobs are still only in the WAL.
+        assert!(db.checkpointed_to() < db.last_committed());
+        db.verify().unwrap();
     }
 }
