@@ -15,8 +15,8 @@ use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::format::{
-    newest, placement, stratum_capacity, GrainHeader, HeaderError, IndexHeader, BASINS,
-    GRAIN_HEADER_SIZE, INDEX_SLOT_SIZE,
+    newest, placement, stratum_capacity, GrainHeader, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
+    INDEX_SLOT_SIZE,
 };
 use crate::grain_id::GrainId;
 use crate::manager::{Manager, DATA_PREFIX};
@@ -404,16 +404,16 @@ fn open_index(
         }
         let second = copies.pop().expect("two");
         let first = copies.pop().expect("two");
-        let other_damaged = [&first, &second].map(|copy| {
-            matches!(copy, Err(e) if !matches!(e, HeaderError::BadMagic | HeaderError::Truncated))
-        });
+        let copies = [first.clone(), second.clone()];
         let (slot, header) =
             newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both index header copies are invalid ({a}; {b})"),
             })?;
-        if other_damaged[1 - slot] {
-            // The copy being written when a crash hit: restore it.
+        if copies[1 - slot].as_ref() != Ok(&header) {
+            // A checkpoint leaves both copies alike, so the other one was
+            // being written when a crash hit, or has decayed since: make it
+            // a copy of the good one again.
             file.write_all_at(&header.encode(), (1 - slot as u64) * INDEX_SLOT_SIZE)
                 .and_then(|()| file.sync_data())
                 .context(|| format!("repairing a header copy of {}", path.display()))?;

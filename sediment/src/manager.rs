@@ -259,12 +259,14 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         // Headers go into the older copy, so a crash now leaves the other
         // copy intact; the WAL still holds everything until the index says
         // it is applied, and replaying it is idempotent.
+        let mut headers_written = Vec::new();
         for stratum in &touched {
             if stratum.dirty.swap(false, Ordering::AcqRel) {
                 stratum.write_header()?;
+                headers_written.push(stratum);
             }
         }
-        for stratum in &touched {
+        let sync = |stratum: &Stratum| {
             stratum.file.sync_data().map_err(|source| {
                 let err = Error::Io {
                     context: format!("syncing {}", stratum.path.display()),
@@ -272,7 +274,18 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 };
                 shared.poison(&err);
                 err
-            })?;
+            })
+        };
+        for stratum in &touched {
+            sync(stratum)?;
+        }
+        // Only once the new headers are durable may their other copies be
+        // overwritten: both copies then hold them (see `mirror_header`).
+        for stratum in &headers_written {
+            stratum.mirror_header()?;
+        }
+        for stratum in &headers_written {
+            sync(stratum)?;
         }
         store.commit_log.sync()?;
         if store.commit_log.created {
@@ -288,12 +301,16 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         index.commit_log_end = end;
         index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
         index.generation += 1;
-        let offset = store.next_slot as u64 * INDEX_SLOT_SIZE;
-        store
-            .index_file
-            .write_all_at(&index.encode(), offset)
-            .and_then(|()| store.index_file.sync_data())
-            .context(|| "writing the index header".to_string())?;
+        // The older copy first; once it is durable, the other one too, so
+        // that a copy decaying later falls back to the same state.
+        let encoded_index = index.encode();
+        for slot in [store.next_slot, 1 - store.next_slot] {
+            store
+                .index_file
+                .write_all_at(&encoded_index, slot as u64 * INDEX_SLOT_SIZE)
+                .and_then(|()| store.index_file.sync_data())
+                .context(|| "writing the index header".to_string())?;
+        }
         Ok(())
     })();
 

@@ -73,17 +73,17 @@ impl Stratum {
             .context(|| format!("opening stratum {}", path.display()))?;
         let (first, second) = read_headers(&*file, basin, number)
             .context(|| format!("reading stratum {}", path.display()))?;
-        let other_damaged = [&first, &second].map(|copy| {
-            matches!(copy, Err(e) if !matches!(e, HeaderError::BadMagic | HeaderError::Truncated))
-        });
+        let copies = [first.clone(), second.clone()];
         let (slot, header) =
             newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both stratum header copies are invalid ({a}; {b})"),
             })?;
-        if other_damaged[1 - slot] {
-            // The copy being written when a crash hit: restore it from the
-            // good one so that both are valid again.
+        if copies[1 - slot].as_ref() != Ok(&header) {
+            // A checkpoint leaves both copies alike (see `mirror_header`),
+            // so the other one was being written when a crash hit, or has
+            // decayed since: make it a copy of the good one again, so that
+            // damage to either one later loses nothing.
             file.write_all_at(
                 &header.encode(),
                 (1 - slot as u64) * stratum_slot_size(basin),
@@ -132,6 +132,27 @@ impl Stratum {
     /// Writes the durable bitmaps into the older header copy (not synced).
     pub fn write_header(&self) -> Result<()> {
         let mut slot = self.header.lock();
+        self.write_header_copy(slot.0, slot.1)?;
+        *slot = (1 - slot.0, slot.1 + 1);
+        Ok(())
+    }
+
+    /// Writes the header that [`Stratum::write_header`] wrote last into
+    /// the other copy too (not synced), once that one is durable.
+    ///
+    /// The two copies protect against a torn header write, which can only
+    /// hit the copy being written. Left one state apart, they would not
+    /// protect against a durable copy that decays later: falling back to
+    /// the other copy would silently forget every blob allocated since,
+    /// and hand their grains out again. So after each checkpoint both hold
+    /// the same state.
+    pub fn mirror_header(&self) -> Result<()> {
+        let slot = self.header.lock();
+        self.write_header_copy(slot.0, slot.1 - 1)
+    }
+
+    /// Writes the durable bitmaps, as `generation`, into copy `slot`.
+    fn write_header_copy(&self, slot: usize, generation: u64) -> Result<()> {
         let (allocated, starts) = {
             let bits = self.bits.read();
             (bits.durable_allocated.clone(), bits.durable_starts.clone())
@@ -139,16 +160,14 @@ impl Stratum {
         let header = StratumHeader {
             basin: self.basin,
             stratum: self.number,
-            generation: slot.1,
+            generation,
             allocated,
             starts,
         };
-        let offset = slot.0 as u64 * stratum_slot_size(self.basin);
+        let offset = slot as u64 * stratum_slot_size(self.basin);
         self.file
             .write_all_at(&header.encode(), offset)
-            .context(|| format!("writing header of {}", self.path.display()))?;
-        *slot = (1 - slot.0, slot.1 + 1);
-        Ok(())
+            .context(|| format!("writing header of {}", self.path.display()))
     }
 }
 
@@ -196,27 +215,42 @@ mod tests {
     }
 
     #[test]
-    fn header_copies_alternate_and_the_newest_wins() {
+    fn header_copies_are_made_alike_and_either_one_is_enough() {
         let fs = okaywal::fs::MemoryFileSystem::new();
         let dir = Path::new("/db");
         fs.create_dir_all(dir).unwrap();
+        let path = dir.join(file_name(2, 0));
         let stratum = Stratum::create(&fs, dir, 2, 0).unwrap();
         stratum.bits.write().set_durable(3, 2, true);
         stratum.write_header().unwrap();
         stratum.bits.write().set_durable(10, 1, true);
         stratum.write_header().unwrap();
+        let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
+        // Without a mirror, the copies are one state apart, as after a
+        // crash between the two writes of a checkpoint.
+        let (first, second) = read_headers(&*file, 2, 0).unwrap();
+        assert_ne!(first.unwrap(), second.unwrap());
+        // Opening keeps the newest state and catches the other copy up.
         let reopened = Stratum::open(&fs, dir, 2, 0).unwrap();
         assert_eq!(reopened.bits.read().durable_blobs(), vec![(3, 2), (10, 1)]);
-        // Damage the newest copy (slot 0 was written last): the older one,
-        // with only the first blob, is used.
-        let path = dir.join(file_name(2, 0));
-        let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
-        file.write_all_at(&[0xFF; 8], 40).unwrap();
-        let fallback = Stratum::open(&fs, dir, 2, 0).unwrap();
-        assert_eq!(fallback.bits.read().durable_blobs(), vec![(3, 2)]);
-        // Opening repaired the damaged copy from the good one.
         let (first, second) = read_headers(&*file, 2, 0).unwrap();
         assert_eq!(first.unwrap(), second.unwrap());
+        // A checkpoint writes one copy, then mirrors it into the other.
+        reopened.bits.write().set_durable(20, 4, true);
+        reopened.write_header().unwrap();
+        reopened.mirror_header().unwrap();
+        let (first, second) = read_headers(&*file, 2, 0).unwrap();
+        assert_eq!(first.unwrap(), second.unwrap());
+        let all = vec![(3, 2), (10, 1), (20, 4)];
+        // Damage to either copy alone loses nothing, and is repaired.
+        for slot in 0..2 {
+            file.write_all_at(&[0xFF; 8], slot * stratum_slot_size(2) + 40)
+                .unwrap();
+            let opened = Stratum::open(&fs, dir, 2, 0).unwrap();
+            assert_eq!(opened.bits.read().durable_blobs(), all, "slot {slot}");
+            let (first, second) = read_headers(&*file, 2, 0).unwrap();
+            assert_eq!(first.unwrap(), second.unwrap(), "slot {slot}");
+        }
         file.write_all_at(&[0xFF; 8], 40).unwrap();
         file.write_all_at(&[0xFF; 8], stratum_slot_size(2) + 40)
             .unwrap();
