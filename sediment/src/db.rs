@@ -435,8 +435,14 @@ fn open_index(
     }
 }
 
-/// Opens every stratum file, in order, per basin.
-fn open_strata(fs: &dyn FileSystem, directory: &Path, names: &[String]) -> Result<Vec<Basin>> {
+/// Opens every stratum file, in order, per basin; `known` is the index's
+/// count of strata per basin that had a durable header.
+fn open_strata(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    names: &[String],
+    known: &[u32; BASINS],
+) -> Result<Vec<Basin>> {
     let mut numbers: Vec<Vec<u32>> = vec![Vec::new(); BASINS];
     for (basin, number) in names.iter().filter_map(|n| stratum::parse_file_name(n)) {
         if usize::from(basin) < BASINS {
@@ -455,7 +461,19 @@ fn open_strata(fs: &dyn FileSystem, directory: &Path, names: &[String]) -> Resul
                     what: format!("stratum file is missing (stratum {number} exists)"),
                 });
             }
-            strata.push(Arc::new(open_stratum(fs, directory, basin, number)?));
+            let is_known = number < known[usize::from(basin)];
+            strata.push(Arc::new(open_stratum(
+                fs, directory, basin, number, is_known,
+            )?));
+        }
+        let listed = known[basin];
+        if (strata.len() as u64) < u64::from(listed) {
+            return Err(Error::Corrupt {
+                path: directory.join(stratum::file_name(basin as u8, strata.len() as u32)),
+                what: format!(
+                    "stratum file is missing (the index lists {listed} strata of basin {basin})"
+                ),
+            });
         }
         basins.push(Basin {
             strata: RwLock::new(strata),
@@ -465,11 +483,20 @@ fn open_strata(fs: &dyn FileSystem, directory: &Path, names: &[String]) -> Resul
     Ok(basins)
 }
 
-fn open_stratum(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Stratum> {
+/// Opens one stratum; `known` says the index lists it as created.
+fn open_stratum(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    basin: u8,
+    number: u32,
+    known: bool,
+) -> Result<Stratum> {
     match Stratum::open(fs, directory, basin, number) {
-        Err(Error::Corrupt { path, what }) => {
+        Err(Error::Corrupt { path, what }) if !known => {
             // A stratum whose creation was cut short before its header was
             // synced holds no grains yet; one with grains is really damaged.
+            // (A stratum the index knows had a durable header once, so a
+            // short file there is damage, not a crash: see FORMAT.md.)
             let len = fs
                 .open(&path, OpenMode::Read)
                 .and_then(|f| f.len())
@@ -514,7 +541,7 @@ impl Database {
             .context(|| format!("listing {}", directory.display()))?;
         let (index_file, index, next_slot) = open_index(&*fs, &directory)?;
         let wal_floor = index.wal_checkpointed_entry;
-        let basins = open_strata(&*fs, &directory, &names)?;
+        let basins = open_strata(&*fs, &directory, &names, &index.strata)?;
         let commit_log = CommitLogFiles::open(
             &directory,
             fs.clone(),

@@ -17,6 +17,8 @@ pub const MAX_FORMAT_BLOB_BYTES: u64 =
     MAX_GRAINS_PER_BLOB as u64 * (16 << (BASINS - 1)) - GRAIN_HEADER_SIZE as u64;
 /// Size of one index header copy.
 pub const INDEX_SLOT_SIZE: u64 = 4096;
+/// Offset of the per-basin strata counts in an index header copy.
+const INDEX_STRATA_AT: usize = 80;
 
 const STRATUM_MAGIC: [u8; 8] = *b"SEDSTRAT";
 const INDEX_MAGIC: [u8; 8] = *b"SEDINDEX";
@@ -272,6 +274,11 @@ pub struct IndexHeader {
     pub commit_log_end: u64,
     /// The highest committed sequence applied so far.
     pub last_committed: u64,
+    /// Per basin, how many strata had a durable header when this copy was
+    /// written. Open refuses a database in which one of them is missing or
+    /// has lost both header copies, instead of starting it afresh (0 in
+    /// databases written before the field existed: nothing is known).
+    pub strata: [u32; BASINS],
 }
 
 impl IndexHeader {
@@ -291,6 +298,10 @@ impl IndexHeader {
         bytes[56..64].copy_from_slice(&self.commit_log_file.to_le_bytes());
         bytes[64..72].copy_from_slice(&self.commit_log_end.to_le_bytes());
         bytes[72..80].copy_from_slice(&self.last_committed.to_le_bytes());
+        for (basin, count) in self.strata.iter().enumerate() {
+            let at = INDEX_STRATA_AT + 4 * basin;
+            bytes[at..at + 4].copy_from_slice(&count.to_le_bytes());
+        }
         let crc_at = INDEX_SLOT_SIZE as usize - 4;
         let crc = crc32fast::hash(&bytes[..crc_at]);
         bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
@@ -332,6 +343,7 @@ impl IndexHeader {
             commit_log_file: read_u64(bytes, 56),
             commit_log_end: read_u64(bytes, 64),
             last_committed: read_u64(bytes, 72),
+            strata: std::array::from_fn(|basin| read_u32(bytes, INDEX_STRATA_AT + 4 * basin)),
         })
     }
 }
@@ -425,6 +437,7 @@ mod tests {
             commit_log_file: 7,
             commit_log_end: 999,
             last_committed: 98,
+            strata: std::array::from_fn(|basin| basin as u32 * 3),
         };
         let bytes = header.encode();
         assert_eq!(IndexHeader::decode(&bytes).unwrap(), header);

@@ -300,6 +300,11 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         index.commit_log_file = file;
         index.commit_log_end = end;
         index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
+        // Every stratum in the list was synced by `Stratum::create` before
+        // it got there, so all of them have a durable header by now.
+        for (count, basin) in index.strata.iter_mut().zip(&shared.basins) {
+            *count = (*count).max(basin.strata.read().len() as u32);
+        }
         index.generation += 1;
         // The older copy first; once it is durable, the other one too, so
         // that a copy decaying later falls back to the same state.

@@ -530,3 +530,48 @@ fn a_stratum_with_both_headers_damaged_is_an_error_not_a_panic() {
         other => panic!("opening with no valid stratum header gave {other:?}"),
     }
 }
+
+/// A stratum file cut back to (part of) its headers looks like one whose
+/// creation a crash interrupted; the index's strata count tells them apart,
+/// so the store refuses to open instead of starting the stratum afresh and
+/// handing out the grains of blobs it forgot.
+#[test]
+fn a_stratum_cut_back_to_its_headers_is_an_error_not_a_fresh_stratum() {
+    for keep in [0, 100, 40_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _, _) = stratum_with_two_checkpoints(dir.path());
+        let (path, _) = grain_location(dir.path(), a.0);
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(keep.min(2 * stratum_slot_size(a.0.basin())))
+            .unwrap();
+        drop(file);
+        match Database::recover(dir.path()) {
+            Err(Error::Corrupt { path: reported, .. }) => assert_eq!(reported, path, "{keep}"),
+            Ok(db) => panic!(
+                "a stratum cut to {keep} bytes opened; blob a reads {:?}",
+                db.get(a.0).map(|b| b.map(|b| b.len()))
+            ),
+            Err(other) => panic!("cut to {keep} bytes: {other}"),
+        }
+    }
+}
+
+#[test]
+fn a_missing_stratum_file_is_an_error_not_a_fresh_stratum() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _, _) = stratum_with_two_checkpoints(dir.path());
+    let (path, _) = grain_location(dir.path(), a.0);
+    std::fs::remove_file(&path).unwrap();
+    match Database::recover(dir.path()) {
+        Err(err @ Error::Corrupt { .. }) => {
+            let message = err.to_string();
+            assert!(message.contains("missing"), "{message}");
+            assert!(message.contains(&path.display().to_string()), "{message}");
+        }
+        Ok(db) => panic!(
+            "opened without its stratum file; blob a reads {:?}",
+            db.get(a.0).map(|b| b.map(|b| b.len()))
+        ),
+        Err(other) => panic!("without its stratum file: {other}"),
+    }
+}
