@@ -343,6 +343,8 @@ struct Image {
     /// Blobs archived (some freed, some not yet) whose grains were not
     /// reused: they may read back, but only with exactly these bytes.
     archived: BTreeMap<GrainId, Vec<u8>>,
+    /// The embedded header, set before the checkpoint.
+    embedded: Option<GrainId>,
 }
 
 fn image_config(fs: &MemoryFileSystem) -> Config {
@@ -389,6 +391,10 @@ fn build_image() -> Image {
         let bytes = live.remove(grain).unwrap();
         archived.insert(*grain, bytes);
     }
+    let embedded = Some(first[0].0);
+    let mut tx = db.begin_transaction().unwrap();
+    tx.set_embedded_header(embedded).unwrap();
+    tx.commit().unwrap();
     // Into the strata and the commit log; what follows stays in the WAL.
     db.wal().checkpoint_active().unwrap();
     let (fourth, _) = write(&[1, 300, 4096], 4, &[first[2].0], None);
@@ -415,6 +421,7 @@ fn build_image() -> Image {
         files,
         live,
         archived,
+        embedded,
     }
 }
 
@@ -423,14 +430,19 @@ fn image() -> &'static Image {
     IMAGE.get_or_init(build_image)
 }
 
+/// The operation byte of a `store_files` edit that removes the file (any
+/// other value picks a bit flip, a set byte, a lost sector or a truncation
+/// by its value mod 4).
+const REMOVE_FILE: u8 = 0x7F;
+
 /// Damaged store files: the input is a list of edits (6 bytes each: file,
 /// operation, offset) to the files of a small database whose blobs lie in
 /// strata, in the commit log and in the WAL. Opening it must not panic;
 /// if it opens, no blob may read back with other bytes than it was written
 /// with. An error is a fine answer to damage; `None` only when the WAL or
-/// the commit log was damaged, because damage to a stratum header or the
-/// index must never make the store forget a blob (it keeps two alike
-/// copies). `verify`, `stats`, `commit_log` and a new transaction must not
+/// the commit log was damaged or removed, because damage to the strata or
+/// the index, or their removal, must never make the store forget a blob
+/// silently. `verify`, `stats`, `commit_log` and a new transaction must not
 /// panic, and the new blob must not take the grains of a live one.
 pub fn store_files(data: &[u8]) {
     let image = image();
@@ -441,11 +453,17 @@ pub fn store_files(data: &[u8]) {
     // Damage to the logs may look like a torn tail, which legitimately
     // drops the entries it cut; damage to strata and the index may not.
     let mut logs_touched = false;
+    let mut removed = vec![false; files.len()];
     for edit in data.chunks_exact(6).take(8) {
-        let (name, bytes) = &mut files[usize::from(edit[0]) % image.files.len()];
+        let which = usize::from(edit[0]) % image.files.len();
+        let (name, bytes) = &mut files[which];
         logs_touched |= name.starts_with("wal") || name.starts_with("commits");
         let offset = u32::from_le_bytes(edit[2..6].try_into().unwrap()) as usize;
         let op = edit[1];
+        if op == REMOVE_FILE {
+            removed[which] = true;
+            continue;
+        }
         if bytes.is_empty() {
             continue;
         }
@@ -462,7 +480,12 @@ pub fn store_files(data: &[u8]) {
             _ => bytes.truncate(at),
         }
     }
-    for (name, bytes) in &files {
+    for (name, bytes) in files
+        .iter()
+        .zip(&removed)
+        .filter(|(_, gone)| !**gone)
+        .map(|(f, _)| f)
+    {
         let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
         file.write_all_at(bytes, 0).unwrap();
     }
@@ -486,6 +509,15 @@ pub fn store_files(data: &[u8]) {
         ),
         Err(_) => {}
     };
+    if !logs_touched {
+        // It lives in the index: losing it silently loses the root of
+        // whatever the application built on the store.
+        assert_eq!(
+            db.embedded_header(),
+            image.embedded,
+            "the embedded header changed after damage to strata or the index"
+        );
+    }
     for (grain, bytes) in &image.live {
         expect(grain, bytes);
         if let Ok(Some(mut reader)) = db.read(*grain) {

@@ -382,6 +382,7 @@ impl Shared {
 fn open_index(
     fs: &dyn FileSystem,
     directory: &Path,
+    names: &[String],
 ) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
     let path = directory.join(INDEX_FILE);
     if fs
@@ -420,6 +421,27 @@ fn open_index(
         }
         Ok((file, header, 1 - slot))
     } else {
+        // The index is created, synced and named in the directory before any
+        // stratum or commit log file exists, so finding those without it is
+        // damage. A fresh index would forget the embedded header and every
+        // checkpointed strata count; refuse instead.
+        let strata = names
+            .iter()
+            .filter(|n| stratum::parse_file_name(n).is_some())
+            .count();
+        let logs = names
+            .iter()
+            .filter(|n| crate::commit_log::parse_file_name(n).is_some())
+            .count();
+        if strata + logs > 0 {
+            return Err(Error::Corrupt {
+                path,
+                what: format!(
+                    "the index file is missing, but the directory holds {strata} stratum \
+                     and {logs} commit log files"
+                ),
+            });
+        }
         let file = fs
             .open(&path, OpenMode::CreateNew)
             .context(|| format!("creating {}", path.display()))?;
@@ -539,7 +561,7 @@ impl Database {
         let names = fs
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;
-        let (index_file, index, next_slot) = open_index(&*fs, &directory)?;
+        let (index_file, index, next_slot) = open_index(&*fs, &directory, &names)?;
         let wal_floor = index.wal_checkpointed_entry;
         let basins = open_strata(&*fs, &directory, &names, &index.strata)?;
         let commit_log = CommitLogFiles::open(

@@ -575,3 +575,22 @@ fn a_missing_stratum_file_is_an_error_not_a_fresh_stratum() {
         Err(other) => panic!("without its stratum file: {other}"),
     }
 }
+
+/// A fresh index would forget the embedded header and what the strata
+/// hold; with strata and commit logs present, its absence is damage.
+#[test]
+fn a_missing_index_is_an_error_not_a_fresh_database() {
+    let dir = tempfile::tempdir().unwrap();
+    stratum_with_two_checkpoints(dir.path());
+    let index = dir.path().join("index");
+    std::fs::remove_file(&index).unwrap();
+    match Database::recover(dir.path()) {
+        Err(err @ Error::Corrupt { .. }) => {
+            let message = err.to_string();
+            assert!(message.contains("index file is missing"), "{message}");
+        }
+        Ok(_) => panic!("a database without its index opened"),
+        Err(other) => panic!("without its index: {other}"),
+    }
+    assert!(!index.exists(), "a failed open must not create a new index");
+}
