@@ -531,6 +531,24 @@ fn a_stratum_with_both_headers_damaged_is_an_error_not_a_panic() {
     }
 }
 
+/// Opens `dir`, which must fail with `Error::Corrupt` naming `path` and
+/// saying `what`; returns the message.
+fn open_must_fail_corrupt(dir: &Path, path: &Path, what: &str, case: &str) -> String {
+    match Database::recover(dir) {
+        Err(err @ Error::Corrupt { .. }) => {
+            let message = err.to_string();
+            assert!(message.contains(what), "{case}: {message}");
+            assert!(
+                message.contains(&path.display().to_string()),
+                "{case}: {message}"
+            );
+            message
+        }
+        Ok(_) => panic!("{case}: the database opened"),
+        Err(other) => panic!("{case}: {other}"),
+    }
+}
+
 /// A stratum file cut back to (part of) its headers looks like one whose
 /// creation a crash interrupted; the index's strata count tells them apart,
 /// so the store refuses to open instead of starting the stratum afresh and
@@ -545,14 +563,8 @@ fn a_stratum_cut_back_to_its_headers_is_an_error_not_a_fresh_stratum() {
         file.set_len(keep.min(2 * stratum_slot_size(a.0.basin())))
             .unwrap();
         drop(file);
-        match Database::recover(dir.path()) {
-            Err(Error::Corrupt { path: reported, .. }) => assert_eq!(reported, path, "{keep}"),
-            Ok(db) => panic!(
-                "a stratum cut to {keep} bytes opened; blob a reads {:?}",
-                db.get(a.0).map(|b| b.map(|b| b.len()))
-            ),
-            Err(other) => panic!("cut to {keep} bytes: {other}"),
-        }
+        let case = format!("a stratum cut to {keep} bytes");
+        open_must_fail_corrupt(dir.path(), &path, "header copies are invalid", &case);
     }
 }
 
@@ -562,18 +574,7 @@ fn a_missing_stratum_file_is_an_error_not_a_fresh_stratum() {
     let (a, _, _) = stratum_with_two_checkpoints(dir.path());
     let (path, _) = grain_location(dir.path(), a.0);
     std::fs::remove_file(&path).unwrap();
-    match Database::recover(dir.path()) {
-        Err(err @ Error::Corrupt { .. }) => {
-            let message = err.to_string();
-            assert!(message.contains("missing"), "{message}");
-            assert!(message.contains(&path.display().to_string()), "{message}");
-        }
-        Ok(db) => panic!(
-            "opened without its stratum file; blob a reads {:?}",
-            db.get(a.0).map(|b| b.map(|b| b.len()))
-        ),
-        Err(other) => panic!("without its stratum file: {other}"),
-    }
+    open_must_fail_corrupt(dir.path(), &path, "missing", "no stratum file");
 }
 
 /// A fresh index would forget the embedded header and what the strata
@@ -584,13 +585,6 @@ fn a_missing_index_is_an_error_not_a_fresh_database() {
     stratum_with_two_checkpoints(dir.path());
     let index = dir.path().join("index");
     std::fs::remove_file(&index).unwrap();
-    match Database::recover(dir.path()) {
-        Err(err @ Error::Corrupt { .. }) => {
-            let message = err.to_string();
-            assert!(message.contains("index file is missing"), "{message}");
-        }
-        Ok(_) => panic!("a database without its index opened"),
-        Err(other) => panic!("without its index: {other}"),
-    }
+    open_must_fail_corrupt(dir.path(), &index, "index file is missing", "no index");
     assert!(!index.exists(), "a failed open must not create a new index");
 }
