@@ -146,6 +146,10 @@ impl Stratum {
     /// the other copy would silently forget every blob allocated since,
     /// and hand their grains out again. So after each checkpoint both hold
     /// the same state.
+    ///
+    /// It re-encodes the durable bitmaps rather than keeping the bytes
+    /// written: only checkpoints change those bitmaps, and they run one at
+    /// a time, so nothing can change them between the two writes.
     pub fn mirror_header(&self) -> Result<()> {
         let slot = self.header.lock();
         self.write_header_copy(slot.0, slot.1 - 1)
