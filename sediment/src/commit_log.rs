@@ -216,6 +216,12 @@ pub(crate) struct CommitLogFiles {
     current: Option<(u64, u64)>,
     /// Files written since the last sync.
     unsynced: Vec<u64>,
+    /// Appended frames not yet written, and the file and offset they start
+    /// at: a checkpoint appends thousands of small records, and one
+    /// `pwrite` for all of them (at `sync`, or when the file rotates) costs
+    /// far less than one each.
+    pending: Vec<u8>,
+    pending_at: (u64, u64),
     /// A file was created since the last directory sync.
     pub created: bool,
 }
@@ -268,6 +274,8 @@ impl CommitLogFiles {
             files,
             current: (current != 0).then_some((current, end)),
             unsynced: Vec::new(),
+            pending: Vec::new(),
+            pending_at: (0, 0),
             created: false,
         })
     }
@@ -279,6 +287,13 @@ impl CommitLogFiles {
 
     /// Forgets appends made after `position()` returned `position`.
     pub fn rewind(&mut self, position: (u64, u64)) {
+        // Unwritten frames past the position are forgotten with it.
+        let (file, start) = self.pending_at;
+        let keep = match position {
+            (at, end) if at == file && end > start => (end - start) as usize,
+            _ => 0,
+        };
+        self.pending.truncate(keep);
         match position {
             (0, _) => {
                 // No file existed before: drop any created since (they are
@@ -289,13 +304,15 @@ impl CommitLogFiles {
         }
     }
 
-    /// Appends an encoded record of transaction `sequence`.
+    /// Appends an encoded record of transaction `sequence`. It reaches the
+    /// file at the next [`CommitLogFiles::sync`] (or when the file rotates).
     pub fn append(&mut self, sequence: u64, payload: &[u8]) -> Result<()> {
         let needs_new = match self.current {
             None => true,
             Some((_, end)) => end >= ROTATE_BYTES,
         };
         if needs_new {
+            self.write_pending()?;
             let path = file_path(&self.directory, sequence);
             let file = self
                 .fs
@@ -306,25 +323,48 @@ impl CommitLogFiles {
             self.created = true;
         }
         let (first, end) = self.current.expect("a current file");
-        let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-        frame.extend_from_slice(payload);
-        self.files[&first].write_all_at(&frame, end).context(|| {
-            format!(
-                "appending to {}",
-                file_path(&self.directory, first).display()
-            )
+        if self.pending.is_empty() {
+            self.pending_at = (first, end);
+        }
+        let len = u32::try_from(payload.len()).map_err(|_| Error::Corrupt {
+            path: file_path(&self.directory, first),
+            what: format!(
+                "commit record of sequence {sequence} is {} bytes, more than a frame holds",
+                payload.len()
+            ),
         })?;
-        self.current = Some((first, end + frame.len() as u64));
+        self.pending.extend_from_slice(&len.to_le_bytes());
+        self.pending
+            .extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        self.pending.extend_from_slice(payload);
+        self.current = Some((first, end + (FRAME_HEADER + payload.len()) as u64));
+        Ok(())
+    }
+
+    /// Writes the appended frames not yet in their file.
+    fn write_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let (first, start) = self.pending_at;
+        self.files[&first]
+            .write_all_at(&self.pending, start)
+            .context(|| {
+                format!(
+                    "appending to {}",
+                    file_path(&self.directory, first).display()
+                )
+            })?;
+        self.pending.clear();
         if !self.unsynced.contains(&first) {
             self.unsynced.push(first);
         }
         Ok(())
     }
 
-    /// Syncs every file appended to since the last sync.
+    /// Writes and syncs every file appended to since the last sync.
     pub fn sync(&mut self) -> Result<()> {
+        self.write_pending()?;
         for first in self.unsynced.drain(..) {
             if let Some(file) = self.files.get(&first) {
                 file.sync_data().context(|| {
@@ -360,7 +400,6 @@ impl CommitLogFiles {
     /// Reads every valid record with a sequence ≥ `since`, in order.
     pub fn read(&self, since: u64) -> Result<Vec<CommitRecord>> {
         let mut records = Vec::new();
-        let mut buffer = Vec::new();
         for (first, file) in &self.files {
             let path = file_path(&self.directory, *first);
             let limit = match self.current {
@@ -368,6 +407,15 @@ impl CommitLogFiles {
                 _ => file
                     .len()
                     .context(|| format!("reading {}", path.display()))?,
+            };
+            let mut reader = FrameReader {
+                file: &**file,
+                path: &path,
+                limit,
+                pending: (*first == self.pending_at.0 && !self.pending.is_empty())
+                    .then_some((self.pending_at.1, &self.pending[..])),
+                window: Vec::new(),
+                window_start: 0,
             };
             let mut offset = 0;
             while offset < limit {
@@ -378,26 +426,70 @@ impl CommitLogFiles {
                 if limit - offset < FRAME_HEADER as u64 {
                     return Err(corrupt("truncated frame".into()));
                 }
-                let mut frame = [0_u8; FRAME_HEADER];
-                read_exact(&**file, &mut frame, offset, &path)?;
-                let len = u64::from(u32::from_le_bytes(frame[..4].try_into().expect("4")));
+                let frame = reader.bytes(offset, FRAME_HEADER)?;
+                let len = u32::from_le_bytes(frame[..4].try_into().expect("4"));
                 let crc = u32::from_le_bytes(frame[4..].try_into().expect("4"));
-                if len > limit - offset - FRAME_HEADER as u64 {
+                if u64::from(len) > limit - offset - FRAME_HEADER as u64 {
                     return Err(corrupt(format!("length {len} runs past the end")));
                 }
-                buffer.resize(len as usize, 0);
-                read_exact(&**file, &mut buffer, offset + FRAME_HEADER as u64, &path)?;
-                if crc32fast::hash(&buffer) != crc {
+                let payload = reader.bytes(offset + FRAME_HEADER as u64, len as usize)?;
+                if crc32fast::hash(payload) != crc {
                     return Err(corrupt("checksum mismatch".into()));
                 }
-                let record = CommitRecord::decode(&buffer).map_err(corrupt)?;
+                let record = CommitRecord::decode(payload).map_err(corrupt)?;
                 if record.sequence.0 >= since {
                     records.push(record);
                 }
-                offset += FRAME_HEADER as u64 + len;
+                offset += FRAME_HEADER as u64 + u64::from(len);
             }
         }
         Ok(records)
+    }
+}
+
+/// Reads a commit log file in large pieces (one `pread` per
+/// [`READ_WINDOW`] rather than two per record), with frames appended but
+/// not yet written taken from memory.
+struct FrameReader<'a> {
+    file: &'a dyn FileHandle,
+    path: &'a Path,
+    /// Valid length of the file, unwritten frames included.
+    limit: u64,
+    /// Where the unwritten frames start, and their bytes.
+    pending: Option<(u64, &'a [u8])>,
+    window: Vec<u8>,
+    window_start: u64,
+}
+
+/// Bytes a [`FrameReader`] reads at a time (more when one record is longer).
+const READ_WINDOW: usize = 1 << 20;
+
+impl FrameReader<'_> {
+    /// The `len` bytes at `offset`, which the caller has checked lie below
+    /// `limit`.
+    fn bytes(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
+        let window_end = self.window_start + self.window.len() as u64;
+        if offset < self.window_start || offset + len as u64 > window_end {
+            let want = (self.limit - offset).min(len.max(READ_WINDOW) as u64) as usize;
+            self.window.clear();
+            self.window.resize(want, 0);
+            self.window_start = offset;
+            let in_file = match self.pending {
+                Some((start, _)) => start.saturating_sub(offset).min(want as u64) as usize,
+                None => want,
+            };
+            read_exact(self.file, &mut self.window[..in_file], offset, self.path)?;
+            if let Some((start, pending)) = self.pending {
+                if in_file < want {
+                    let from = (offset + in_file as u64 - start) as usize;
+                    let rest = &mut self.window[in_file..];
+                    let n = rest.len();
+                    rest.copy_from_slice(&pending[from..from + n]);
+                }
+            }
+        }
+        let at = (offset - self.window_start) as usize;
+        Ok(&self.window[at..at + len])
     }
 }
 
@@ -484,5 +576,89 @@ mod tests {
         let names = fs.list_files(dir).unwrap();
         let reopened = CommitLogFiles::open(dir, fs, &names, current, end).unwrap();
         assert_eq!(reopened.read(0).unwrap(), remaining);
+    }
+
+    fn record(sequence: u64, archived: usize) -> (CommitRecord, Vec<u8>) {
+        let mut record = CommitRecord::new(SequenceId(sequence));
+        record.archived = (0..archived)
+            .map(|i| GrainId::new(0, 0, (i % 100_000) as u32, 1).unwrap())
+            .collect();
+        let mut payload = Vec::new();
+        record.encode(&mut payload);
+        (record, payload)
+    }
+
+    #[test]
+    fn appends_reach_the_file_at_sync_and_read_back_before() {
+        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let mut expected = Vec::new();
+        for sequence in 1..=10 {
+            let (record, payload) = record(sequence, 3);
+            log.append(sequence, &payload).unwrap();
+            expected.push(record);
+        }
+        let path = file_path(dir, 1);
+        let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
+        assert_eq!(file.len().unwrap(), 0, "nothing is written before sync");
+        assert_eq!(
+            log.read(0).unwrap(),
+            expected,
+            "unwritten records read back"
+        );
+        log.sync().unwrap();
+        let (_, end) = log.position();
+        assert_eq!(file.len().unwrap(), end);
+        assert_eq!(log.read(0).unwrap(), expected);
+        // Appends after a sync read back from file and memory together.
+        let (record11, payload) = record(11, 2);
+        log.append(11, &payload).unwrap();
+        expected.push(record11);
+        assert_eq!(log.read(5).unwrap(), expected[4..]);
+    }
+
+    #[test]
+    fn rewind_forgets_unwritten_appends() {
+        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let (first, payload) = record(1, 1);
+        log.append(1, &payload).unwrap();
+        log.sync().unwrap();
+        let position = log.position();
+        for sequence in 2..=5 {
+            log.append(sequence, &record(sequence, 4).1).unwrap();
+        }
+        log.rewind(position);
+        assert_eq!(log.read(0).unwrap(), vec![first.clone()]);
+        let (second, payload) = record(2, 7);
+        log.append(2, &payload).unwrap();
+        log.sync().unwrap();
+        let (current, end) = log.position();
+        let names = fs.list_files(dir).unwrap();
+        let reopened = CommitLogFiles::open(dir, fs, &names, current, end).unwrap();
+        assert_eq!(reopened.read(0).unwrap(), vec![first, second]);
+    }
+
+    #[test]
+    fn a_record_longer_than_the_read_window_reads_back() {
+        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let mut expected = Vec::new();
+        // About 1.6 MiB of grain ids: past the window and the rotation size.
+        for (sequence, archived) in [(1, 10), (2, 200_000), (3, 10), (4, 10)] {
+            let (record, payload) = record(sequence, archived);
+            log.append(sequence, &payload).unwrap();
+            expected.push(record);
+        }
+        assert_eq!(log.read(0).unwrap(), expected);
+        log.sync().unwrap();
+        assert_eq!(log.files.len(), 2, "the long record rotated the file");
+        assert_eq!(log.read(0).unwrap(), expected);
     }
 }
