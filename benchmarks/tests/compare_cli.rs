@@ -119,3 +119,41 @@ fn blob_a_measures_the_floor_in_the_same_rounds_by_default() {
     let csv = std::fs::read_to_string(out.path().join("blob-a.csv")).unwrap();
     assert!(csv.lines().any(|l| l.starts_with("floor,")), "{csv}");
 }
+
+#[test]
+fn transactions_sets_blob_a_s_count_split_over_the_rounds() {
+    let (_out, stdout, _) = run_compare(&[
+        "--quick",
+        "--only",
+        "blob",
+        "--systems",
+        "sediment",
+        "--seconds",
+        "0.05",
+        "--blobs",
+        "200",
+        "--rounds",
+        "3",
+        "--transactions",
+        "60",
+    ]);
+    assert!(
+        stdout.contains("### (a) 1 thread, 60 transactions of one 16-byte blob"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("3 rounds of 20 transactions"), "{stdout}");
+}
+
+#[test]
+fn a_bad_transaction_count_is_a_clear_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
+        .args(["--transactions", "many"])
+        .output()
+        .expect("running compare");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--transactions: \"many\" is not a number"),
+        "{stderr}"
+    );
+}

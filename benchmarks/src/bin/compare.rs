@@ -18,7 +18,8 @@ use benchmarks::{machine_description, peers};
 const HELP: &str = "\
 compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
         [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]
-        [--rounds N] [--blobs N] [--scale-bytes N[K|M|G]] [--out DIR]
+        [--rounds N] [--transactions N] [--blobs N] [--scale-bytes N[K|M|G]]
+        [--out DIR]
 
   --quick        short cells and scaled-down counts (whole run < 3 minutes)
   --only S       one section: wal, blob, scale or raft (scale runs only when asked;
@@ -29,6 +30,9 @@ compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
   --seconds S    measured seconds per timed cell and round
   --rounds N     rounds per timed cell, merged (default 2, quick 1); every
                  other round runs the systems in reverse order
+  --transactions N
+                 blob (a)'s transactions, split over the rounds (default 2000,
+                 quick 400); with many rounds, more of them keep each round long
   --blobs N      blobs loaded for blob (c) and (d) (default 100000, quick 20000)
   --scale-bytes  bytes loaded by the scale section (default 4G, quick 512M)
   --out DIR      where CSV files and charts go (default target/benchmarks)
@@ -120,6 +124,12 @@ fn parse(args: &[String]) -> Result<Command, String> {
                         .parse()
                         .map_err(|_| format!("--rounds: {rounds:?} is not a number"))?,
                 );
+            }
+            "--transactions" => {
+                let transactions = value(&mut args, "--transactions")?;
+                options.transactions = Some(transactions.parse().map_err(|_| {
+                    format!("--transactions: {transactions:?} is not a number")
+                })?);
             }
             "--blobs" => {
                 let blobs = value(&mut args, "--blobs")?;

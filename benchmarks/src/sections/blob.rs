@@ -58,6 +58,9 @@ impl Plan {
         if let Some(seconds) = options.seconds {
             plan.duration = Duration::from_secs_f64(seconds);
         }
+        if let Some(transactions) = options.transactions {
+            plan.small_transactions = transactions.max(1);
+        }
         if let Some(blobs) = options.blobs {
             plan.blobs = blobs.max(2);
         }

@@ -26,6 +26,9 @@ pub struct Options {
     /// Rounds of every timed cell (merged), if not the default: 1 with
     /// `--quick`, else 2.
     pub rounds: Option<usize>,
+    /// Transactions of the blob section's (a), over all rounds, if not the
+    /// default.
+    pub transactions: Option<u64>,
     /// Blobs of the blob section's (c) and (d), if not the default.
     pub blobs: Option<u64>,
     /// Bytes loaded by the scale section, if not the default 4 GiB.
@@ -46,6 +49,7 @@ impl Options {
             threads: None,
             seconds: None,
             rounds: None,
+            transactions: None,
             blobs: None,
             scale_bytes: None,
             out_dir: crate::output_dir(),
