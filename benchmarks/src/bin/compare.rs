@@ -127,9 +127,10 @@ fn parse(args: &[String]) -> Result<Command, String> {
             }
             "--transactions" => {
                 let transactions = value(&mut args, "--transactions")?;
-                options.transactions = Some(transactions.parse().map_err(|_| {
-                    format!("--transactions: {transactions:?} is not a number")
-                })?);
+                options.transactions =
+                    Some(transactions.parse().map_err(|_| {
+                        format!("--transactions: {transactions:?} is not a number")
+                    })?);
             }
             "--blobs" => {
                 let blobs = value(&mut args, "--blobs")?;
