@@ -550,10 +550,7 @@ mod tests {
 
     #[test]
     fn files_rotate_trim_and_read_back() {
-        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
-        let dir = Path::new("/db");
-        fs.create_dir_all(dir).unwrap();
-        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let (fs, dir, mut log) = empty_log();
         let mut payload = Vec::new();
         for sequence in 1..=3000_u64 {
             let mut record = CommitRecord::new(SequenceId(sequence));
@@ -578,6 +575,15 @@ mod tests {
         assert_eq!(reopened.read(0).unwrap(), remaining);
     }
 
+    /// A commit log with no files, in a memory file system.
+    fn empty_log() -> (Arc<dyn FileSystem>, &'static Path, CommitLogFiles) {
+        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        let log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        (fs, dir, log)
+    }
+
     fn record(sequence: u64, archived: usize) -> (CommitRecord, Vec<u8>) {
         let mut record = CommitRecord::new(SequenceId(sequence));
         record.archived = (0..archived)
@@ -590,10 +596,7 @@ mod tests {
 
     #[test]
     fn appends_reach_the_file_at_sync_and_read_back_before() {
-        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
-        let dir = Path::new("/db");
-        fs.create_dir_all(dir).unwrap();
-        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let (fs, dir, mut log) = empty_log();
         let mut expected = Vec::new();
         for sequence in 1..=10 {
             let (record, payload) = record(sequence, 3);
@@ -621,10 +624,7 @@ mod tests {
 
     #[test]
     fn rewind_forgets_unwritten_appends() {
-        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
-        let dir = Path::new("/db");
-        fs.create_dir_all(dir).unwrap();
-        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let (fs, dir, mut log) = empty_log();
         let (first, payload) = record(1, 1);
         log.append(1, &payload).unwrap();
         log.sync().unwrap();
@@ -645,10 +645,7 @@ mod tests {
 
     #[test]
     fn a_record_longer_than_the_read_window_reads_back() {
-        let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
-        let dir = Path::new("/db");
-        fs.create_dir_all(dir).unwrap();
-        let mut log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let (fs, dir, mut log) = empty_log();
         let mut expected = Vec::new();
         // About 1.6 MiB of grain ids: past the window and the rotation size.
         for (sequence, archived) in [(1, 10), (2, 200_000), (3, 10), (4, 10)] {
