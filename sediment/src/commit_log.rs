@@ -645,7 +645,7 @@ mod tests {
 
     #[test]
     fn a_record_longer_than_the_read_window_reads_back() {
-        let (fs, dir, mut log) = empty_log();
+        let (_, _, mut log) = empty_log();
         let mut expected = Vec::new();
         // About 1.6 MiB of grain ids: past the window and the rotation size.
         for (sequence, archived) in [(1, 10), (2, 200_000), (3, 10), (4, 10)] {
