@@ -68,14 +68,20 @@ fn quick_run_writes_tables_csv_and_charts() {
     assert!(csv.starts_with("payload,threads,system,commits/s"), "{csv}");
 }
 
-#[test]
-fn bad_arguments_are_refused() {
+/// Runs `compare` with `args`, which it must refuse with exit code 2;
+/// returns its stderr.
+fn refused(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_compare"))
-        .args(["--systems", "nosuchdb"])
+        .args(args)
         .output()
         .expect("running compare");
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown system"));
+    assert_eq!(output.status.code(), Some(2), "{args:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    assert!(refused(&["--systems", "nosuchdb"]).contains("unknown system"));
 }
 
 #[test]
@@ -146,12 +152,7 @@ fn transactions_sets_blob_a_s_count_split_over_the_rounds() {
 
 #[test]
 fn a_bad_transaction_count_is_a_clear_error() {
-    let output = Command::new(env!("CARGO_BIN_EXE_compare"))
-        .args(["--transactions", "many"])
-        .output()
-        .expect("running compare");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&["--transactions", "many"]);
     assert!(
         stderr.contains("--transactions: \"many\" is not a number"),
         "{stderr}"

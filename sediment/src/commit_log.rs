@@ -365,12 +365,15 @@ impl CommitLogFiles {
     /// Writes and syncs every file appended to since the last sync.
     pub fn sync(&mut self) -> Result<()> {
         self.write_pending()?;
-        for first in self.unsynced.drain(..) {
+        // A file leaves the list only once its sync succeeded: after an
+        // error the rest stay listed for the retry.
+        while let Some(&first) = self.unsynced.first() {
             if let Some(file) = self.files.get(&first) {
                 file.sync_data().context(|| {
                     format!("syncing {}", file_path(&self.directory, first).display())
                 })?;
             }
+            self.unsynced.remove(0);
         }
         Ok(())
     }
@@ -481,10 +484,20 @@ impl FrameReader<'_> {
             read_exact(self.file, &mut self.window[..in_file], offset, self.path)?;
             if let Some((start, pending)) = self.pending {
                 if in_file < want {
+                    // `limit` ends where the unwritten frames end; should the
+                    // two ever disagree, that is an error, not a panic.
                     let from = (offset + in_file as u64 - start) as usize;
                     let rest = &mut self.window[in_file..];
                     let n = rest.len();
-                    rest.copy_from_slice(&pending[from..from + n]);
+                    let unwritten = pending.get(from..from + n).ok_or_else(|| Error::Corrupt {
+                        path: self.path.to_path_buf(),
+                        what: format!(
+                            "reading {n} unwritten bytes at {} past the {} buffered",
+                            offset + in_file as u64,
+                            pending.len()
+                        ),
+                    })?;
+                    rest.copy_from_slice(unwritten);
                 }
             }
         }
