@@ -35,6 +35,61 @@ pub enum RecoveryMode {
     SkipCorrupted,
 }
 
+/// Byte strings that [`Configuration::version_info`] accepts: `Vec<u8>`,
+/// `Arc<Vec<u8>>`, `&[u8]`, byte arrays, `&str` and `String`.
+pub trait IntoVersionInfo {
+    /// The bytes, shared as the configuration stores them.
+    fn into_version_info(self) -> Arc<Vec<u8>>;
+}
+
+impl IntoVersionInfo for Arc<Vec<u8>> {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        self
+    }
+}
+
+impl IntoVersionInfo for Vec<u8> {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self)
+    }
+}
+
+impl IntoVersionInfo for &Vec<u8> {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.clone())
+    }
+}
+
+impl IntoVersionInfo for &[u8] {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.to_vec())
+    }
+}
+
+impl<const N: usize> IntoVersionInfo for [u8; N] {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.to_vec())
+    }
+}
+
+impl<const N: usize> IntoVersionInfo for &[u8; N] {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.to_vec())
+    }
+}
+
+impl IntoVersionInfo for &str {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.as_bytes().to_vec())
+    }
+}
+
+impl IntoVersionInfo for String {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.into_bytes())
+    }
+}
+
 /// How to open a [`WriteAheadLog`].
 ///
 /// The defaults are chosen for SSDs:
@@ -118,9 +173,19 @@ impl Configuration {
     /// Sets the version information written into every segment header and
     /// shown to [`LogManager::should_recover_segment`]. At most 255 bytes;
     /// [`Configuration::open`] rejects longer values.
+    ///
+    /// Takes bytes in any of the usual forms:
+    ///
+    /// ```
+    /// # use okaywal::Configuration;
+    /// let config = Configuration::default_for("log").version_info(b"format 2");
+    /// assert_eq!(config.version_info.as_slice(), b"format 2");
+    /// let config = config.version_info("format 3").version_info(vec![3_u8]);
+    /// assert_eq!(config.version_info.as_slice(), [3]);
+    /// ```
     #[must_use]
-    pub fn version_info<Info: Into<Arc<Vec<u8>>>>(mut self, info: Info) -> Self {
-        self.version_info = info.into();
+    pub fn version_info<Info: IntoVersionInfo>(mut self, info: Info) -> Self {
+        self.version_info = info.into_version_info();
         self
     }
 

@@ -103,8 +103,8 @@ mod tail;
 mod writer;
 
 pub use config::{
-    Configuration, RecoveryMode, DEFAULT_BUFFER_BYTES, DEFAULT_CHECKPOINT_AFTER_BYTES,
-    DEFAULT_PREALLOCATE_BYTES,
+    Configuration, IntoVersionInfo, RecoveryMode, DEFAULT_BUFFER_BYTES,
+    DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
 };
 pub use log::WriteAheadLog;
 pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};

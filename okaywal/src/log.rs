@@ -273,6 +273,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: false.into(),
+            version_info: self.config.version_info.clone(),
         });
         state
             .segments
@@ -975,10 +976,11 @@ impl WriteAheadLog {
                 header,
                 scan,
             } = found;
-            let decision = manager.should_recover_segment(&RecoveredSegment {
+            let info = RecoveredSegment {
                 id,
-                version_info: header.version_info.clone(),
-            })?;
+                version_info: header.version_info,
+            };
+            let decision = manager.should_recover_segment(&info)?;
             let segment = Arc::new(Segment {
                 id,
                 file: file.clone(),
@@ -987,13 +989,15 @@ impl WriteAheadLog {
                 synced_to: scan.end.into(),
                 marked_to: scan.end.into(),
                 name_durable: true.into(),
+                version_info: Arc::new(info.version_info.clone()),
             });
             let mut state = SegmentState::new(segment, scan.end);
             state.sealed = true;
             state.last_entry_id = scan.max_entry_id;
             state.highest_id = scan.max_entry_id.unwrap_or(id).max(id);
             if decision == Recovery::Recover {
-                let mut reader = SegmentReader::new(id, file.clone(), scan.committed, None);
+                let mut reader =
+                    SegmentReader::new(id, &info.version_info, file.clone(), scan.committed, None);
                 while let Some(mut entry) = reader.read_entry()? {
                     manager.recover(&mut entry)?;
                 }
@@ -1182,6 +1186,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
+            version_info: Arc::default(),
         });
         state.segments.insert(0, SegmentState::new(placeholder, 0));
         state.active = 0;

@@ -66,6 +66,12 @@ impl LogPosition {
         source.read_exact(&mut bytes)?;
         Ok(Self::from_bytes(&bytes))
     }
+
+    /// The same as [`LogPosition::read_from`], under the name okaywal 0.3
+    /// users know.
+    pub fn deserialize_from<R: Read>(source: R) -> io::Result<Self> {
+        Self::read_from(source)
+    }
 }
 
 impl fmt::Display for LogPosition {
@@ -90,5 +96,10 @@ mod tests {
         assert_eq!(buffer.len(), usize::from(LogPosition::SERIALIZED_LENGTH));
         assert_eq!(LogPosition::read_from(&buffer[..]).unwrap(), position);
         assert!(LogPosition::read_from(&buffer[..15]).is_err());
+        assert_eq!(
+            LogPosition::deserialize_from(&buffer[..]).unwrap(),
+            position
+        );
+        assert!(LogPosition::deserialize_from(&buffer[..15]).is_err());
     }
 }

@@ -29,6 +29,9 @@ pub struct ChunkReader {
     /// The data and its CRC trailer, when they were read together with the
     /// record header (small chunks read back from a segment).
     prefetched: Option<Vec<u8>>,
+    /// The CRC trailer, kept when the prefetched buffer was handed out by
+    /// `take_all`.
+    stored_crc: Option<u32>,
 }
 
 impl ChunkReader {
@@ -47,6 +50,7 @@ impl ChunkReader {
             read: 0,
             hasher: crc32fast::Hasher::new(),
             prefetched: None,
+            stored_crc: None,
         }
     }
 
@@ -87,6 +91,9 @@ impl ChunkReader {
     /// whole chunk with the one stored on disk.
     pub fn crc_is_valid(&mut self) -> io::Result<bool> {
         self.hash_rest()?;
+        if let Some(stored) = self.stored_crc {
+            return Ok(self.hasher.clone().finalize() == stored);
+        }
         let mut stored = [0_u8; CHUNK_TRAILER_SIZE];
         match &self.prefetched {
             Some(bytes) => stored.copy_from_slice(&bytes[self.length as usize..]),
@@ -123,6 +130,12 @@ impl ChunkReader {
     /// Reads the rest of the chunk (all of it if nothing was read yet),
     /// failing with `InvalidData` if the chunk's CRC does not match.
     pub fn read_all(mut self) -> io::Result<Vec<u8>> {
+        self.take_all()
+    }
+
+    /// [`ChunkReader::read_all`] that leaves the reader usable (for
+    /// `crc_is_valid` and `bytes_remaining`, which then reports 0).
+    pub(crate) fn take_all(&mut self) -> io::Result<Vec<u8>> {
         let start = self.read as usize;
         let end = self.length as usize;
         if let Some(mut bytes) = self.prefetched.take() {
@@ -135,6 +148,7 @@ impl ChunkReader {
                     .try_into()
                     .expect("4 bytes"),
             );
+            self.stored_crc = Some(stored);
             if self.hasher.clone().finalize() != stored {
                 return Err(self.crc_mismatch());
             }

@@ -12,6 +12,7 @@ use crate::format::{
     RECORD_HEADER_SIZE,
 };
 use crate::fs::{FileHandle, FileSystem, OpenMode};
+use crate::manager::RecoveredSegment;
 use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
 use crate::segment::FileName;
@@ -534,6 +535,7 @@ fn records_end<'a>(entries: impl Iterator<Item = &'a Vec<ChunkLocation>>) -> u64
 #[derive(Debug)]
 pub struct SegmentReader {
     segment_id: u64,
+    info: RecoveredSegment,
     file: Arc<dyn FileHandle>,
     entries: std::collections::btree_map::IntoIter<u64, Vec<ChunkLocation>>,
     /// (limit, buffer size) of a scan not done yet: a checkpoint's reader
@@ -547,6 +549,7 @@ pub struct SegmentReader {
 impl SegmentReader {
     pub(crate) fn new(
         segment_id: u64,
+        version_info: &[u8],
         file: Arc<dyn FileHandle>,
         entries: BTreeMap<u64, (Vec<ChunkLocation>, u64)>,
         segment: Option<Arc<Segment>>,
@@ -557,6 +560,10 @@ impl SegmentReader {
             .collect();
         Self {
             segment_id,
+            info: RecoveredSegment {
+                id: segment_id,
+                version_info: version_info.to_vec(),
+            },
             file,
             window: ReadWindow::new(records_end(entries.values())),
             entries: entries.into_iter(),
@@ -576,7 +583,13 @@ impl SegmentReader {
     ) -> Self {
         Self {
             unscanned: Some((limit, buffer_bytes)),
-            ..Self::new(segment_id, file, BTreeMap::new(), Some(segment))
+            ..Self::new(
+                segment_id,
+                &segment.version_info,
+                file,
+                BTreeMap::new(),
+                Some(segment.clone()),
+            )
         }
     }
 
@@ -602,6 +615,7 @@ impl SegmentReader {
         Ok(self.entries.next().map(|(id, chunks)| Entry {
             id: EntryId(id),
             segment_id: self.segment_id,
+            segment: &self.info,
             file: &self.file,
             window: &mut self.window,
             chunks,
@@ -615,6 +629,7 @@ impl SegmentReader {
 pub struct Entry<'a> {
     id: EntryId,
     segment_id: u64,
+    segment: &'a RecoveredSegment,
     file: &'a Arc<dyn FileHandle>,
     window: &'a mut ReadWindow,
     chunks: Vec<ChunkLocation>,
@@ -638,6 +653,13 @@ impl<'a> Entry<'a> {
     #[must_use]
     pub fn id(&self) -> EntryId {
         self.id
+    }
+
+    /// The segment the entry is in: its id and the version information
+    /// written in its header.
+    #[must_use]
+    pub fn segment(&self) -> &RecoveredSegment {
+        self.segment
     }
 
     /// How many chunks the entry has.
@@ -695,7 +717,7 @@ impl<'a> Entry<'a> {
         let mut chunks = Vec::with_capacity(self.chunks.len() - self.next);
         loop {
             match self.read_chunk()? {
-                ReadChunkResult::Chunk(chunk) => chunks.push(chunk.read_all()?),
+                ReadChunkResult::Chunk(mut chunk) => chunks.push(chunk.read_all()?),
                 ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
                 ReadChunkResult::AbortedEntry => return Ok(None),
             }
@@ -742,10 +764,19 @@ impl EntryChunk<'_> {
         self.reader.crc_is_valid()
     }
 
+    /// The same as [`EntryChunk::position`], under the name okaywal 0.3
+    /// users know.
+    #[must_use]
+    pub fn log_position(&self) -> LogPosition {
+        self.position()
+    }
+
     /// Reads the rest of the chunk (all of it if nothing was read yet),
     /// failing with `InvalidData` if the chunk's CRC does not match.
-    pub fn read_all(self) -> io::Result<Vec<u8>> {
-        self.reader.read_all()
+    /// Afterwards [`EntryChunk::check_crc`] returns `Ok(true)` and
+    /// [`EntryChunk::bytes_remaining`] 0.
+    pub fn read_all(&mut self) -> io::Result<Vec<u8>> {
+        self.reader.take_all()
     }
 
     /// Skips the rest of the chunk.

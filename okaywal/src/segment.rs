@@ -34,6 +34,8 @@ pub(crate) struct Segment {
     pub marked_to: AtomicU64,
     /// The directory entry naming this file is durable.
     pub name_durable: AtomicBool,
+    /// The version information in the segment's header.
+    pub version_info: Arc<Vec<u8>>,
 }
 
 /// The mutable write state of a live segment, kept under the log's lock.
@@ -221,6 +223,7 @@ mod tests {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
+            version_info: Arc::default(),
         });
         let mut state = SegmentState::new(segment, 0);
         // A header and a trailer per large chunk, with the data between.

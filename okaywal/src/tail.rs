@@ -148,7 +148,13 @@ impl LogEntries {
         for (id, (segment, located)) in found {
             let mut entries = BTreeMap::new();
             entries.insert(id, located);
-            let mut reader = SegmentReader::new(segment.id, segment.file.clone(), entries, None);
+            let mut reader = SegmentReader::new(
+                segment.id,
+                &segment.version_info,
+                segment.file.clone(),
+                entries,
+                None,
+            );
             let mut entry = reader.read_entry()?.expect("one entry");
             let chunks = entry.read_all_chunks()?.ok_or_else(|| {
                 io::Error::new(

@@ -305,7 +305,7 @@ impl Core {
             if entry.id().0 <= self.state.lock().checkpointed_through {
                 continue;
             }
-            while let ReadChunkResult::Chunk(chunk) = entry.read_chunk()? {
+            while let ReadChunkResult::Chunk(mut chunk) = entry.read_chunk()? {
                 let position = chunk.position();
                 let bytes = chunk.read_all()?;
                 if let Ok(WalRecord::Entry { log_id, .. }) =
@@ -403,7 +403,7 @@ impl LogManager for Manager {
         let mut records = Vec::new();
         loop {
             match entry.read_chunk()? {
-                ReadChunkResult::Chunk(chunk) => {
+                ReadChunkResult::Chunk(mut chunk) => {
                     let position = chunk.position();
                     let bytes = chunk.read_all()?;
                     let record = WalRecord::decode(&bytes)

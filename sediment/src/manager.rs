@@ -50,7 +50,10 @@ struct DataChunk {
 /// The rest of `chunk`, its CRC checked; a mismatch is reported as
 /// `mismatch()` says. (`read_all`, unlike `read_to_end`, does not zero-fill
 /// a buffer first.)
-fn read_verified(chunk: EntryChunk<'_>, mismatch: impl FnOnce() -> String) -> io::Result<Vec<u8>> {
+fn read_verified(
+    mut chunk: EntryChunk<'_>,
+    mismatch: impl FnOnce() -> String,
+) -> io::Result<Vec<u8>> {
     chunk.read_all().map_err(|e| {
         if e.kind() == io::ErrorKind::InvalidData {
             io::Error::new(io::ErrorKind::InvalidData, mismatch())
