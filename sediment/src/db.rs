@@ -128,9 +128,11 @@ pub(crate) struct Shared {
 
 /// A crash-safe blob store. See the [crate docs](crate).
 ///
-/// `Database` is `Send + Sync`; share it between threads by reference or in
-/// an `Arc`.
-#[derive(Debug)]
+/// `Database` is `Send + Sync`; share it between threads by reference, in
+/// an `Arc`, or by cloning it: a clone is a cheap handle to the same open
+/// store. The store closes when the last handle is dropped, or for every
+/// handle at once when one of them calls [`Database::shutdown`].
+#[derive(Debug, Clone)]
 pub struct Database {
     pub(crate) shared: Arc<Shared>,
     pub(crate) wal: WriteAheadLog,

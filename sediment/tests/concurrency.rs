@@ -637,3 +637,48 @@ fn checkpoint_to_completes_while_another_writer_is_stalled_by_the_wal() {
 fn reading_the_commit_log_completes_while_another_writer_is_stalled_by_the_wal() {
     stalled_writer_scenario(FinishA::ReadCommitLogThenCommit);
 }
+
+#[test]
+fn clones_are_handles_to_one_store_until_one_shuts_it_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::recover(dir.path()).unwrap();
+    // Each thread owns a clone: no scoped threads, no Arc.
+    let handles: Vec<_> = (0..4_u8)
+        .map(|thread| {
+            let db = db.clone();
+            std::thread::spawn(move || {
+                (0..25_u8)
+                    .map(|i| {
+                        let data = vec![thread ^ i; 100 + usize::from(i)];
+                        let mut tx = db.begin_transaction().unwrap();
+                        let id = tx.write(&data).unwrap();
+                        tx.commit().unwrap();
+                        (id, data)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let written: Vec<(GrainId, Vec<u8>)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    // Every clone sees every commit.
+    let other = db.clone();
+    for (id, data) in &written {
+        assert_eq!(other.get(*id).unwrap().as_deref(), Some(&data[..]), "{id}");
+    }
+    // Shutting down one handle closes the store for all of them.
+    db.shutdown().unwrap();
+    assert!(matches!(other.begin_transaction(), Err(Error::ShutDown)));
+    drop(other);
+    let reopened = Database::recover(dir.path()).unwrap();
+    for (id, data) in &written {
+        assert_eq!(
+            reopened.get(*id).unwrap().as_deref(),
+            Some(&data[..]),
+            "{id}"
+        );
+    }
+    reopened.shutdown().unwrap();
+}
