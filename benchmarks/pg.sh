@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL server for the benchmarks' PostgreSQL peer.
 #
-#   benchmarks/pg.sh start   # prints: export PG_URL=postgresql://...
-#   benchmarks/pg.sh url     # prints the export line of the running server
+#   export PG_URL="$(benchmarks/pg.sh start)"  # prints postgresql://...
+#   benchmarks/pg.sh url     # prints the running server's connection string
+#   benchmarks/pg.sh env     # prints `export PG_URL=...`, for eval
 #   benchmarks/pg.sh status
 #   benchmarks/pg.sh stop    # stops the server and removes its data
 #
 # `start` installs Debian's `postgresql` when no server binaries are found
-# (apt-get update first; needs root), runs initdb in target/pg-data (on the
-# project's disk, not /tmp) as an unprivileged user (`pgbench`, created when
-# running as root), and starts the server on 127.0.0.1 on a free port with
-# PostgreSQL's default durability (fsync=on, synchronous_commit=on,
-# full_page_writes=on). Only local TCP connections are accepted (trust
-# authentication on 127.0.0.1).
+# (apt-get update first; needs root), runs initdb in a new temp dir under
+# target/ (on the project's disk, not /tmp) as an unprivileged user
+# (`pgbench`, created when running as root), and starts the server on
+# 127.0.0.1 on a free port with PostgreSQL's default durability (fsync=on,
+# synchronous_commit=on, full_page_writes=on). Only local TCP connections
+# are accepted (trust authentication on 127.0.0.1). The connection string
+# is the only thing printed on stdout; progress goes to stderr.
+# PG_BENCH_DATA names a fixed data directory instead of a temp dir.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-data="${PG_BENCH_DATA:-$root/target/pg-data}"
+# The temp dir of the running server is recorded here, so that `url`,
+# `status` and `stop` find it.
+pointer="$root/target/pg-bench.dir"
+if [ -n "${PG_BENCH_DATA:-}" ]; then
+  data="$PG_BENCH_DATA"
+elif [ -f "$pointer" ]; then
+  data="$(cat "$pointer")"
+else
+  data=""
+fi
 cluster="$data/cluster"
 user_name="pgbench"
 db_user="bench"
@@ -78,24 +90,33 @@ free_port() {
 }
 
 url() {
-  [ -f "$data/port" ] || die "no server (run: $0 start)"
+  [ -n "$data" ] && [ -f "$data/port" ] || die "no server (run: $0 start)"
   echo "postgresql://$db_user@127.0.0.1:$(cat "$data/port")/postgres"
 }
 
 running() {
-  [ -d "$cluster" ] && as_server_user "$bin/pg_ctl" -D "$cluster" status >/dev/null 2>&1
+  [ -n "$data" ] && [ -d "$cluster" ] && as_server_user "$bin/pg_ctl" -D "$cluster" status >/dev/null 2>&1
 }
 
 start() {
   bin="$(find_bin)" || { install_postgres; bin="$(find_bin)" || die "no PostgreSQL binaries after installing"; }
   if running; then
     echo "pg.sh: already running" >&2
-    echo "export PG_URL=$(url)"
+    url
     return 0
   fi
-  rm -rf "$data"
   ensure_user
-  mkdir -p "$data"
+  if [ -n "${PG_BENCH_DATA:-}" ]; then
+    rm -rf "$data"
+    mkdir -p "$data"
+  else
+    # A server that is gone (a reboot, a killed process) left its dir.
+    [ -n "$data" ] && rm -rf "$data"
+    mkdir -p "$root/target"
+    data="$(mktemp -d "$root/target/pg-bench.XXXXXX")"
+    cluster="$data/cluster"
+    echo "$data" >"$pointer"
+  fi
   if [ "$(id -u)" -eq 0 ]; then
     chown "$user_name" "$data"
   fi
@@ -120,7 +141,7 @@ EOF
   as_server_user "$bin/pg_ctl" -D "$cluster" -l "$data/server.log" -w -t 60 start >&2 ||
     { cat "$data/server.log" >&2; die "the server did not start"; }
   echo "pg.sh: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, data in $cluster" >&2
-  echo "export PG_URL=$(url)"
+  url
 }
 
 stop() {
@@ -128,20 +149,26 @@ stop() {
   if running; then
     as_server_user "$bin/pg_ctl" -D "$cluster" -m fast -w stop >&2
   fi
+  if [ -z "$data" ]; then
+    echo "pg.sh: no server to stop" >&2
+    return 0
+  fi
   rm -rf "$data"
+  [ -n "${PG_BENCH_DATA:-}" ] || rm -f "$pointer"
   echo "pg.sh: stopped and removed $data" >&2
 }
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  url) echo "export PG_URL=$(url)" ;;
+  url) url ;;
+  env) echo "export PG_URL=$(url)" ;;
   status)
     bin="$(find_bin)" || die "no PostgreSQL binaries"
     if running; then echo "running: $(url)"; else echo "not running"; exit 1; fi
     ;;
   *)
-    echo "usage: $0 start|stop|url|status" >&2
+    echo "usage: $0 start|stop|url|env|status" >&2
     exit 2
     ;;
 esac

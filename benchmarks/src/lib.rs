@@ -8,6 +8,7 @@ pub mod harness;
 pub mod peers;
 #[cfg(feature = "raft")]
 pub mod raft;
+pub mod relaunch;
 pub mod report;
 pub mod sections;
 pub mod wal;

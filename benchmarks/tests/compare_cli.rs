@@ -9,6 +9,8 @@ fn run_compare(args: &[&str]) -> (tempfile::TempDir, String, String) {
     let out = benchmarks::temp_dir();
     let output = Command::new(env!("CARGO_BIN_EXE_compare"))
         .args(args)
+        // These runs test this build: never rebuild it with the peers.
+        .env(benchmarks::relaunch::OPT_OUT, "1")
         .arg("--out")
         .arg(out.path())
         .output()
@@ -73,6 +75,7 @@ fn quick_run_writes_tables_csv_and_charts() {
 fn refused(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_compare"))
         .args(args)
+        .env(benchmarks::relaunch::OPT_OUT, "1")
         .output()
         .expect("running compare");
     assert_eq!(output.status.code(), Some(2), "{args:?}");

@@ -2,18 +2,21 @@
 //! pick instead:
 //!
 //! ```text
-//! cargo run --release -p benchmarks --features peers --bin compare -- [--quick] [--only wal|blob|scale]
+//! cargo run --release -p benchmarks --bin compare -- [--quick] [--only wal|blob|scale]
 //! ```
 //!
 //! Markdown tables go to stdout, a progress line per cell to stderr, CSV
-//! files and SVG charts to `target/benchmarks/`. Built without the `peers`
-//! feature it runs only this project's systems and says which peers were
+//! files and SVG charts to `target/benchmarks/`. Started by `cargo run`
+//! without the `peers` feature, a run that wants peers first builds itself
+//! with `--features peers` and runs that build (see
+//! [`benchmarks::relaunch`]); with `COMPARE_NO_REBUILD=1`, or run directly,
+//! such a build runs only this project's systems and says which peers were
 //! not compiled in. `--help` lists every option.
 
 use std::process::ExitCode;
 
 use benchmarks::sections::{self, scale, Options};
-use benchmarks::{machine_description, peers};
+use benchmarks::{machine_description, peers, relaunch};
 
 const HELP: &str = "\
 compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
@@ -37,7 +40,10 @@ compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
   --scale-bytes  bytes loaded by the scale section (default 4G, quick 512M)
   --out DIR      where CSV files and charts go (default target/benchmarks)
 
-PostgreSQL runs when PG_URL is set (benchmarks/pg.sh start prints it).";
+PostgreSQL runs when PG_URL is set (benchmarks/pg.sh start prints it).
+Started by `cargo run` without the peer features, compare builds itself
+with `--features peers` first and runs that build; COMPARE_NO_REBUILD=1
+runs without the peers instead.";
 
 fn numbers(list: &str, what: &str) -> Result<Vec<usize>, String> {
     list.split(',')
@@ -169,6 +175,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let wants_peers = relaunch::wants_rebuild(
+        options.systems.as_deref(),
+        only.as_deref(),
+        peers::FEATURES,
+        cfg!(feature = "raft"),
+    );
+    if let Some(code) = relaunch::relaunch_with_peers(&args, wants_peers) {
+        return code;
+    }
     println!("# Benchmark results\n\n{}\n", machine_description());
     let missing: Vec<String> = peers::FEATURES
         .iter()

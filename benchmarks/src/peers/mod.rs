@@ -54,6 +54,20 @@ pub fn feature_of(system: &str) -> Option<&'static str> {
         .map(|(_, feature, _)| *feature)
 }
 
+/// The connection string in a `PG_URL` value. `benchmarks/pg.sh start`
+/// prints the bare string; an `export PG_URL=...` line (what `pg.sh env`
+/// prints, for `eval`) pasted whole, and quotes, are taken too.
+#[must_use]
+pub fn pg_url(raw: &str) -> &str {
+    let url = raw.trim();
+    let url = url.strip_prefix("export ").map_or(url, str::trim_start);
+    let url = url.strip_prefix("PG_URL=").unwrap_or(url);
+    let unquoted = ['"', '\'']
+        .iter()
+        .find_map(|q| url.strip_prefix(*q).and_then(|u| u.strip_suffix(*q)));
+    unquoted.unwrap_or(url).trim()
+}
+
 /// Why `system` cannot be opened.
 #[must_use]
 pub fn not_available(system: &str) -> String {
@@ -66,5 +80,26 @@ pub fn not_available(system: &str) -> String {
             format!("not compiled in (build with `--features peers` or `--features {feature}`)")
         }
         None => format!("unknown system {system:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pg_url;
+
+    #[test]
+    fn pg_url_takes_the_bare_string_an_export_line_and_quotes() {
+        let url = "postgresql://bench@127.0.0.1:54320/postgres";
+        for raw in [
+            url.to_string(),
+            format!("{url}\n"),
+            format!("export PG_URL={url}"),
+            format!("PG_URL={url}"),
+            format!("export PG_URL=\"{url}\"\n"),
+            format!("'{url}'"),
+        ] {
+            assert_eq!(pg_url(&raw), url, "{raw:?}");
+        }
+        assert_eq!(pg_url("  "), "");
     }
 }

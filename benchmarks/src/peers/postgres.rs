@@ -22,8 +22,13 @@ fn err(e: postgres::Error) -> String {
 
 /// Connects to `PG_URL`, or says why not.
 pub fn connect() -> Result<Client, String> {
-    let url = std::env::var("PG_URL")
-        .map_err(|_| "PG_URL is not set (run `benchmarks/pg.sh start`)".to_string())?;
+    let raw = std::env::var("PG_URL").map_err(|_| {
+        "PG_URL is not set (run `export PG_URL=\"$(benchmarks/pg.sh start)\"`)".to_string()
+    })?;
+    let url = super::pg_url(&raw);
+    if url.is_empty() {
+        return Err("PG_URL is empty (run `export PG_URL=\"$(benchmarks/pg.sh start)\"`)".into());
+    }
     let mut config: postgres::Config = url
         .parse()
         .map_err(|e| format!("PG_URL {url:?} does not parse: {e}"))?;

@@ -1,0 +1,184 @@
+//! Peers on by default for `compare`, without `cargo test --workspace`
+//! ever compiling them.
+//!
+//! The peer features are off by default, so a plain
+//! `cargo run --release -p benchmarks --bin compare` builds `compare`
+//! without them. Started that way (by cargo, whose path is in `CARGO`), a
+//! run that wants a missing peer builds `compare` again with
+//! `--features peers` (plus `rocksdb` when this build has it) into the
+//! same target directory and profile, then runs that build with the same
+//! arguments. If the build fails, the run goes on without the peers and
+//! says which are missing. `COMPARE_NO_REBUILD=1` turns this off; a binary
+//! started directly (not by cargo) never rebuilds itself.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// Set (to anything) to keep `compare` from rebuilding itself with peers.
+pub const OPT_OUT: &str = "COMPARE_NO_REBUILD";
+/// Set in the relaunched process, so that it never relaunches again.
+const RELAUNCHED: &str = "COMPARE_RELAUNCHED";
+
+/// Whether a run of `systems` (all, when `None`) in section `only` (every
+/// section but scale, when `None`) wants a peer that `features` (name,
+/// cargo feature, compiled in) lacks, or the raft section without
+/// `raft_on`. RocksDB never counts: it needs system packages.
+#[must_use]
+pub fn wants_rebuild(
+    systems: Option<&[String]>,
+    only: Option<&str>,
+    features: &[(&str, &str, bool)],
+    raft_on: bool,
+) -> bool {
+    let missing = |system: &str| {
+        features
+            .iter()
+            .any(|(name, feature, on)| *name == system && *feature != "rocksdb" && !on)
+    };
+    let raft_missing = !raft_on && matches!(only, Some("raft"));
+    let peer_missing = match systems {
+        Some(list) => list.iter().any(|system| missing(system)),
+        None => features.iter().any(|(name, _, _)| missing(name)),
+    };
+    raft_missing || peer_missing
+}
+
+/// Where cargo put the running binary: (target directory, profile name as
+/// `cargo build --profile` takes it).
+#[must_use]
+pub fn target_and_profile(exe: &Path) -> Option<(PathBuf, String)> {
+    let profile_dir = exe.parent()?;
+    let target = profile_dir.parent()?;
+    let profile = match profile_dir.file_name()?.to_str()? {
+        "debug" => "dev".to_string(),
+        other => other.to_string(),
+    };
+    Some((target.to_path_buf(), profile))
+}
+
+/// Builds `compare` with the peers and runs it with `args`, if this run
+/// wants that (see the module docs). Returns the relaunched run's exit
+/// code, or `None` to go on in this process.
+#[must_use]
+pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
+    if !wanted || std::env::var_os(OPT_OUT).is_some() || std::env::var_os(RELAUNCHED).is_some() {
+        return None;
+    }
+    let cargo = std::env::var_os("CARGO")?;
+    // Taken before the build replaces the file under this name.
+    let exe = std::env::current_exe().ok()?;
+    let (target, profile) = target_and_profile(&exe)?;
+    let features = if cfg!(feature = "rocksdb") {
+        "peers,rocksdb"
+    } else {
+        "peers"
+    };
+    eprintln!(
+        "compare: the peers are not compiled in; building compare with `--features \
+         {features}` first (several minutes the first time; {OPT_OUT}=1 runs without them)"
+    );
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let built = Command::new(&cargo)
+        .args(["build", "--profile", &profile, "--bin", "compare"])
+        .args(["-p", "benchmarks", "--features", features])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .status();
+    match built {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            eprintln!("compare: building with the peers failed ({status}); running without them");
+            return None;
+        }
+        Err(err) => {
+            eprintln!("compare: could not run cargo ({err}); running without the peers");
+            return None;
+        }
+    }
+    match Command::new(&exe).args(args).env(RELAUNCHED, "1").status() {
+        Ok(status) => Some(match status.code() {
+            Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            None => {
+                eprintln!("compare: the run with the peers ended by a signal ({status})");
+                ExitCode::FAILURE
+            }
+        }),
+        Err(err) => {
+            eprintln!(
+                "compare: could not start {} ({err}); running without the peers",
+                exe.display()
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NONE_ON: &[(&str, &str, bool)] = &[
+        ("fjall", "fjall", false),
+        ("rocksdb", "rocksdb", false),
+        ("postgresql", "postgres", false),
+    ];
+    const ALL_BUT_ROCKSDB: &[(&str, &str, bool)] = &[
+        ("fjall", "fjall", true),
+        ("rocksdb", "rocksdb", false),
+        ("postgresql", "postgres", true),
+    ];
+
+    fn list(systems: &[&str]) -> Vec<String> {
+        systems.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn a_run_rebuilds_only_for_peers_it_wants_and_lacks() {
+        // Every system: the peers are wanted.
+        assert!(wants_rebuild(None, None, NONE_ON, false));
+        assert!(wants_rebuild(None, Some("blob"), NONE_ON, true));
+        // Only our own systems, or peers that are there: no rebuild.
+        let ours = list(&["okaywal", "floor", "sediment"]);
+        assert!(!wants_rebuild(Some(&ours), None, NONE_ON, false));
+        assert!(!wants_rebuild(None, None, ALL_BUT_ROCKSDB, true));
+        let present = list(&["fjall", "postgresql", "sediment"]);
+        assert!(!wants_rebuild(Some(&present), None, ALL_BUT_ROCKSDB, true));
+        // One missing peer is enough.
+        let one = list(&["sediment", "postgresql"]);
+        assert!(wants_rebuild(Some(&one), None, NONE_ON, true));
+        // RocksDB needs system packages: never a reason to rebuild.
+        let rocks = list(&["rocksdb", "okaywal"]);
+        assert!(!wants_rebuild(Some(&rocks), None, ALL_BUT_ROCKSDB, true));
+        // The raft section needs its feature even for our own systems.
+        assert!(wants_rebuild(
+            Some(&ours),
+            Some("raft"),
+            ALL_BUT_ROCKSDB,
+            false
+        ));
+        assert!(!wants_rebuild(
+            Some(&ours),
+            Some("raft"),
+            ALL_BUT_ROCKSDB,
+            true
+        ));
+    }
+
+    #[test]
+    fn the_rebuild_goes_to_the_running_binary_s_target_dir_and_profile() {
+        assert_eq!(
+            target_and_profile(Path::new("/w/target/release/compare")),
+            Some((PathBuf::from("/w/target"), "release".to_string()))
+        );
+        assert_eq!(
+            target_and_profile(Path::new("/w/target/debug/compare")),
+            Some((PathBuf::from("/w/target"), "dev".to_string()))
+        );
+        assert_eq!(
+            target_and_profile(Path::new("/elsewhere/bench/compare")),
+            Some((PathBuf::from("/elsewhere"), "bench".to_string()))
+        );
+    }
+}
