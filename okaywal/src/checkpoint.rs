@@ -237,6 +237,7 @@ pub(crate) fn checkpoint(
     limit: u64,
     last_entry_id: Option<u64>,
 ) -> io::Result<()> {
+    crate::trace::span!(INFO, "checkpoint", segment = segment.id, last_entry_id = ?last_entry_id);
     let inner = &log.inner;
     // Rolled-back records may still be unsynced, and a sync leader may
     // still be writing records it took from the buffer after this segment

@@ -77,6 +77,16 @@
 //! [`WriteAheadLog::entries_from`] tails the live log and
 //! [`WriteAheadLog::stats`] returns counters.
 //!
+//! # Tracing
+//!
+//! With the cargo feature `tracing`, the log enters spans a `tracing`
+//! subscriber can time: `open` (recovery; `directory`), `commit` (`entry`,
+//! `bytes`, `durability`), `sync` (one group-commit `fdatasync` pass:
+//! `segments`, `commits`), `switch_segment` (`segment`, the new one's id)
+//! and `checkpoint` (`segment`, `last_entry_id`). Spans on the commit path
+//! are at `DEBUG` level, the others at `INFO`. Without the feature the
+//! crate does not depend on `tracing`.
+//!
 //! # Layout
 //!
 //! Segment files `wal-{first entry id}` are preallocated, written with
@@ -100,6 +110,7 @@ mod recovery;
 mod segment;
 mod stats;
 mod tail;
+mod trace;
 mod writer;
 
 pub use config::{

@@ -242,6 +242,7 @@ impl Inner {
             .pop()
             .ok_or_else(|| io::Error::other("no spare segment file available"))?;
         let id = state.next_entry_id;
+        crate::trace::span!(INFO, "switch_segment", segment = id);
         let path = FileName::Segment(id).path_in(self.directory());
         let previous = state
             .segments
@@ -683,6 +684,7 @@ impl Inner {
     }
     pub fn sync_targets(&self, targets: &[SyncTarget]) -> io::Result<()> {
         let covered = self.counters.unsynced_commits.swap(0, Ordering::AcqRel);
+        crate::trace::span!(DEBUG, "sync", segments = targets.len(), commits = covered);
         // Which targets this call syncs; the others were covered by an
         // earlier sync, which may have started before a large chunk's data
         // was written, so their durable mark stays.
@@ -921,6 +923,7 @@ impl WriteAheadLog {
         config: Configuration,
         mut manager: Box<dyn LogManager>,
     ) -> io::Result<Self> {
+        crate::trace::span!(INFO, "open", directory = %config.directory.display());
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
         let minimum_next_entry_id = config.minimum_next_entry_id;

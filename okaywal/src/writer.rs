@@ -186,6 +186,7 @@ impl<'log> EntryWriter<'log> {
 
     /// Commits the entry with the given durability.
     pub fn commit_with(mut self, durability: Durability) -> io::Result<EntryId> {
+        crate::trace::span!(DEBUG, "commit", entry = self.id.0, bytes = self.bytes, durability = ?durability);
         self.finished = true;
         if let Err(err) = self.check_usable() {
             self.write_end(RecordKind::Rollback).ok();
