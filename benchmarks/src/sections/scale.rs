@@ -26,7 +26,7 @@ use crate::{temp_dir, PayloadPool, Rng};
 pub const CHILD_COMMAND: &str = "__scale-child";
 
 /// The systems of the scale section. `parallel-limit` is no store: the
-/// disk itself under the same load (see [`ParallelLimit`]).
+/// disk itself under the same load (see `ParallelLimit` in this module).
 pub const SYSTEMS: &[&str] = &[
     "parallel-limit",
     "sediment",
