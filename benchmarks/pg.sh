@@ -39,6 +39,22 @@ die() {
   exit 1
 }
 
+# Removes a data directory this script made: a temp dir under target/ or
+# the PG_BENCH_DATA directory, never whatever else a stale pointer names.
+remove_data() {
+  case "$1" in
+    "$root"/target/pg-bench.*) rm -rf "$1" ;;
+    *)
+      if [ -n "${PG_BENCH_DATA:-}" ] && [ "$1" = "$PG_BENCH_DATA" ]; then
+        rm -rf "$1"
+      else
+        echo "pg.sh: not removing $1 (not a directory pg.sh made)" >&2
+        return 1
+      fi
+      ;;
+  esac
+}
+
 find_bin() {
   local dir
   for dir in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
@@ -106,17 +122,20 @@ start() {
     return 0
   fi
   ensure_user
+  mkdir -p "$root/target"
   if [ -n "${PG_BENCH_DATA:-}" ]; then
-    rm -rf "$data"
+    remove_data "$data" || true
     mkdir -p "$data"
   else
     # A server that is gone (a reboot, a killed process) left its dir.
-    [ -n "$data" ] && rm -rf "$data"
-    mkdir -p "$root/target"
+    if [ -n "$data" ]; then remove_data "$data" || true; fi
     data="$(mktemp -d "$root/target/pg-bench.XXXXXX")"
     cluster="$data/cluster"
-    echo "$data" >"$pointer"
+    # Readable by all, as a plain mkdir would make it: `url` and `status`
+    # read the port file as whoever runs them (the cluster stays private).
+    chmod 755 "$data"
   fi
+  echo "$data" >"$pointer"
   if [ "$(id -u)" -eq 0 ]; then
     chown "$user_name" "$data"
   fi
@@ -153,19 +172,29 @@ stop() {
     echo "pg.sh: no server to stop" >&2
     return 0
   fi
-  rm -rf "$data"
-  [ -n "${PG_BENCH_DATA:-}" ] || rm -f "$pointer"
-  echo "pg.sh: stopped and removed $data" >&2
+  rm -f "$pointer"
+  if remove_data "$data"; then
+    echo "pg.sh: stopped and removed $data" >&2
+  fi
 }
 
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   url) url ;;
-  env) echo "export PG_URL=$(url)" ;;
+  env)
+    u="$(url)"
+    echo "export PG_URL=$u"
+    ;;
   status)
     bin="$(find_bin)" || die "no PostgreSQL binaries"
-    if running; then echo "running: $(url)"; else echo "not running"; exit 1; fi
+    if running; then
+      u="$(url)"
+      echo "running: $u"
+    else
+      echo "not running"
+      exit 1
+    fi
     ;;
   *)
     echo "usage: $0 start|stop|url|env|status" >&2

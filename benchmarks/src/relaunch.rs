@@ -21,8 +21,9 @@ const RELAUNCHED: &str = "COMPARE_RELAUNCHED";
 
 /// Whether a run of `systems` (all, when `None`) in section `only` (every
 /// section but scale, when `None`) wants a peer that `features` (name,
-/// cargo feature, compiled in) lacks, or the raft section without
-/// `raft_on`. RocksDB never counts: it needs system packages.
+/// cargo feature, compiled in) lacks, or the raft section (which runs
+/// whatever `--systems` says) without `raft_on`. RocksDB never counts: it
+/// needs system packages.
 #[must_use]
 pub fn wants_rebuild(
     systems: Option<&[String]>,
@@ -35,7 +36,7 @@ pub fn wants_rebuild(
             .iter()
             .any(|(name, feature, on)| *name == system && *feature != "rocksdb" && !on)
     };
-    let raft_missing = !raft_on && matches!(only, Some("raft"));
+    let raft_missing = !raft_on && only.map_or(true, |section| section == "raft");
     let peer_missing = match systems {
         Some(list) => list.iter().any(|system| missing(system)),
         None => features.iter().any(|(name, _, _)| missing(name)),
@@ -43,17 +44,42 @@ pub fn wants_rebuild(
     raft_missing || peer_missing
 }
 
-/// Where cargo put the running binary: (target directory, profile name as
-/// `cargo build --profile` takes it).
+/// Where cargo put the running binary, so that the rebuild lands on the
+/// same path.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The target directory (the one holding cargo's `CACHEDIR.TAG`).
+    pub target_dir: PathBuf,
+    /// The profile, as `cargo build --profile` takes it.
+    pub profile: String,
+    /// The target triple, when the binary was built with `--target`
+    /// (`<target dir>/<triple>/<profile>/compare`).
+    pub triple: Option<String>,
+}
+
+/// Reads the [`Layout`] from the running binary's path
+/// (`<target dir>[/<triple>]/<profile>/compare`).
 #[must_use]
-pub fn target_and_profile(exe: &Path) -> Option<(PathBuf, String)> {
+pub fn layout(exe: &Path) -> Option<Layout> {
     let profile_dir = exe.parent()?;
-    let target = profile_dir.parent()?;
     let profile = match profile_dir.file_name()?.to_str()? {
         "debug" => "dev".to_string(),
         other => other.to_string(),
     };
-    Some((target.to_path_buf(), profile))
+    let above = profile_dir.parent()?;
+    let tagged = |dir: &Path| dir.join("CACHEDIR.TAG").is_file();
+    let (target_dir, triple) = match above.parent() {
+        Some(outer) if !tagged(above) && tagged(outer) => (
+            outer.to_path_buf(),
+            Some(above.file_name()?.to_str()?.to_string()),
+        ),
+        _ => (above.to_path_buf(), None),
+    };
+    Some(Layout {
+        target_dir,
+        profile,
+        triple,
+    })
 }
 
 /// Builds `compare` with the peers and runs it with `args`, if this run
@@ -67,7 +93,11 @@ pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
     let cargo = std::env::var_os("CARGO")?;
     // Taken before the build replaces the file under this name.
     let exe = std::env::current_exe().ok()?;
-    let (target, profile) = target_and_profile(&exe)?;
+    let Layout {
+        target_dir,
+        profile,
+        triple,
+    } = layout(&exe)?;
     let features = if cfg!(feature = "rocksdb") {
         "peers,rocksdb"
     } else {
@@ -78,14 +108,18 @@ pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
          {features}` first (several minutes the first time; {OPT_OUT}=1 runs without them)"
     );
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let built = Command::new(&cargo)
+    let mut build = Command::new(&cargo);
+    build
         .args(["build", "--profile", &profile, "--bin", "compare"])
         .args(["-p", "benchmarks", "--features", features])
         .arg("--manifest-path")
         .arg(manifest)
         .arg("--target-dir")
-        .arg(&target)
-        .status();
+        .arg(&target_dir);
+    if let Some(triple) = &triple {
+        build.args(["--target", triple]);
+    }
+    let built = build.status();
     match built {
         Ok(status) if status.success() => {}
         Ok(status) => {
@@ -97,13 +131,29 @@ pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
             return None;
         }
     }
-    match Command::new(&exe).args(args).env(RELAUNCHED, "1").status() {
+    run(&exe, args)
+}
+
+/// Replaces this process with the new build (so that signals and the exit
+/// status are the new build's own).
+#[cfg(unix)]
+fn run(exe: &Path, args: &[String]) -> Option<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let err = Command::new(exe).args(args).env(RELAUNCHED, "1").exec();
+    eprintln!(
+        "compare: could not start {} ({err}); running without the peers",
+        exe.display()
+    );
+    None
+}
+
+/// Runs the new build and passes its exit status on.
+#[cfg(not(unix))]
+fn run(exe: &Path, args: &[String]) -> Option<ExitCode> {
+    match Command::new(exe).args(args).env(RELAUNCHED, "1").status() {
         Ok(status) => Some(match status.code() {
             Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-            None => {
-                eprintln!("compare: the run with the peers ended by a signal ({status})");
-                ExitCode::FAILURE
-            }
+            None => ExitCode::FAILURE,
         }),
         Err(err) => {
             eprintln!(
@@ -139,10 +189,15 @@ mod tests {
         // Every system: the peers are wanted.
         assert!(wants_rebuild(None, None, NONE_ON, false));
         assert!(wants_rebuild(None, Some("blob"), NONE_ON, true));
-        // Only our own systems, or peers that are there: no rebuild.
+        // Only our own systems, or peers that are there: no rebuild...
         let ours = list(&["okaywal", "floor", "sediment"]);
-        assert!(!wants_rebuild(Some(&ours), None, NONE_ON, false));
+        assert!(!wants_rebuild(Some(&ours), None, NONE_ON, true));
+        assert!(!wants_rebuild(Some(&ours), Some("wal"), NONE_ON, false));
+        // ...unless the raft section runs (it does by default) without
+        // its feature.
+        assert!(wants_rebuild(Some(&ours), None, NONE_ON, false));
         assert!(!wants_rebuild(None, None, ALL_BUT_ROCKSDB, true));
+        assert!(!wants_rebuild(None, Some("blob"), ALL_BUT_ROCKSDB, false));
         let present = list(&["fjall", "postgresql", "sediment"]);
         assert!(!wants_rebuild(Some(&present), None, ALL_BUT_ROCKSDB, true));
         // One missing peer is enough.
@@ -167,18 +222,44 @@ mod tests {
     }
 
     #[test]
-    fn the_rebuild_goes_to_the_running_binary_s_target_dir_and_profile() {
+    fn the_rebuild_goes_to_the_running_binary_s_target_dir_profile_and_triple() {
+        let root = crate::temp_dir();
+        let target = root.path().join("target");
+        std::fs::create_dir_all(target.join("x86_64-unknown-linux-gnu/release")).unwrap();
+        std::fs::create_dir_all(target.join("debug")).unwrap();
+        std::fs::write(target.join("CACHEDIR.TAG"), "Signature").unwrap();
         assert_eq!(
-            target_and_profile(Path::new("/w/target/release/compare")),
-            Some((PathBuf::from("/w/target"), "release".to_string()))
+            layout(&target.join("release/compare")),
+            Some(Layout {
+                target_dir: target.clone(),
+                profile: "release".into(),
+                triple: None
+            })
         );
         assert_eq!(
-            target_and_profile(Path::new("/w/target/debug/compare")),
-            Some((PathBuf::from("/w/target"), "dev".to_string()))
+            layout(&target.join("debug/compare")),
+            Some(Layout {
+                target_dir: target.clone(),
+                profile: "dev".into(),
+                triple: None
+            })
         );
         assert_eq!(
-            target_and_profile(Path::new("/elsewhere/bench/compare")),
-            Some((PathBuf::from("/elsewhere"), "bench".to_string()))
+            layout(&target.join("x86_64-unknown-linux-gnu/release/compare")),
+            Some(Layout {
+                target_dir: target.clone(),
+                profile: "release".into(),
+                triple: Some("x86_64-unknown-linux-gnu".into())
+            })
+        );
+        // Without cargo's tag, the directory above the profile's.
+        assert_eq!(
+            layout(Path::new("/elsewhere/bench/compare")),
+            Some(Layout {
+                target_dir: PathBuf::from("/elsewhere"),
+                profile: "bench".into(),
+                triple: None
+            })
         );
     }
 }

@@ -35,8 +35,9 @@ pub enum RecoveryMode {
     SkipCorrupted,
 }
 
-/// Byte strings that [`Configuration::version_info`] accepts: `Vec<u8>`,
-/// `Arc<Vec<u8>>`, `&[u8]`, byte arrays, `&str` and `String`.
+/// Byte strings that [`Configuration::version_info`] accepts: `Vec<u8>`
+/// (also boxed or borrowed), `Arc<Vec<u8>>`, `&[u8]`, byte arrays, `&str`,
+/// `String` and `&String`.
 pub trait IntoVersionInfo {
     /// The bytes, shared as the configuration stores them.
     fn into_version_info(self) -> Arc<Vec<u8>>;
@@ -57,6 +58,18 @@ impl IntoVersionInfo for Vec<u8> {
 impl IntoVersionInfo for &Vec<u8> {
     fn into_version_info(self) -> Arc<Vec<u8>> {
         Arc::new(self.clone())
+    }
+}
+
+impl IntoVersionInfo for Box<Vec<u8>> {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(*self)
+    }
+}
+
+impl IntoVersionInfo for &String {
+    fn into_version_info(self) -> Arc<Vec<u8>> {
+        Arc::new(self.as_bytes().to_vec())
     }
 }
 

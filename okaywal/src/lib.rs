@@ -81,8 +81,10 @@
 //!
 //! With the cargo feature `tracing`, the log enters spans a `tracing`
 //! subscriber can time: `open` (recovery; `directory`), `commit` (`entry`,
-//! `bytes`, `durability`), `sync` (one group-commit `fdatasync` pass:
-//! `segments`, `commits`), `switch_segment` (`segment`, the new one's id)
+//! `bytes`, `durability`), `sync` (a sync pass over the segments that may
+//! hold unsynced records, each synced only if it needs it: `segments`
+//! looked at, `commits` covered; group commits, checkpoints and shutdown
+//! run them), `switch_segment` (`segment`, the new one's id)
 //! and `checkpoint` (`segment`, `last_entry_id`). Spans on the commit path
 //! are at `DEBUG` level, the others at `INFO`. Without the feature the
 //! crate does not depend on `tracing`.

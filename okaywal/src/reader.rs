@@ -256,5 +256,18 @@ mod tests {
         let mut head = [0_u8; 4];
         reader.read_exact(&mut head).unwrap();
         assert!(reader.read_all().is_err());
+
+        // After a failed `take_all` the reader is spent and still says why.
+        let mut reader = prefetched(&data, wrong);
+        assert!(reader.take_all().is_err());
+        assert_eq!(reader.bytes_remaining(), 0);
+        assert!(!reader.crc_is_valid().unwrap());
+        assert_eq!(reader.read(&mut head).unwrap(), 0);
+        // And after a good one, the CRC it checked is kept.
+        let crc = crc32fast::hash(&data);
+        let mut reader = prefetched(&data, crc);
+        assert_eq!(reader.take_all().unwrap(), data);
+        assert!(reader.crc_is_valid().unwrap());
+        assert_eq!(reader.take_all().unwrap(), b"");
     }
 }

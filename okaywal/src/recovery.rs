@@ -658,7 +658,7 @@ impl<'a> Entry<'a> {
     /// The segment the entry is in: its id and the version information
     /// written in its header.
     #[must_use]
-    pub fn segment(&self) -> &RecoveredSegment {
+    pub fn segment(&self) -> &'a RecoveredSegment {
         self.segment
     }
 

@@ -126,7 +126,7 @@ fn open_commit_sync_switch_and_checkpoint_enter_spans_with_their_fields() {
         .map(|s| s["commits"].parse::<u64>().unwrap())
         .sum();
     assert!(covered >= 2, "{syncs:?}");
-    assert!(syncs.iter().all(|s| s["segments"] != "0"), "{syncs:?}");
+    assert!(syncs.iter().any(|s| s["segments"] != "0"), "{syncs:?}");
 
     // The first segment at open, its successor at checkpoint_active, and
     // a new one at the second open.

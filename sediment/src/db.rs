@@ -817,14 +817,30 @@ impl Database {
         &self.wal
     }
 
-    /// Moves everything from the WAL into the strata, then closes the WAL.
-    /// Later calls on this database fail with [`Error::ShutDown`].
+    /// Closes the database for every handle: later calls on any clone fail
+    /// with [`Error::ShutDown`], and so does a second `shutdown`.
+    ///
+    /// New transactions and commits are refused first. Then everything in
+    /// the WAL is moved into the strata, unless transactions begun on other
+    /// handles are still open (their WAL entries would hold that checkpoint
+    /// up for as long as they stay open): the WAL is then left as it is and
+    /// replayed at the next open, and those transactions can no longer
+    /// commit. Last, the WAL is synced and closed.
     pub fn shutdown(self) -> Result<()> {
-        let checkpoint = self
-            .wal
-            .checkpoint_active()
-            .context(|| "checkpointing the WAL at shutdown".to_string());
-        self.shared.shut_down.store(true, Ordering::Release);
+        if self.shared.shut_down.swap(true, Ordering::AcqRel) {
+            return Err(Error::ShutDown);
+        }
+        let open_transactions = {
+            let meta = self.shared.meta.lock();
+            !meta.in_flight.is_empty() || !meta.beginning.is_empty()
+        };
+        let checkpoint = if open_transactions {
+            Ok(())
+        } else {
+            self.wal
+                .checkpoint_active()
+                .context(|| "checkpointing the WAL at shutdown".to_string())
+        };
         let shutdown = self
             .wal
             .shutdown()

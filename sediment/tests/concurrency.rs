@@ -682,3 +682,37 @@ fn clones_are_handles_to_one_store_until_one_shuts_it_down() {
     }
     reopened.shutdown().unwrap();
 }
+
+#[test]
+fn shutdown_does_not_wait_for_a_transaction_open_on_another_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::recover(dir.path()).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let kept = tx.write(b"committed before").unwrap();
+    tx.commit().unwrap();
+
+    let other = db.clone();
+    let mut open = other.begin_transaction().unwrap();
+    // The write begins the transaction's WAL entry.
+    open.write(b"never committed").unwrap();
+    // On this same thread: waiting for that entry would never end.
+    let (done, finished) = std::sync::mpsc::channel();
+    let closer = std::thread::spawn(move || done.send(db.shutdown()).unwrap());
+    let result = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("shutdown waited for a transaction open on another handle");
+    closer.join().unwrap();
+    result.unwrap();
+    assert!(matches!(open.commit(), Err(Error::ShutDown)));
+    // Only one shutdown: the others are told the store is shut down.
+    assert!(matches!(other.clone().shutdown(), Err(Error::ShutDown)));
+    drop(other);
+
+    let reopened = Database::recover(dir.path()).unwrap();
+    assert_eq!(
+        reopened.get(kept).unwrap().as_deref(),
+        Some(&b"committed before"[..])
+    );
+    assert!(reopened.verify().is_ok());
+    reopened.shutdown().unwrap();
+}
