@@ -118,11 +118,13 @@ fn without_segment(seen: &[Seen]) -> Written {
 #[test]
 fn managers_written_for_okaywal_0_3_see_every_chunk_and_the_segment_it_is_in() {
     let fs = MemoryFileSystem::new();
+    // Segments big enough that only `checkpoint_active` seals them: which
+    // entries each checkpoint sees is then fixed, not a matter of timing.
     let config = || {
         Configuration::default_for("/log")
             .file_system(fs.clone())
-            .preallocate_bytes(64 * 1024)
-            .checkpoint_after_bytes(64 * 1024)
+            .preallocate_bytes(4 << 20)
+            .checkpoint_after_bytes(4 << 20)
     };
 
     // Version 1: some entries checkpointed, the rest left for recovery.
