@@ -144,6 +144,14 @@ pub struct Configuration {
     pub max_unsynced_bytes: Option<u64>,
 }
 
+impl Default for Configuration {
+    /// [`Configuration::default_for`] the directory `okaywal` (relative to
+    /// the current directory), as okaywal 0.3 has it.
+    fn default() -> Self {
+        Self::default_for("okaywal")
+    }
+}
+
 impl Configuration {
     /// The default configuration for a log stored in `directory` on the
     /// real file system.

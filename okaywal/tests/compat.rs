@@ -191,6 +191,27 @@ fn managers_written_for_okaywal_0_3_see_every_chunk_and_the_segment_it_is_in() {
 }
 
 #[test]
+fn the_default_configuration_is_the_default_for_a_directory_named_okaywal() {
+    let default = Configuration::default();
+    let named = Configuration::default_for("okaywal");
+    assert_eq!(default.directory, named.directory);
+    assert_eq!(default.preallocate_bytes, named.preallocate_bytes);
+    assert_eq!(default.checkpoint_after_bytes, named.checkpoint_after_bytes);
+    assert_eq!(default.buffer_bytes, named.buffer_bytes);
+    // Struct update syntax, as 0.3 users write it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = Configuration {
+        directory: dir.path().to_path_buf(),
+        ..Configuration::default()
+    };
+    let log = config.open(okaywal::LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"x").unwrap();
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+}
+
+#[test]
 fn version_info_takes_bytes_in_any_usual_form() {
     let base = Configuration::default_for("/log");
     let owned = vec![7_u8, 8];
