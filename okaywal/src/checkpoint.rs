@@ -273,12 +273,10 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
         Ok(()) => {
             let highest_id = {
                 let mut state = inner.state.lock();
-                let highest = state
-                    .segments
-                    .remove(&segment.id)
-                    .map_or(segment.id, |s| s.highest_id);
-                state.recycled_through = state.recycled_through.max(highest);
-                highest
+                let removed = state.segments.remove(&segment.id);
+                let committed = removed.as_ref().and_then(|s| s.highest_committed_id);
+                state.recycled_through = state.recycled_through.max(committed.unwrap_or(0));
+                removed.map_or(segment.id, |s| s.highest_id)
             };
             // Named for the highest id it held: if the active segment's own
             // name never became durable, this name still keeps a reopened

@@ -61,16 +61,40 @@ struct Sequential<'a> {
     buffer: Vec<u8>,
     buffer_start: u64,
     buffer_len: usize,
+    /// Where the caller's walk ends: filling the buffer stops there (a
+    /// walk of a live segment's synced part must not read the whole
+    /// buffer's worth past it on every advance).
+    limit: u64,
 }
 
 impl<'a> Sequential<'a> {
     fn new(file: &'a dyn FileHandle, buffer_bytes: usize) -> Self {
+        Self::with_buffer(file, Vec::new(), buffer_bytes)
+    }
+
+    /// Reuses `buffer` (its contents are ignored) if it has the size
+    /// `buffer_bytes` asks for.
+    fn with_buffer(file: &'a dyn FileHandle, mut buffer: Vec<u8>, buffer_bytes: usize) -> Self {
+        let size = buffer_bytes.max(RECORD_HEADER_SIZE * 2);
+        if buffer.len() != size {
+            buffer = vec![0; size];
+        }
         Self {
             file,
-            buffer: vec![0; buffer_bytes.max(RECORD_HEADER_SIZE * 2)],
+            buffer,
             buffer_start: 0,
             buffer_len: 0,
+            limit: u64::MAX,
         }
+    }
+
+    fn into_buffer(self) -> Vec<u8> {
+        self.buffer
+    }
+
+    /// Drops what the buffer holds, so that the next read goes to the file.
+    fn forget(&mut self) {
+        self.buffer_len = 0;
     }
 
     /// Returns up to `len` bytes at `offset`, fewer only at the end of the
@@ -81,9 +105,13 @@ impl<'a> Sequential<'a> {
         if offset < self.buffer_start || end > buffered_end {
             self.buffer_start = offset;
             self.buffer_len = 0;
-            while self.buffer_len < self.buffer.len() {
+            // At least what was asked for, even past the limit.
+            let fill = usize::try_from(self.limit.saturating_sub(offset))
+                .unwrap_or(usize::MAX)
+                .clamp(len.min(self.buffer.len()), self.buffer.len());
+            while self.buffer_len < fill {
                 let n = self.file.read_at(
-                    &mut self.buffer[self.buffer_len..],
+                    &mut self.buffer[self.buffer_len..fill],
                     offset + self.buffer_len as u64,
                 )?;
                 if n == 0 {
@@ -158,108 +186,210 @@ pub(crate) fn scan_segment(
     buffer_bytes: usize,
     skip_damage: bool,
 ) -> io::Result<SegmentScan> {
-    let mut reader = Sequential::new(file, buffer_bytes);
-    let mut scan = SegmentScan::default();
-    // Entry id → (chunks, all chunks valid, offset of the first bad chunk).
-    let mut open: HashMap<u64, (Vec<ChunkLocation>, bool, Option<u64>)> = HashMap::new();
-    let mut offset = HEADER_SIZE;
-    while offset < limit {
-        let bytes = reader.bytes_at(offset, RECORD_HEADER_SIZE)?;
-        let decoded = RecordHeader::decode(bytes, salt)
-            .map_err(describe)
-            .and_then(|header| {
-                if header.entry_id < salt {
-                    Err(format!(
-                        "entry id {} is below the segment's first id {salt}",
-                        header.entry_id
-                    ))
-                } else if offset + header.record_len() > limit {
-                    Err("record extends past the end of the file".into())
-                } else {
-                    Ok(header)
-                }
-            });
-        let header = match decoded {
-            Ok(header) => header,
-            Err(reason) => {
-                // Damage rather than a torn tail if any later record was
-                // written after a sync that covered these bytes.
-                let mut resume = None;
-                let mut from = offset + 1;
-                let mut damaged = false;
-                while let Some((next_offset, next_header)) =
-                    reader.next_record(from, limit, salt)?
-                {
-                    resume.get_or_insert(next_offset);
-                    if next_header.durable_mark > offset {
-                        damaged = true;
-                        break;
+    let mut scanner = SegmentScanner::new(salt, buffer_bytes);
+    scanner.advance(file, limit, skip_damage)?;
+    Ok(scanner.finish())
+}
+
+/// An entry whose chunks a walk has seen but whose commit or rollback it
+/// has not: its chunks, and those of them that failed their CRC.
+type OpenEntry = (Vec<ChunkLocation>, Vec<ChunkLocation>);
+
+/// A walk over one segment (see [`scan_segment`]) that can be continued
+/// when more of the segment becomes durable: the live-log reader advances
+/// it to each new synced end instead of walking the segment again from its
+/// header, which made following a busy log cost time in proportion to the
+/// segment's size on every refill.
+#[derive(Debug)]
+pub(crate) struct SegmentScanner {
+    salt: u64,
+    buffer_bytes: usize,
+    /// Where the walk goes on: just past the last record walked, or the
+    /// record where it stopped.
+    offset: u64,
+    open: HashMap<u64, OpenEntry>,
+    scan: SegmentScan,
+    /// The read buffer, kept between advances so that each one does not
+    /// allocate it again; its contents are never reused, since bytes past
+    /// the previous limit may have changed since.
+    buffer: Vec<u8>,
+}
+
+impl SegmentScanner {
+    pub fn new(salt: u64, buffer_bytes: usize) -> Self {
+        Self {
+            salt,
+            buffer_bytes,
+            offset: HEADER_SIZE,
+            open: HashMap::new(),
+            scan: SegmentScan {
+                end: HEADER_SIZE,
+                ..SegmentScan::default()
+            },
+            buffer: Vec::new(),
+        }
+    }
+
+    /// What the walk has found so far. Committed entries may be taken out
+    /// of `committed`; the walk never adds an entry it has added before.
+    pub fn scan_mut(&mut self) -> &mut SegmentScan {
+        &mut self.scan
+    }
+
+    /// Ends the walk: entries still open count as discarded.
+    pub fn finish(mut self) -> SegmentScan {
+        self.scan.discarded += self.open.len();
+        self.scan
+    }
+
+    /// Walks on from where the last advance ended up to `limit`. A walk
+    /// that stopped at a record that did not verify tries that record
+    /// again. Every byte below `limit` must be final: the caller passes
+    /// the file's length at open, or a synced offset of the live segment.
+    pub fn advance(
+        &mut self,
+        file: &dyn FileHandle,
+        limit: u64,
+        skip_damage: bool,
+    ) -> io::Result<()> {
+        let mut reader =
+            Sequential::with_buffer(file, std::mem::take(&mut self.buffer), self.buffer_bytes);
+        reader.limit = limit;
+        let result = self.walk(&mut reader, limit, skip_damage);
+        self.buffer = reader.into_buffer();
+        result
+    }
+
+    fn walk(
+        &mut self,
+        reader: &mut Sequential<'_>,
+        limit: u64,
+        skip_damage: bool,
+    ) -> io::Result<()> {
+        let salt = self.salt;
+        let scan = &mut self.scan;
+        let open = &mut self.open;
+        scan.stopped = None;
+        let mut offset = self.offset;
+        while offset < limit {
+            let bytes = reader.bytes_at(offset, RECORD_HEADER_SIZE)?;
+            let decoded = RecordHeader::decode(bytes, salt)
+                .map_err(describe)
+                .and_then(|header| {
+                    if header.entry_id < salt {
+                        Err(format!(
+                            "entry id {} is below the segment's first id {salt}",
+                            header.entry_id
+                        ))
+                    } else if offset + header.record_len() > limit {
+                        Err("record extends past the end of the file".into())
+                    } else {
+                        Ok(header)
                     }
-                    from = next_offset + next_header.record_len();
-                }
-                if damaged {
-                    if scan.damage.is_none() {
-                        scan.damage = Some((offset, reason.clone()));
-                    }
-                    if let (true, Some(resume)) = (skip_damage, resume) {
-                        offset = resume;
-                        continue;
-                    }
-                }
-                scan.stopped = Some((offset, reason));
-                break;
-            }
-        };
-        let record_end = offset + header.record_len();
-        scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
-        scan.max_durable_mark = scan.max_durable_mark.max(header.durable_mark);
-        match header.kind {
-            RecordKind::Chunk => {
-                let valid = chunk_crc_matches(&mut reader, offset, header.length, buffer_bytes)?;
-                let entry = open
-                    .entry(header.entry_id)
-                    .or_insert((Vec::new(), true, None));
-                entry.0.push(ChunkLocation {
-                    offset,
-                    length: header.length,
                 });
-                entry.1 &= valid;
-                if !valid && entry.2.is_none() {
-                    entry.2 = Some(offset);
+            let header = match decoded {
+                Ok(header) => header,
+                Err(reason) => {
+                    // Damage rather than a torn tail if any later record
+                    // was written after a sync that covered these bytes.
+                    let mut resume = None;
+                    let mut from = offset + 1;
+                    let mut damaged = false;
+                    while let Some((next_offset, next_header)) =
+                        reader.next_record(from, limit, salt)?
+                    {
+                        resume.get_or_insert(next_offset);
+                        if next_header.durable_mark > offset {
+                            damaged = true;
+                            break;
+                        }
+                        from = next_offset + next_header.record_len();
+                    }
+                    if damaged {
+                        if scan.damage.is_none() {
+                            scan.damage = Some((offset, reason.clone()));
+                        }
+                        if let (true, Some(resume)) = (skip_damage, resume) {
+                            offset = resume;
+                            continue;
+                        }
+                    }
+                    scan.stopped = Some((offset, reason));
+                    break;
                 }
-            }
-            RecordKind::Commit => {
-                let (chunks, valid, bad_chunk) =
-                    open.remove(&header.entry_id)
-                        .unwrap_or((Vec::new(), true, None));
-                if let Some(bad) = bad_chunk {
-                    if header.durable_mark > bad && scan.damage.is_none() {
-                        scan.damage = Some((
-                            bad,
-                            format!("chunk of entry {} failed its CRC", header.entry_id),
-                        ));
+            };
+            let record_end = offset + header.record_len();
+            scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
+            scan.max_durable_mark = scan.max_durable_mark.max(header.durable_mark);
+            match header.kind {
+                RecordKind::Chunk => {
+                    let valid =
+                        chunk_crc_matches(reader, offset, header.length, self.buffer_bytes)?;
+                    let entry = open.entry(header.entry_id).or_default();
+                    let location = ChunkLocation {
+                        offset,
+                        length: header.length,
+                    };
+                    entry.0.push(location);
+                    if !valid {
+                        entry.1.push(location);
                     }
                 }
-                if valid
-                    && chunks.len() == header.length as usize
-                    && !scan.committed.contains_key(&header.entry_id)
-                {
-                    scan.committed.insert(header.entry_id, (chunks, offset));
-                } else {
+                RecordKind::Commit => {
+                    let (chunks, mut bad) = open.remove(&header.entry_id).unwrap_or_default();
+                    if !bad.is_empty() {
+                        // Read a failed chunk again: in a live segment, a
+                        // large chunk's header is synced before its writer
+                        // has copied the data in, so an earlier advance may
+                        // have found it unwritten. A commit record comes
+                        // only after the data is written, and a walk reads
+                        // the file after the sync that covered the commit,
+                        // so now the data is final. (At open it is final
+                        // anyway; then this reads bad chunks twice.)
+                        reader.forget();
+                        let mut still_bad = Vec::with_capacity(bad.len());
+                        for chunk in bad {
+                            if !chunk_crc_matches(
+                                reader,
+                                chunk.offset,
+                                chunk.length,
+                                self.buffer_bytes,
+                            )? {
+                                still_bad.push(chunk);
+                            }
+                        }
+                        bad = still_bad;
+                    }
+                    let valid = bad.is_empty();
+                    if let Some(first_bad) = bad.first() {
+                        if header.durable_mark > first_bad.offset && scan.damage.is_none() {
+                            scan.damage = Some((
+                                first_bad.offset,
+                                format!("chunk of entry {} failed its CRC", header.entry_id),
+                            ));
+                        }
+                    }
+                    if valid
+                        && chunks.len() == header.length as usize
+                        && !scan.committed.contains_key(&header.entry_id)
+                    {
+                        scan.committed.insert(header.entry_id, (chunks, offset));
+                    } else {
+                        scan.discarded += 1;
+                    }
+                }
+                RecordKind::Rollback => {
+                    open.remove(&header.entry_id);
                     scan.discarded += 1;
                 }
+                RecordKind::Padding => {}
             }
-            RecordKind::Rollback => {
-                open.remove(&header.entry_id);
-                scan.discarded += 1;
-            }
-            RecordKind::Padding => {}
+            offset = record_end;
         }
-        offset = record_end;
+        self.offset = offset;
+        scan.end = offset;
+        Ok(())
     }
-    scan.discarded += open.len();
-    scan.end = offset;
-    Ok(scan)
 }
 
 fn chunk_crc_matches(
@@ -886,5 +1016,147 @@ mod tests {
         assert_eq!(window.bytes.len(), WINDOW_BYTES);
         let reads = fs.operation_count(Operation::Read) - reads_before;
         assert!(reads < 30, "{reads} reads for 2 MB of records in a row");
+    }
+
+    /// A segment image: a blank header, then records of entries with one
+    /// to three chunks (one over the scan buffer), rollbacks, padding and
+    /// an entry whose chunk fails its CRC. Returns the bytes and the
+    /// offset where each record ends.
+    fn segment_image(salt: u64) -> (Vec<u8>, Vec<u64>) {
+        use crate::format::encode_chunk;
+        let mut out = vec![0_u8; HEADER_SIZE as usize];
+        let mut ends = Vec::new();
+        let record = |kind, entry_id, length| RecordHeader {
+            kind,
+            entry_id,
+            length,
+            durable_mark: 0,
+        };
+        for i in 0..60_u64 {
+            let id = salt + i;
+            let chunks = 1 + (i % 3) as u32;
+            for c in 0..chunks {
+                let len = if i == 17 && c == 0 {
+                    70_000
+                } else {
+                    (i * 37 + u64::from(c) * 5) % 600
+                };
+                let data: Vec<u8> = (0..len).map(|b| (b as u8) ^ (i as u8)).collect();
+                let mut crc = crc32fast::hash(&data);
+                if i == 29 {
+                    crc ^= 1;
+                }
+                encode_chunk(
+                    &mut out,
+                    &record(RecordKind::Chunk, id, len as u32),
+                    salt,
+                    &data,
+                    crc,
+                );
+                ends.push(out.len() as u64);
+            }
+            let kind = if i % 11 == 5 {
+                RecordKind::Rollback
+            } else {
+                RecordKind::Commit
+            };
+            let length = if kind == RecordKind::Commit {
+                chunks
+            } else {
+                0
+            };
+            out.extend_from_slice(&record(kind, id, length).encode(salt));
+            ends.push(out.len() as u64);
+            if i % 13 == 0 {
+                out.extend_from_slice(&record(RecordKind::Padding, id, 40).encode(salt));
+                out.extend_from_slice(&[0; 40]);
+                ends.push(out.len() as u64);
+            }
+        }
+        (out, ends)
+    }
+
+    #[test]
+    fn a_scan_advanced_in_steps_finds_what_one_walk_finds() {
+        let salt = 1_000;
+        let (image, ends) = segment_image(salt);
+        let fs = CrashFileSystem::new();
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let file = fs.open(Path::new("/d/f"), OpenMode::Create).unwrap();
+        file.write_all_at(&image, 0).unwrap();
+        let len = image.len() as u64;
+        // A buffer smaller than the large chunk, so that chunk is read in
+        // pieces across the buffer's refills.
+        let buffer_bytes = 8 * 1024;
+        let whole = scan_segment(&*file, salt, len, buffer_bytes, false).unwrap();
+        assert!(whole.stopped.is_none() && whole.damage.is_none());
+        assert_eq!(whole.end, len);
+        // 60 entries: 5 rolled back (i % 11 == 5) and one with a bad chunk.
+        assert_eq!(whole.committed.len(), 54);
+        assert_eq!(whole.discarded, 6);
+
+        // Advanced to every record boundary, as the live-log reader does,
+        // and separately to limits inside records, which the walk must
+        // retry: the same entries, the same counts, the same end.
+        let inside: Vec<u64> = (HEADER_SIZE..len).step_by(997).chain([len]).collect();
+        for limits in [ends.clone(), inside] {
+            let mut scanner = SegmentScanner::new(salt, buffer_bytes);
+            for &limit in &limits {
+                scanner.advance(&*file, limit, false).unwrap();
+                let scan = scanner.scan_mut();
+                assert!(scan.end <= limit);
+                if ends.contains(&limit) {
+                    assert_eq!(scan.end, limit, "a walk to a record boundary reaches it");
+                    assert!(scan.stopped.is_none());
+                }
+            }
+            let stepped = scanner.finish();
+            assert_eq!(stepped.committed, whole.committed);
+            assert_eq!(stepped.discarded, whole.discarded);
+            assert_eq!(stepped.end, whole.end);
+            assert_eq!(stepped.max_entry_id, whole.max_entry_id);
+            assert!(stepped.stopped.is_none() && stepped.damage.is_none());
+        }
+
+        // In a live segment a large chunk's header and trailer are synced
+        // before its writer has copied the data in: an advance that walks
+        // the chunk then sees it fail its CRC. Once the data and the commit
+        // are there, the next advance must still find the entry whole.
+        let large = ends
+            .windows(2)
+            .find(|w| w[1] - w[0] > 60_000)
+            .map(|w| (w[0], w[1]))
+            .expect("the image has a large chunk");
+        let live = fs.open(Path::new("/d/live"), OpenMode::Create).unwrap();
+        let data_start = large.0 + RECORD_HEADER_SIZE as u64;
+        let data_end = large.1 - CHUNK_TRAILER_SIZE as u64;
+        live.write_all_at(&image[..data_start as usize], 0).unwrap();
+        live.write_all_at(&image[data_end as usize..large.1 as usize], data_end)
+            .unwrap();
+        let mut scanner = SegmentScanner::new(salt, buffer_bytes);
+        scanner.advance(&*live, large.1, false).unwrap();
+        live.write_all_at(&image[data_start as usize..], data_start)
+            .unwrap();
+        scanner.advance(&*live, len, false).unwrap();
+        let resumed = scanner.finish();
+        assert_eq!(resumed.committed, whole.committed);
+        assert_eq!(resumed.discarded, whole.discarded);
+        assert!(resumed.damage.is_none());
+
+        // Entries taken out of the scan are not found again by later
+        // advances.
+        let mut scanner = SegmentScanner::new(salt, buffer_bytes);
+        let half = ends[ends.len() / 2];
+        scanner.advance(&*file, half, false).unwrap();
+        let first: Vec<u64> = std::mem::take(&mut scanner.scan_mut().committed)
+            .into_keys()
+            .collect();
+        scanner.advance(&*file, len, false).unwrap();
+        let second: Vec<u64> = scanner.scan_mut().committed.keys().copied().collect();
+        assert!(!first.is_empty() && !second.is_empty());
+        assert!(first.iter().max() < second.iter().min());
+        let mut all = first;
+        all.extend(second);
+        assert_eq!(all, whole.committed.keys().copied().collect::<Vec<_>>());
     }
 }

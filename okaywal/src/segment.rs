@@ -69,6 +69,9 @@ pub(crate) struct SegmentState {
     /// The highest entry id known to be used in this segment (for naming
     /// the file when it is recycled, so ids never go backwards).
     pub highest_id: u64,
+    /// The highest id of an entry committed in this segment: once the
+    /// segment is recycled, a reader that has not reached it lost entries.
+    pub highest_committed_id: Option<u64>,
 }
 
 impl SegmentState {
@@ -86,6 +89,7 @@ impl SegmentState {
             sealed: false,
             last_entry_id: None,
             highest_id,
+            highest_committed_id: None,
         }
     }
 

@@ -1,19 +1,19 @@
 //! Reading the live log while it is written: committed, durable entries in
 //! id order, and waiting for the next one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::position::EntryId;
-use crate::recovery::{scan_segment, SegmentReader};
-use crate::segment::Segment;
-use crate::WriteAheadLog;
+use crate::recovery::{ChunkLocation, SegmentReader, SegmentScanner};
 
 /// An entry's chunk locations and the offset of its commit record.
-type Located = (Vec<crate::recovery::ChunkLocation>, u64);
+type Located = (Vec<ChunkLocation>, u64);
+use crate::segment::Segment;
+use crate::WriteAheadLog;
 
 /// A committed entry read back from the live log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +50,9 @@ pub struct LogEntries {
     log: WriteAheadLog,
     next: u64,
     ready: VecDeque<LiveEntry>,
+    /// One walk per live segment, by segment id, each advanced to the
+    /// segment's synced end at every refill.
+    scanners: HashMap<u64, SegmentScanner>,
 }
 
 impl LogEntries {
@@ -58,6 +61,7 @@ impl LogEntries {
             log,
             next: from.0,
             ready: VecDeque::new(),
+            scanners: HashMap::new(),
         }
     }
 
@@ -118,7 +122,7 @@ impl LogEntries {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
-                    "entry {} is no longer in the log: entries through {recycled_through} were \
+                    "entry {} is no longer in the log: committed entries through {recycled_through} were \
                      checkpointed and their segments recycled",
                     self.next
                 ),
@@ -127,27 +131,44 @@ impl LogEntries {
         if stable_through < self.next {
             return Ok(());
         }
-        let mut found: BTreeMap<u64, (Arc<Segment>, Located)> = BTreeMap::new();
-        for segment in &segments {
+        // Walks of segments that were recycled are of no further use.
+        self.scanners
+            .retain(|id, _| segments.iter().any(|segment| segment.id == *id));
+        // Entry id → (index into `segments`, (chunks, commit offset)).
+        let mut found: BTreeMap<u64, (usize, Located)> = BTreeMap::new();
+        for (index, segment) in segments.iter().enumerate() {
             // Only the durable part: it is all in the file, with no holes.
             let limit = segment.synced_to.load(Ordering::Acquire);
             if limit <= crate::format::HEADER_SIZE {
                 continue;
             }
-            let scan = scan_segment(
-                &*segment.file,
-                segment.id,
-                limit,
-                inner.config.buffer_bytes,
-                false,
-            )?;
-            for (id, located) in scan.committed.range(self.next..=stable_through) {
-                found.insert(*id, (segment.clone(), located.clone()));
-            }
+            let scanner = self
+                .scanners
+                .entry(segment.id)
+                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config.buffer_bytes));
+            scanner.advance(&*segment.file, limit, false)?;
+            let committed = &mut scanner.scan_mut().committed;
+            // Entries before `next` were returned already (or were not
+            // asked for); entries after `stable_through` wait for a later
+            // refill, when every entry before them is finished.
+            let mut wanted = committed.split_off(&self.next);
+            *committed = wanted.split_off(&(stable_through + 1));
+            found.extend(
+                wanted
+                    .into_iter()
+                    .map(|(id, located)| (id, (index, located))),
+            );
         }
-        for (id, (segment, located)) in found {
-            let mut entries = BTreeMap::new();
-            entries.insert(id, located);
+        // Read runs of consecutive entries of one segment with one reader.
+        let mut found = found.into_iter().peekable();
+        while let Some((id, (index, chunks))) = found.next() {
+            let mut entries = BTreeMap::from([(id, chunks)]);
+            while let Some((next_id, (_, next_chunks))) =
+                found.next_if(|(_, (next_index, _))| *next_index == index)
+            {
+                entries.insert(next_id, next_chunks);
+            }
+            let segment = &segments[index];
             let mut reader = SegmentReader::new(
                 segment.id,
                 &segment.version_info,
@@ -155,17 +176,16 @@ impl LogEntries {
                 entries,
                 None,
             );
-            let mut entry = reader.read_entry()?.expect("one entry");
-            let chunks = entry.read_all_chunks()?.ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("entry {id} changed while being read"),
-                )
-            })?;
-            self.ready.push_back(LiveEntry {
-                id: EntryId(id),
-                chunks,
-            });
+            while let Some(mut entry) = reader.read_entry()? {
+                let id = entry.id();
+                let chunks = entry.read_all_chunks()?.ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("entry {id} changed while being read"),
+                    )
+                })?;
+                self.ready.push_back(LiveEntry { id, chunks });
+            }
         }
         self.next = stable_through + 1;
         Ok(())
