@@ -126,7 +126,9 @@ pub(crate) struct State {
     pub pending_commits: BTreeMap<u64, (u64, u64)>,
     /// The highest id of an entry committed in a segment that has been
     /// checkpointed and recycled (rolled-back entries do not count: a
-    /// reader waiting at one has lost nothing).
+    /// reader waiting at one has lost nothing). At open, the id before the
+    /// first live segment: what an earlier run recycled is not known in
+    /// more detail.
     pub recycled_through: u64,
     /// White-box tests stop the background checkpointer from taking
     /// segments whose bookkeeping they are still looking at.
@@ -1024,11 +1026,19 @@ impl WriteAheadLog {
             }
         }
 
+        let next_entry_id = (max_id + 1).max(minimum_next_entry_id);
+        // Every entry below the first live segment was in a segment that
+        // an earlier run checkpointed and recycled.
+        let recycled_through = live
+            .keys()
+            .next()
+            .map_or(next_entry_id, |first| *first)
+            .saturating_sub(1);
         let inner = Arc::new(Inner {
             config,
             fs,
             state: Mutex::new(State {
-                next_entry_id: (max_id + 1).max(minimum_next_entry_id),
+                next_entry_id,
                 active: 0,
                 segments: live,
                 spares,
@@ -1043,7 +1053,7 @@ impl WriteAheadLog {
                 checkpointing: None,
                 open_ids: std::collections::BTreeSet::new(),
                 pending_commits: BTreeMap::new(),
-                recycled_through: 0,
+                recycled_through,
                 #[cfg(test)]
                 checkpoints_paused: false,
             }),
@@ -1145,7 +1155,13 @@ impl WriteAheadLog {
     /// Iterates the committed entries with ids ≥ `from` that are still in
     /// live (not yet recycled) segments, in id order, while writers go on.
     /// Only durable entries are returned. An entry whose segment was
-    /// checkpointed and recycled gives a `NotFound` error.
+    /// checkpointed and recycled gives a `NotFound` error (after a reopen:
+    /// any id below the first live segment); a rolled-back entry does not.
+    /// A log opened with
+    /// [`RecoveryMode::SkipCorrupted`](crate::RecoveryMode::SkipCorrupted)
+    /// is read past damage as recovery read it. An error leaves the
+    /// iterator where it was: calling it again retries, and no entry is
+    /// skipped.
     ///
     /// The iterator walks each live segment once: every refill goes on
     /// from where the last one stopped and reads only what became durable

@@ -187,7 +187,7 @@ pub(crate) fn scan_segment(
     skip_damage: bool,
 ) -> io::Result<SegmentScan> {
     let mut scanner = SegmentScanner::new(salt, buffer_bytes);
-    scanner.advance(file, limit, skip_damage)?;
+    scanner.advance(file, limit, skip_damage, &mut Vec::new())?;
     Ok(scanner.finish())
 }
 
@@ -209,10 +209,6 @@ pub(crate) struct SegmentScanner {
     offset: u64,
     open: HashMap<u64, OpenEntry>,
     scan: SegmentScan,
-    /// The read buffer, kept between advances so that each one does not
-    /// allocate it again; its contents are never reused, since bytes past
-    /// the previous limit may have changed since.
-    buffer: Vec<u8>,
 }
 
 impl SegmentScanner {
@@ -226,7 +222,6 @@ impl SegmentScanner {
                 end: HEADER_SIZE,
                 ..SegmentScan::default()
             },
-            buffer: Vec::new(),
         }
     }
 
@@ -244,19 +239,24 @@ impl SegmentScanner {
 
     /// Walks on from where the last advance ended up to `limit`. A walk
     /// that stopped at a record that did not verify tries that record
-    /// again. Every byte below `limit` must be final: the caller passes
-    /// the file's length at open, or a synced offset of the live segment.
+    /// again, and so does one that failed with an error. Every byte below
+    /// `limit` must be final: the caller passes the file's length at open,
+    /// or a synced offset of the live segment.
+    ///
+    /// `buffer` is the read buffer, passed in so that a caller advancing
+    /// many walks (one per live segment) allocates one; its contents are
+    /// never reused, since bytes past the previous limit may have changed.
     pub fn advance(
         &mut self,
         file: &dyn FileHandle,
         limit: u64,
         skip_damage: bool,
+        buffer: &mut Vec<u8>,
     ) -> io::Result<()> {
-        let mut reader =
-            Sequential::with_buffer(file, std::mem::take(&mut self.buffer), self.buffer_bytes);
+        let mut reader = Sequential::with_buffer(file, std::mem::take(buffer), self.buffer_bytes);
         reader.limit = limit;
         let result = self.walk(&mut reader, limit, skip_damage);
-        self.buffer = reader.into_buffer();
+        *buffer = reader.into_buffer();
         result
     }
 
@@ -336,7 +336,13 @@ impl SegmentScanner {
                     }
                 }
                 RecordKind::Commit => {
-                    let (chunks, mut bad) = open.remove(&header.entry_id).unwrap_or_default();
+                    // The entry leaves `open` only once nothing can fail:
+                    // a walk that ends in an error is retried from the
+                    // last record it finished.
+                    let mut bad = open
+                        .get(&header.entry_id)
+                        .map(|entry| entry.1.clone())
+                        .unwrap_or_default();
                     if !bad.is_empty() {
                         // Read a failed chunk again: in a live segment, a
                         // large chunk's header is synced before its writer
@@ -360,6 +366,7 @@ impl SegmentScanner {
                         }
                         bad = still_bad;
                     }
+                    let (chunks, _) = open.remove(&header.entry_id).unwrap_or_default();
                     let valid = bad.is_empty();
                     if let Some(first_bad) = bad.first() {
                         if header.durable_mark > first_bad.offset && scan.damage.is_none() {
@@ -385,6 +392,10 @@ impl SegmentScanner {
                 RecordKind::Padding => {}
             }
             offset = record_end;
+            // Kept after every record: an error later in this walk must
+            // not make the retry walk these records again (a chunk pushed
+            // twice would make its entry's chunk count wrong).
+            self.offset = offset;
         }
         self.offset = offset;
         scan.end = offset;
@@ -1102,7 +1113,9 @@ mod tests {
         for limits in [ends.clone(), inside] {
             let mut scanner = SegmentScanner::new(salt, buffer_bytes);
             for &limit in &limits {
-                scanner.advance(&*file, limit, false).unwrap();
+                scanner
+                    .advance(&*file, limit, false, &mut Vec::new())
+                    .unwrap();
                 let scan = scanner.scan_mut();
                 assert!(scan.end <= limit);
                 if ends.contains(&limit) {
@@ -1134,10 +1147,14 @@ mod tests {
         live.write_all_at(&image[data_end as usize..large.1 as usize], data_end)
             .unwrap();
         let mut scanner = SegmentScanner::new(salt, buffer_bytes);
-        scanner.advance(&*live, large.1, false).unwrap();
+        scanner
+            .advance(&*live, large.1, false, &mut Vec::new())
+            .unwrap();
         live.write_all_at(&image[data_start as usize..], data_start)
             .unwrap();
-        scanner.advance(&*live, len, false).unwrap();
+        scanner
+            .advance(&*live, len, false, &mut Vec::new())
+            .unwrap();
         let resumed = scanner.finish();
         assert_eq!(resumed.committed, whole.committed);
         assert_eq!(resumed.discarded, whole.discarded);
@@ -1147,11 +1164,15 @@ mod tests {
         // advances.
         let mut scanner = SegmentScanner::new(salt, buffer_bytes);
         let half = ends[ends.len() / 2];
-        scanner.advance(&*file, half, false).unwrap();
+        scanner
+            .advance(&*file, half, false, &mut Vec::new())
+            .unwrap();
         let first: Vec<u64> = std::mem::take(&mut scanner.scan_mut().committed)
             .into_keys()
             .collect();
-        scanner.advance(&*file, len, false).unwrap();
+        scanner
+            .advance(&*file, len, false, &mut Vec::new())
+            .unwrap();
         let second: Vec<u64> = scanner.scan_mut().committed.keys().copied().collect();
         assert!(!first.is_empty() && !second.is_empty());
         assert!(first.iter().max() < second.iter().min());

@@ -7,13 +7,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::config::RecoveryMode;
 use crate::position::EntryId;
 use crate::recovery::{ChunkLocation, SegmentReader, SegmentScanner};
+use crate::segment::Segment;
+use crate::WriteAheadLog;
 
 /// An entry's chunk locations and the offset of its commit record.
 type Located = (Vec<ChunkLocation>, u64);
-use crate::segment::Segment;
-use crate::WriteAheadLog;
 
 /// A committed entry read back from the live log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,15 +54,19 @@ pub struct LogEntries {
     /// One walk per live segment, by segment id, each advanced to the
     /// segment's synced end at every refill.
     scanners: HashMap<u64, SegmentScanner>,
+    /// The walks' read buffer.
+    buffer: Vec<u8>,
 }
 
 impl LogEntries {
     pub(crate) fn new(log: WriteAheadLog, from: EntryId) -> Self {
         Self {
             log,
-            next: from.0,
+            // Ids start at 1.
+            next: from.0.max(1),
             ready: VecDeque::new(),
             scanners: HashMap::new(),
+            buffer: Vec::new(),
         }
     }
 
@@ -146,19 +151,44 @@ impl LogEntries {
                 .scanners
                 .entry(segment.id)
                 .or_insert_with(|| SegmentScanner::new(segment.id, inner.config.buffer_bytes));
-            scanner.advance(&*segment.file, limit, false)?;
-            let committed = &mut scanner.scan_mut().committed;
+            // Damage is skipped where recovery skipped it, so the entries
+            // recovery presented after it are not passed over here.
+            let skip_damage = inner.config.recovery_mode == RecoveryMode::SkipCorrupted;
+            scanner.advance(&*segment.file, limit, skip_damage, &mut self.buffer)?;
             // Entries before `next` were returned already (or were not
             // asked for); entries after `stable_through` wait for a later
             // refill, when every entry before them is finished.
-            let mut wanted = committed.split_off(&self.next);
-            *committed = wanted.split_off(&(stable_through + 1));
             found.extend(
-                wanted
-                    .into_iter()
-                    .map(|(id, located)| (id, (index, located))),
+                scanner
+                    .scan_mut()
+                    .committed
+                    .range(self.next..=stable_through)
+                    .map(|(id, located)| (*id, (index, located.clone()))),
             );
         }
+        // Only once every entry was read do they leave the scanners and
+        // does `next` move on: after an error, the caller's retry finds
+        // them again.
+        let ready_before = self.ready.len();
+        if let Err(err) = self.read_found(&segments, found) {
+            self.ready.truncate(ready_before);
+            return Err(err);
+        }
+        for scanner in self.scanners.values_mut() {
+            let committed = &mut scanner.scan_mut().committed;
+            *committed = committed.split_off(&(stable_through + 1));
+        }
+        self.next = stable_through + 1;
+        Ok(())
+    }
+
+    /// Reads the chunks of `found` (entry id → index into `segments`,
+    /// location) into `ready`, in id order.
+    fn read_found(
+        &mut self,
+        segments: &[Arc<Segment>],
+        found: BTreeMap<u64, (usize, Located)>,
+    ) -> io::Result<()> {
         // Read runs of consecutive entries of one segment with one reader.
         let mut found = found.into_iter().peekable();
         while let Some((id, (index, chunks))) = found.next() {
@@ -187,7 +217,6 @@ impl LogEntries {
                 self.ready.push_back(LiveEntry { id, chunks });
             }
         }
-        self.next = stable_through + 1;
         Ok(())
     }
 }

@@ -479,6 +479,229 @@ fn a_reader_waiting_at_a_rolled_back_entry_is_not_told_it_lost_entries_when_its_
     log.shutdown().unwrap();
 }
 
+/// A log on a crash-simulating file system whose spare segment is made,
+/// so that the maintenance thread reads and writes nothing more while a
+/// test counts operations.
+fn quiet_log(fs: &CrashFileSystem, dir: &str) -> WriteAheadLog {
+    let log = Configuration::default_for(dir)
+        .file_system(fs.clone())
+        .preallocate_bytes(4 << 20)
+        .checkpoint_after_bytes(1 << 30)
+        .buffer_bytes(64 * 1024)
+        .open(LogVoid)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = fs.operation_count(Operation::Write);
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = fs.operation_count(Operation::Write);
+        if now == last || Instant::now() > deadline {
+            return log;
+        }
+        last = now;
+    }
+}
+
+fn commit_one(log: &WriteAheadLog, data: &[u8]) -> u64 {
+    let mut entry = log.begin_entry().unwrap();
+    let id = entry.id().0;
+    entry.write_chunk(data).unwrap();
+    entry.commit().unwrap();
+    id
+}
+
+#[test]
+fn a_reader_that_retries_after_a_read_error_loses_no_entry() {
+    // The error hits each read of the refill in turn: the walk of the
+    // segment (in the middle of a large chunk, with another entry's chunk
+    // walked before it) or the reading of the entries found.
+    for failing_read in 0..6 {
+        let fs = CrashFileSystem::new();
+        let log = quiet_log(&fs, DIR);
+        let first = commit_one(&log, b"first");
+        let mut entries = log.entries_from(EntryId(first));
+        assert_eq!(entries.next().unwrap().unwrap().id().0, first);
+
+        let mut large = log.begin_entry().unwrap();
+        let mut open = log.begin_entry().unwrap();
+        let open_id = open.id().0;
+        open.write_chunk(b"written before the error, committed after")
+            .unwrap();
+        large.write_chunk(&vec![7_u8; 200_000]).unwrap();
+        let large_id = large.commit().unwrap().0;
+        let small = commit_one(&log, b"small");
+
+        fs.inject(
+            Operation::Read,
+            fs.operation_count(Operation::Read) + failing_read,
+            FaultKind::Error(io::ErrorKind::Other),
+        );
+        let mut got = Vec::new();
+        let mut errors = 0;
+        // The caller retries after the error.
+        for _ in 0..3 {
+            match entries.next() {
+                Some(Ok(entry)) => got.push(entry.id().0),
+                Some(Err(_)) => errors += 1,
+                None => break,
+            }
+        }
+        open.commit().unwrap();
+        let last = commit_one(&log, b"last");
+        while let Some(entry) = entries.next_timeout(Duration::from_millis(500)).unwrap() {
+            got.push(entry.id().0);
+        }
+        assert_eq!(
+            got,
+            vec![large_id, open_id, small, last],
+            "read {failing_read} of the refill failed ({errors} errors seen)"
+        );
+        if failing_read < 2 {
+            assert_eq!(errors, 1, "the error reached the reader");
+        }
+        drop(entries);
+        log.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_streamed_chunk_the_reader_passed_half_written_is_read_whole_once_committed() {
+    let fs = CrashFileSystem::new();
+    let log = quiet_log(&fs, DIR);
+    let first = commit_one(&log, b"first");
+    let mut entries = log.entries_from(EntryId(first));
+    assert_eq!(entries.next().unwrap().unwrap().id().0, first);
+
+    let mut small = log.begin_entry().unwrap();
+    let small_id = small.id().0;
+    let mut streamed = log.begin_entry().unwrap();
+    let streamed_id = streamed.id().0;
+    let mut abandoned = log.begin_entry().unwrap();
+    let mut other = log.begin_entry().unwrap();
+    let other_id = other.id().0;
+    let mut chunk = streamed.begin_chunk(300_000).unwrap();
+    chunk.write_all(&[1; 100_000]).unwrap();
+    {
+        let mut left = abandoned.begin_chunk(1000).unwrap();
+        left.write_all(&[3; 10]).unwrap();
+    }
+    drop(abandoned);
+    other.write_chunk(b"other").unwrap();
+    other.commit().unwrap();
+    small.write_chunk(b"small").unwrap();
+    small.commit().unwrap();
+    // The reader's walk passes the streamed chunk, two thirds unwritten.
+    assert_eq!(entries.next().unwrap().unwrap().id().0, small_id);
+    assert!(entries.next().is_none());
+    chunk.write_all(&[2; 200_000]).unwrap();
+    chunk.finish().unwrap();
+    streamed.commit().unwrap();
+
+    let got: Vec<(u64, Vec<Vec<u8>>)> =
+        std::iter::from_fn(|| entries.next_timeout(Duration::from_millis(300)).unwrap())
+            .map(|entry| (entry.id().0, entry.into_chunks()))
+            .collect();
+    let mut expected_stream = vec![1_u8; 100_000];
+    expected_stream.extend([2_u8; 200_000]);
+    assert_eq!(
+        got,
+        vec![
+            (streamed_id, vec![expected_stream]),
+            (other_id, vec![b"other".to_vec()])
+        ]
+    );
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn after_opening_with_skip_corrupted_the_reader_gets_the_entries_recovery_replayed() {
+    let fs = CrashFileSystem::new();
+    let ids: Vec<u64> = {
+        let log = quiet_log(&fs, DIR);
+        let ids = [
+            b"first-entry-aaaa",
+            b"second-entry-bbb",
+            b"third-entry-cccc",
+        ]
+        .iter()
+        .map(|data| commit_one(&log, *data))
+        .collect();
+        log.shutdown().unwrap();
+        ids
+    };
+    let name = fs
+        .list_files(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .find(|name| name.starts_with("wal-") && name[4..].chars().all(|c| c.is_ascii_digit()))
+        .expect("a segment file");
+    let path = Path::new(DIR).join(name);
+    let mut bytes = fs.contents(&path).unwrap();
+    let data_at = bytes
+        .windows(16)
+        .position(|w| w == b"second-entry-bbb")
+        .unwrap();
+    // Damage the second entry's chunk header (just before its data).
+    bytes[data_at - 3] ^= 0xff;
+    assert!(fs.set_contents(&path, bytes));
+
+    let recorder = Recorder::default();
+    let log = Configuration::default_for(DIR)
+        .file_system(fs.clone())
+        .recovery_mode(RecoveryMode::SkipCorrupted)
+        .open(recorder.clone())
+        .unwrap();
+    let recovered: Vec<u64> = recorder.recovered.lock().unwrap().keys().copied().collect();
+    assert_eq!(recovered, vec![ids[0], ids[2]]);
+    let read: Vec<u64> = log
+        .entries_from(EntryId(ids[0]))
+        .map(|entry| entry.unwrap().id().0)
+        .collect();
+    assert_eq!(read, recovered, "the reader sees what recovery replayed");
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn after_a_reopen_entries_an_earlier_run_recycled_are_not_found() {
+    let fs = CrashFileSystem::new();
+    let (first, kept) = {
+        let log = quiet_log(&fs, DIR);
+        let first = commit_one(&log, b"checkpointed");
+        log.checkpoint_active().unwrap();
+        let kept = commit_one(&log, b"still in the log");
+        log.shutdown().unwrap();
+        (first, kept)
+    };
+    let log = Configuration::default_for(DIR)
+        .file_system(fs.clone())
+        .open(Recorder::default())
+        .unwrap();
+    let error = log
+        .entries_from(EntryId(first))
+        .next()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::NotFound, "{error}");
+    // From the first live entry on, and from id 0 (there is no entry 0)
+    // when nothing was recycled, reading works.
+    let read: Vec<u64> = log
+        .entries_from(EntryId(kept))
+        .map(|entry| entry.unwrap().id().0)
+        .collect();
+    assert_eq!(read, vec![kept]);
+    log.shutdown().unwrap();
+
+    let fresh = CrashFileSystem::new();
+    let log = quiet_log(&fresh, DIR);
+    let id = commit_one(&log, b"one");
+    let read: Vec<u64> = log
+        .entries_from(EntryId(0))
+        .map(|entry| entry.unwrap().id().0)
+        .collect();
+    assert_eq!(read, vec![id]);
+    log.shutdown().unwrap();
+}
+
 /// The chunks of test entry `id`: one to three, with every tenth entry's
 /// first chunk over 64 KiB (those are copied into the file by their
 /// writers, outside the log's lock).
