@@ -86,8 +86,11 @@ pub(crate) struct Inner {
     pub counters: Counters,
     /// The highest entry id whose commit record has been written.
     pub last_committed_id: AtomicU64,
-    /// Signalled after every completed sync (for readers tailing the log).
+    /// Signalled after every completed sync (for readers tailing the log),
+    /// and after buffered commits while `buffered_followers` is above 0.
     pub synced: Condvar,
+    /// Readers of the live log that also take buffered entries.
+    pub buffered_followers: std::sync::atomic::AtomicUsize,
     /// Held while segments are renamed and the directory synced.
     pub naming: Mutex<()>,
 }
@@ -1067,6 +1070,7 @@ impl WriteAheadLog {
             counters: Counters::default(),
             last_committed_id: AtomicU64::new(0),
             synced: Condvar::new(),
+            buffered_followers: 0.into(),
             naming: Mutex::new(()),
         });
         // The first active segment: a reused file if any, else a new one.

@@ -45,10 +45,15 @@ impl LiveEntry {
 
 /// Committed entries of the live log from some id on, in id order; see
 /// [`WriteAheadLog::entries_from`]. Iterating ends when no further entry
-/// is durable yet; [`LogEntries::next_timeout`] waits for the next one.
+/// is durable yet (or, with [`LogEntries::include_buffered`], handed to
+/// the operating system); [`LogEntries::next_timeout`] waits for the next
+/// one.
 #[derive(Debug)]
 pub struct LogEntries {
     log: WriteAheadLog,
+    /// Entries committed with [`Durability::Buffered`](crate::Durability)
+    /// are returned before they are synced.
+    include_buffered: bool,
     next: u64,
     ready: VecDeque<LiveEntry>,
     /// One walk per live segment, by segment id, each advanced to the
@@ -62,11 +67,63 @@ impl LogEntries {
     pub(crate) fn new(log: WriteAheadLog, from: EntryId) -> Self {
         Self {
             log,
+            include_buffered: false,
             // Ids start at 1.
             next: from.0.max(1),
             ready: VecDeque::new(),
             scanners: HashMap::new(),
             buffer: Vec::new(),
+        }
+    }
+
+    /// Also returns entries whose commit is not durable yet: those
+    /// committed with [`Durability::Buffered`](crate::Durability::Buffered)
+    /// (and durable commits still waiting for their sync) as soon as their
+    /// records are handed to the operating system. Such an entry survives
+    /// a crash of the process but may be lost to a power loss, so a
+    /// replica that applies it may get ahead of what the log keeps.
+    ///
+    /// ```
+    /// # fn main() -> std::io::Result<()> {
+    /// use okaywal::{Configuration, LogVoid};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let log = Configuration::default_for(dir.path()).open(LogVoid)?;
+    /// // (The first commit into a segment file is synced in any case.)
+    /// log.begin_entry()?.commit()?;
+    /// let mut entry = log.begin_entry()?;
+    /// entry.write_chunk(b"not synced yet")?;
+    /// let id = entry.commit_buffered()?;
+    ///
+    /// assert!(log.entries_from(id).next().is_none(), "not durable");
+    /// let mut buffered = log.entries_from(id).include_buffered();
+    /// let seen = buffered.next().expect("handed to the OS")?;
+    /// assert_eq!(seen.chunks(), [b"not synced yet".to_vec()]);
+    /// log.shutdown()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn include_buffered(mut self) -> Self {
+        if !self.include_buffered {
+            self.include_buffered = true;
+            self.log
+                .inner
+                .buffered_followers
+                .fetch_add(1, Ordering::AcqRel);
+        }
+        self
+    }
+
+    /// What makes more entries readable: syncs, and buffered commits when
+    /// this reader takes them.
+    fn progress(&self) -> u64 {
+        let counters = &self.log.inner.counters;
+        let syncs = counters.syncs.load(Ordering::Acquire);
+        if self.include_buffered {
+            syncs + counters.buffered_commits.load(Ordering::Acquire)
+        } else {
+            syncs
         }
     }
 
@@ -77,21 +134,22 @@ impl LogEntries {
     }
 
     /// Returns the next entry, waiting up to `timeout` for one to become
-    /// durable; `Ok(None)` if none did.
+    /// durable (or, with [`LogEntries::include_buffered`], handed to the
+    /// operating system); `Ok(None)` if none did.
     pub fn next_timeout(&mut self, timeout: Duration) -> io::Result<Option<LiveEntry>> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(entry) = self.ready.pop_front() {
                 return Ok(Some(entry));
             }
-            let before = self.log.inner.counters.syncs.load(Ordering::Acquire);
+            let before = self.progress();
             self.refill()?;
             if let Some(entry) = self.ready.pop_front() {
                 return Ok(Some(entry));
             }
             let inner = &self.log.inner;
             let mut state = inner.state.lock();
-            if inner.counters.syncs.load(Ordering::Acquire) == before
+            if self.progress() == before
                 && inner.synced.wait_until(&mut state, deadline).timed_out()
             {
                 drop(state);
@@ -105,23 +163,52 @@ impl LogEntries {
     fn refill(&mut self) -> io::Result<()> {
         let inner = &self.log.inner;
         inner.prune_pending_commits();
-        let (segments, stable_through, recycled_through) = {
+        let (segments, in_file, stable_through, recycled_through) = {
             let state = inner.state.lock();
             inner.check_usable(&state)?;
-            // Every entry up to here is finished, and every commit among
-            // them is durable: the reader may move past all of them.
-            let blocked = [state.open_ids.first(), state.pending_commits.keys().next()]
-                .into_iter()
-                .flatten()
-                .min()
-                .copied()
-                .unwrap_or(state.next_entry_id);
             let segments: Vec<Arc<Segment>> = state
                 .segments
                 .values()
                 .map(|seg| seg.segment.clone())
                 .collect();
-            (segments, blocked - 1, state.recycled_through)
+            // With buffered entries: per segment, where the records that
+            // are in the file end (none below is still in the write
+            // buffer or being written by another thread).
+            let in_file: HashMap<u64, u64> = if self.include_buffered {
+                state
+                    .segments
+                    .values()
+                    .map(|seg| {
+                        let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
+                        let synced = seg.segment.synced_to.load(Ordering::Acquire);
+                        (seg.segment.id, seg.written_to().min(unwritten).max(synced))
+                    })
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+            // A commit not yet durable holds the reader back; with
+            // buffered entries, only one whose record is not in the file.
+            let pending = if self.include_buffered {
+                state
+                    .pending_commits
+                    .iter()
+                    .find(|(_, (segment, end))| {
+                        in_file.get(segment).map_or(true, |limit| end > limit)
+                    })
+                    .map(|(id, _)| id)
+            } else {
+                state.pending_commits.keys().next()
+            };
+            // Every entry up to here is finished, and every commit among
+            // them readable: the reader may move past all of them.
+            let blocked = [state.open_ids.first(), pending]
+                .into_iter()
+                .flatten()
+                .min()
+                .copied()
+                .unwrap_or(state.next_entry_id);
+            (segments, in_file, blocked - 1, state.recycled_through)
         };
         if self.next <= recycled_through {
             return Err(io::Error::new(
@@ -142,8 +229,13 @@ impl LogEntries {
         // Entry id → (index into `segments`, (chunks, commit offset)).
         let mut found: BTreeMap<u64, (usize, Located)> = BTreeMap::new();
         for (index, segment) in segments.iter().enumerate() {
-            // Only the durable part: it is all in the file, with no holes.
-            let limit = segment.synced_to.load(Ordering::Acquire);
+            // Only the durable part, or the part in the file: either is
+            // final, and large chunks' data not yet copied in is read
+            // again at their commit (see `SegmentScanner`).
+            let synced = segment.synced_to.load(Ordering::Acquire);
+            let limit = in_file
+                .get(&segment.id)
+                .map_or(synced, |in_file| synced.max(*in_file));
             if limit <= crate::format::HEADER_SIZE {
                 continue;
             }
@@ -218,6 +310,17 @@ impl LogEntries {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for LogEntries {
+    fn drop(&mut self) {
+        if self.include_buffered {
+            self.log
+                .inner
+                .buffered_followers
+                .fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -210,6 +210,17 @@ impl<'log> EntryWriter<'log> {
             Durability::Buffered => {
                 inner.hand_to_os(self.segment.id, end)?;
                 Counters::add(&inner.counters.buffered_commits, 1);
+                if inner
+                    .buffered_followers
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    > 0
+                {
+                    // A reader checks the counter under the state lock
+                    // before it waits: taking the lock here means it either
+                    // saw the new count or is already waiting.
+                    drop(inner.state.lock());
+                    inner.synced.notify_all();
+                }
                 let unsynced = inner
                     .counters
                     .unsynced_bytes

@@ -702,6 +702,158 @@ fn after_a_reopen_entries_an_earlier_run_recycled_are_not_found() {
     log.shutdown().unwrap();
 }
 
+#[test]
+fn a_reader_including_buffered_entries_gets_them_before_any_sync() {
+    let fs = CrashFileSystem::new();
+    let log = quiet_log(&fs, DIR);
+    let durable = commit_one(&log, b"durable");
+    let mut buffered_ids = Vec::new();
+    for data in [&b"one"[..], b"two"] {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(data).unwrap();
+        buffered_ids.push(entry.commit_buffered().unwrap().0);
+    }
+    let syncs = log.stats().syncs;
+
+    let durable_only: Vec<u64> = log
+        .entries_from(EntryId(durable))
+        .map(|entry| entry.unwrap().id().0)
+        .collect();
+    assert_eq!(durable_only, vec![durable]);
+    let mut with_buffered = log.entries_from(EntryId(durable)).include_buffered();
+    let all: Vec<(u64, Vec<Vec<u8>>)> = with_buffered
+        .by_ref()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            (entry.id().0, entry.into_chunks())
+        })
+        .collect();
+    assert_eq!(
+        all,
+        vec![
+            (durable, vec![b"durable".to_vec()]),
+            (buffered_ids[0], vec![b"one".to_vec()]),
+            (buffered_ids[1], vec![b"two".to_vec()]),
+        ]
+    );
+    assert_eq!(log.stats().syncs, syncs, "reading synced nothing");
+
+    // A waiting reader is woken by a buffered commit from another thread,
+    // not by its timeout.
+    let (waited, seen) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let start = Instant::now();
+            let entry = with_buffered
+                .next_timeout(Duration::from_secs(30))
+                .unwrap()
+                .expect("an entry");
+            (start.elapsed(), entry.id().0)
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(b"three").unwrap();
+        let id = entry.commit_buffered().unwrap().0;
+        let (waited, seen) = reader.join().unwrap();
+        assert_eq!(seen, id);
+        (waited, seen)
+    });
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken after {waited:?} for entry {seen}"
+    );
+
+    // Once synced, the durable-only reader has them too.
+    log.sync().unwrap();
+    let durable_only: Vec<u64> = log
+        .entries_from(EntryId(durable))
+        .map(|entry| entry.unwrap().id().0)
+        .collect();
+    assert_eq!(durable_only.len(), 4);
+    drop(with_buffered);
+    log.shutdown().unwrap();
+}
+
+#[test]
+fn a_reader_including_buffered_entries_sees_each_once_in_order_while_writers_mix_durabilities() {
+    let dir = tempfile::tempdir().unwrap();
+    let reader_at = Arc::new(AtomicU64::new(0));
+    let manager = WaitsForReader {
+        reader_at: reader_at.clone(),
+        checkpointed: Arc::default(),
+    };
+    let log = Configuration::default_for(dir.path())
+        .preallocate_bytes(128 * 1024)
+        .checkpoint_after_bytes(128 * 1024)
+        .open(manager.clone())
+        .unwrap();
+    let (seen, committed) = std::thread::scope(|scope| {
+        let reader = {
+            let log = log.clone();
+            scope.spawn(move || {
+                let mut entries = log.entries_from(EntryId(1)).include_buffered();
+                let mut seen = Vec::new();
+                let mut idle = 0;
+                while idle < 20 {
+                    match entries.next_timeout(Duration::from_millis(50)).unwrap() {
+                        Some(entry) => {
+                            idle = 0;
+                            reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
+                            seen.push((entry.id().0, entry.into_chunks()));
+                        }
+                        None => idle += 1,
+                    }
+                }
+                seen
+            })
+        };
+        let writers: Vec<_> = (0..4_u64)
+            .map(|t| {
+                let log = &log;
+                scope.spawn(move || {
+                    let mut ids = Vec::new();
+                    for i in 0..150_u64 {
+                        let mut entry = log.begin_entry().unwrap();
+                        let id = entry.id().0;
+                        for chunk in chunks_of(id) {
+                            entry.write_chunk(&chunk).unwrap();
+                        }
+                        match (t + i) % 5 {
+                            0 => {
+                                entry.rollback().unwrap();
+                                continue;
+                            }
+                            1 => {
+                                entry.commit().unwrap();
+                            }
+                            _ => {
+                                entry.commit_buffered().unwrap();
+                            }
+                        }
+                        ids.push(id);
+                    }
+                    ids
+                })
+            })
+            .collect();
+        let mut committed: Vec<u64> = writers
+            .into_iter()
+            .flat_map(|writer| writer.join().unwrap())
+            .collect();
+        committed.sort_unstable();
+        (reader.join().unwrap(), committed)
+    });
+    let ids: Vec<u64> = seen.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, committed, "every committed entry once, in id order");
+    for (id, chunks) in &seen {
+        assert_eq!(chunks, &chunks_of(*id), "entry {id}");
+    }
+    assert!(
+        !manager.checkpointed.lock().unwrap().is_empty(),
+        "segments were checkpointed while the reader followed"
+    );
+    log.shutdown().unwrap();
+}
+
 /// The chunks of test entry `id`: one to three, with every tenth entry's
 /// first chunk over 64 KiB (those are copied into the file by their
 /// writers, outside the log's lock).
