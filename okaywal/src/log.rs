@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     pub synced: Condvar,
     /// Readers of the live log that also take buffered entries.
     pub buffered_followers: std::sync::atomic::AtomicUsize,
+    /// Rollbacks of the lowest open entry (they let readers move on).
+    pub unblocking_rollbacks: AtomicU64,
     /// Held while segments are renamed and the directory synced.
     pub naming: Mutex<()>,
 }
@@ -417,6 +419,12 @@ impl Inner {
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
         if finishes_entry {
+            if header.kind == RecordKind::Rollback
+                && state.open_ids.first() == Some(&header.entry_id)
+            {
+                self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
+                self.synced.notify_all();
+            }
             state.open_ids.remove(&header.entry_id);
         }
         let active = state.active;
@@ -543,6 +551,10 @@ impl Inner {
     pub fn complete(&self, segment: u64, offset: Option<u64>, finished_entry: Option<u64>) {
         let mut state = self.state.lock();
         if let Some(id) = finished_entry {
+            if state.open_ids.first() == Some(&id) {
+                self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
+                self.synced.notify_all();
+            }
             state.open_ids.remove(&id);
         }
         let finishes_entry = finished_entry.is_some();
@@ -672,8 +684,14 @@ impl Inner {
     fn sync_pass(&self, segment: u64, end: u64) -> io::Result<()> {
         let mut state = self.state.lock();
         self.wait_for_holes(&mut state, segment, end)?;
-        // Take every segment's buffered records; the sync covers up to
-        // where each segment was written before taking them.
+        self.sync_buffered_and_targets(state)
+    }
+
+    /// Takes every target segment's buffered records in the same critical
+    /// section that fixes the targets (the sync covers up to where each
+    /// segment was written, buffered records included), writes them, and
+    /// syncs.
+    fn sync_buffered_and_targets(&self, mut state: MutexGuard<'_, State>) -> io::Result<()> {
         let targets = sync_targets(&state);
         let mut writes = Vec::new();
         for SyncTarget { segment, .. } in &targets {
@@ -796,8 +814,10 @@ impl Inner {
         for id in ids {
             self.flush_segment(id)?;
         }
-        let targets = sync_targets(&self.state.lock());
-        self.sync_targets(&targets)
+        // Records appended since those flushes are taken with the targets:
+        // computed alone, the targets would count them as written while
+        // they were still only in memory, and mark them durable.
+        self.sync_buffered_and_targets(self.state.lock())
     }
 
     pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
@@ -1071,6 +1091,7 @@ impl WriteAheadLog {
             last_committed_id: AtomicU64::new(0),
             synced: Condvar::new(),
             buffered_followers: 0.into(),
+            unblocking_rollbacks: AtomicU64::new(0),
             naming: Mutex::new(()),
         });
         // The first active segment: a reused file if any, else a new one.
@@ -1158,7 +1179,8 @@ impl WriteAheadLog {
 
     /// Iterates the committed entries with ids ≥ `from` that are still in
     /// live (not yet recycled) segments, in id order, while writers go on.
-    /// Only durable entries are returned. An entry whose segment was
+    /// By default only durable entries are returned (see
+    /// [`LogEntries::include_buffered`]). An entry whose segment was
     /// checkpointed and recycled gives a `NotFound` error (after a reopen:
     /// any id below the first live segment); a rolled-back entry does not.
     /// A log opened with

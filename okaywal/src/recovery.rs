@@ -197,7 +197,7 @@ type OpenEntry = (Vec<ChunkLocation>, Vec<ChunkLocation>);
 
 /// A walk over one segment (see [`scan_segment`]) that can be continued
 /// when more of the segment becomes durable: the live-log reader advances
-/// it to each new synced end instead of walking the segment again from its
+/// it to each new readable end instead of walking the segment again from its
 /// header, which made following a busy log cost time in proportion to the
 /// segment's size on every refill.
 #[derive(Debug)]
@@ -241,7 +241,8 @@ impl SegmentScanner {
     /// that stopped at a record that did not verify tries that record
     /// again, and so does one that failed with an error. Every byte below
     /// `limit` must be final: the caller passes the file's length at open,
-    /// or a synced offset of the live segment.
+    /// or an offset of the live segment below which every record is in the
+    /// file (large chunks' data excepted, see the commit branch of `walk`).
     ///
     /// `buffer` is the read buffer, passed in so that a caller advancing
     /// many walks (one per live segment) allocates one; its contents are
@@ -345,13 +346,14 @@ impl SegmentScanner {
                         .unwrap_or_default();
                     if !bad.is_empty() {
                         // Read a failed chunk again: in a live segment, a
-                        // large chunk's header is synced before its writer
-                        // has copied the data in, so an earlier advance may
-                        // have found it unwritten. A commit record comes
-                        // only after the data is written, and a walk reads
-                        // the file after the sync that covered the commit,
-                        // so now the data is final. (At open it is final
-                        // anyway; then this reads bad chunks twice.)
+                        // large chunk's header can be in the file before
+                        // its writer has copied the data in, so an earlier
+                        // advance may have found it unwritten. The writer's
+                        // `pwrite` of the data returns before it appends the
+                        // commit record, and the log's lock orders that
+                        // append before the read of the limit this walk
+                        // got, so now the data is final. (At open it is
+                        // final anyway; then this reads bad chunks twice.)
                         reader.forget();
                         let mut still_bad = Vec::with_capacity(bad.len());
                         for chunk in bad {

@@ -1,5 +1,6 @@
-//! Reading the live log while it is written: committed, durable entries in
-//! id order, and waiting for the next one.
+//! Reading the live log while it is written: committed entries in id
+//! order (durable ones, or also those handed to the operating system), and
+//! waiting for the next one.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -57,7 +58,7 @@ pub struct LogEntries {
     next: u64,
     ready: VecDeque<LiveEntry>,
     /// One walk per live segment, by segment id, each advanced to the
-    /// segment's synced end at every refill.
+    /// segment's readable end at every refill.
     scanners: HashMap<u64, SegmentScanner>,
     /// The walks' read buffer.
     buffer: Vec<u8>,
@@ -78,10 +79,13 @@ impl LogEntries {
 
     /// Also returns entries whose commit is not durable yet: those
     /// committed with [`Durability::Buffered`](crate::Durability::Buffered)
-    /// (and durable commits still waiting for their sync) as soon as their
-    /// records are handed to the operating system. Such an entry survives
-    /// a crash of the process but may be lost to a power loss, so a
-    /// replica that applies it may get ahead of what the log keeps.
+    /// as soon as their records are handed to the operating system, in a
+    /// segment file that has its name (so that a crash of the process
+    /// keeps them). Such an entry may still be lost to a power loss, and
+    /// its writer's commit call may still fail (a failed sync that
+    /// [`Configuration::max_unsynced_bytes`](crate::Configuration::max_unsynced_bytes)
+    /// started): a replica that applies it may get ahead of what the log
+    /// keeps.
     ///
     /// ```
     /// # fn main() -> std::io::Result<()> {
@@ -119,7 +123,8 @@ impl LogEntries {
     /// this reader takes them.
     fn progress(&self) -> u64 {
         let counters = &self.log.inner.counters;
-        let syncs = counters.syncs.load(Ordering::Acquire);
+        let syncs = counters.syncs.load(Ordering::Acquire)
+            + self.log.inner.unblocking_rollbacks.load(Ordering::Acquire);
         if self.include_buffered {
             syncs + counters.buffered_commits.load(Ordering::Acquire)
         } else {
@@ -159,7 +164,8 @@ impl LogEntries {
         }
     }
 
-    /// Reads what has become durable since the last call.
+    /// Reads what has become readable (durable, or with
+    /// `include_buffered` in the file) since the last call.
     fn refill(&mut self) -> io::Result<()> {
         let inner = &self.log.inner;
         inner.prune_pending_commits();
@@ -178,6 +184,11 @@ impl LogEntries {
                 state
                     .segments
                     .values()
+                    // Only once the segment's name is durable: until then
+                    // a crash of the process loses the file's records (it
+                    // keeps its spare name), and its predecessor may still
+                    // have writes in flight (see `sync_targets`).
+                    .filter(|seg| seg.segment.name_durable.load(Ordering::Acquire))
                     .map(|seg| {
                         let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
                         let synced = seg.segment.synced_to.load(Ordering::Acquire);
