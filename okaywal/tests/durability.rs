@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,33 +15,10 @@ use okaywal::{
 
 mod common;
 
+use common::follow::{follow, ChunkRecorder as Recorder, WaitsForReader};
 use common::{jitter_budget, test_seed, Rng};
 
 const DIR: &str = "/log";
-
-#[derive(Debug, Clone, Default)]
-struct Recorder {
-    recovered: Arc<Mutex<BTreeMap<u64, Vec<Vec<u8>>>>>,
-}
-
-impl LogManager for Recorder {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        let chunks = entry.read_all_chunks()?.expect("complete");
-        self.recovered.lock().unwrap().insert(id, chunks);
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        _: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        // Keep every segment live: these tests look at recovery.
-        Err(io::Error::other("checkpoints are refused in this test"))
-    }
-}
 
 fn config(fs: &CrashFileSystem) -> Configuration {
     Configuration::default_for(DIR)
@@ -302,46 +279,6 @@ fn max_unsynced_bytes_syncs_from_the_committing_thread() {
     assert!(stats.syncs >= 2, "{stats:?}");
 }
 
-/// A manager for a replica-style reader: checkpoints wait until the reader
-/// has passed the checkpointed entries.
-#[derive(Debug, Clone)]
-struct WaitsForReader {
-    reader_at: Arc<AtomicU64>,
-    checkpointed: Arc<Mutex<Vec<u64>>>,
-}
-
-impl LogManager for WaitsForReader {
-    fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        last: EntryId,
-        entries: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        // The tailing reader must have seen every committed entry of the
-        // segment before it is recycled (rolled-back ones, possibly the
-        // segment's last, it never sees).
-        let mut ids = Vec::new();
-        while let Some(entry) = entries.read_entry()? {
-            assert!(entry.id() <= last);
-            ids.push(entry.id().0);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let highest = ids.iter().copied().max().unwrap_or(0);
-        while self.reader_at.load(Ordering::SeqCst) <= highest {
-            if Instant::now() > deadline {
-                return Err(io::Error::other("the reader fell behind"));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.checkpointed.lock().unwrap().extend(ids);
-        Ok(())
-    }
-}
-
 #[test]
 fn entries_from_sees_every_durable_entry_once_in_order_while_16_threads_write() {
     let dir = tempfile::tempdir().unwrap();
@@ -363,20 +300,11 @@ fn entries_from_sees_every_durable_entry_once_in_order_while_16_threads_write() 
             let log = log.clone();
             let reader_at = reader_at.clone();
             scope.spawn(move || {
-                let mut entries = log.entries_from(EntryId(1));
-                let mut seen = Vec::new();
-                let mut idle = 0;
-                while idle < 20 {
-                    match entries.next_timeout(Duration::from_millis(50)).unwrap() {
-                        Some(entry) => {
-                            idle = 0;
-                            reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
-                            seen.push((entry.id().0, entry.into_chunks().concat()));
-                        }
-                        None => idle += 1,
-                    }
-                }
-                seen
+                let entries = log.entries_from(EntryId(1));
+                follow(entries, &reader_at, None, 20, Duration::from_millis(50))
+                    .into_iter()
+                    .map(|(id, chunks)| (id, chunks.concat()))
+                    .collect::<Vec<_>>()
             })
         };
         let writers: Vec<_> = (0..16)
@@ -775,83 +703,11 @@ fn a_reader_including_buffered_entries_gets_them_before_any_sync() {
 
 #[test]
 fn a_reader_including_buffered_entries_sees_each_once_in_order_while_writers_mix_durabilities() {
-    let dir = tempfile::tempdir().unwrap();
-    let reader_at = Arc::new(AtomicU64::new(0));
-    let manager = WaitsForReader {
-        reader_at: reader_at.clone(),
-        checkpointed: Arc::default(),
-    };
-    let log = Configuration::default_for(dir.path())
-        .preallocate_bytes(128 * 1024)
-        .checkpoint_after_bytes(128 * 1024)
-        .open(manager.clone())
-        .unwrap();
-    let (seen, committed) = std::thread::scope(|scope| {
-        let reader = {
-            let log = log.clone();
-            scope.spawn(move || {
-                let mut entries = log.entries_from(EntryId(1)).include_buffered();
-                let mut seen = Vec::new();
-                let mut idle = 0;
-                while idle < 20 {
-                    match entries.next_timeout(Duration::from_millis(50)).unwrap() {
-                        Some(entry) => {
-                            idle = 0;
-                            reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
-                            seen.push((entry.id().0, entry.into_chunks()));
-                        }
-                        None => idle += 1,
-                    }
-                }
-                seen
-            })
-        };
-        let writers: Vec<_> = (0..4_u64)
-            .map(|t| {
-                let log = &log;
-                scope.spawn(move || {
-                    let mut ids = Vec::new();
-                    for i in 0..150_u64 {
-                        let mut entry = log.begin_entry().unwrap();
-                        let id = entry.id().0;
-                        for chunk in chunks_of(id) {
-                            entry.write_chunk(&chunk).unwrap();
-                        }
-                        match (t + i) % 5 {
-                            0 => {
-                                entry.rollback().unwrap();
-                                continue;
-                            }
-                            1 => {
-                                entry.commit().unwrap();
-                            }
-                            _ => {
-                                entry.commit_buffered().unwrap();
-                            }
-                        }
-                        ids.push(id);
-                    }
-                    ids
-                })
-            })
-            .collect();
-        let mut committed: Vec<u64> = writers
-            .into_iter()
-            .flat_map(|writer| writer.join().unwrap())
-            .collect();
-        committed.sort_unstable();
-        (reader.join().unwrap(), committed)
+    follow_while_four_threads_write(128 * 1024, true, |thread, i| match (thread + i) % 5 {
+        0 => Ending::RolledBack,
+        1 => Ending::Durable,
+        _ => Ending::Buffered,
     });
-    let ids: Vec<u64> = seen.iter().map(|(id, _)| *id).collect();
-    assert_eq!(ids, committed, "every committed entry once, in id order");
-    for (id, chunks) in &seen {
-        assert_eq!(chunks, &chunks_of(*id), "entry {id}");
-    }
-    assert!(
-        !manager.checkpointed.lock().unwrap().is_empty(),
-        "segments were checkpointed while the reader followed"
-    );
-    log.shutdown().unwrap();
 }
 
 /// The chunks of test entry `id`: one to three, with every tenth entry's
@@ -872,6 +728,27 @@ fn chunks_of(id: u64) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_reader_following_the_log_gets_large_and_multi_chunk_entries_whole_across_segments() {
+    follow_while_four_threads_write(256 * 1024, false, |_, _| Ending::Durable);
+}
+
+/// How a writer in [`follow_while_four_threads_write`] ends an entry.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Durable,
+    Buffered,
+    RolledBack,
+}
+
+/// Four writers write 150 entries each (`chunks_of`), ended as `ending`
+/// (thread, index) says, while a reader follows from the first entry.
+/// Segments of `segment_bytes` fill quickly and are checkpointed and
+/// recycled under the reader (the manager waits until it has passed
+/// them). Every committed entry must be read once, whole, in id order.
+fn follow_while_four_threads_write(
+    segment_bytes: u64,
+    include_buffered: bool,
+    ending: fn(u64, u64) -> Ending,
+) {
     let dir = tempfile::tempdir().unwrap();
     let reader_at = Arc::new(AtomicU64::new(0));
     let manager = WaitsForReader {
@@ -879,42 +756,40 @@ fn a_reader_following_the_log_gets_large_and_multi_chunk_entries_whole_across_se
         checkpointed: Arc::default(),
     };
     let log = Configuration::default_for(dir.path())
-        .preallocate_bytes(256 * 1024)
-        .checkpoint_after_bytes(256 * 1024)
+        .preallocate_bytes(segment_bytes)
+        .checkpoint_after_bytes(segment_bytes)
         .open(manager.clone())
         .unwrap();
-    let threads = 4_u64;
-    let per_thread = 150_u64;
-    let total = (threads * per_thread) as usize;
     let (seen, committed) = std::thread::scope(|scope| {
         let reader = {
             let log = log.clone();
             scope.spawn(move || {
                 let mut entries = log.entries_from(EntryId(1));
-                let mut seen = Vec::new();
-                while seen.len() < total {
-                    let entry = entries
-                        .next_timeout(Duration::from_secs(20))
-                        .unwrap()
-                        .expect("an entry within 20 s");
-                    reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
-                    seen.push((entry.id().0, entry.into_chunks()));
+                if include_buffered {
+                    entries = entries.include_buffered();
                 }
-                seen
+                follow(entries, &reader_at, None, 20, Duration::from_millis(50))
             })
         };
-        let writers: Vec<_> = (0..threads)
-            .map(|_| {
+        let writers: Vec<_> = (0..4_u64)
+            .map(|thread| {
                 let log = &log;
                 scope.spawn(move || {
                     let mut ids = Vec::new();
-                    for _ in 0..per_thread {
+                    for i in 0..150_u64 {
                         let mut entry = log.begin_entry().unwrap();
                         let id = entry.id().0;
                         for chunk in chunks_of(id) {
                             entry.write_chunk(&chunk).unwrap();
                         }
-                        entry.commit().unwrap();
+                        match ending(thread, i) {
+                            Ending::RolledBack => {
+                                entry.rollback().unwrap();
+                                continue;
+                            }
+                            Ending::Durable => entry.commit().unwrap(),
+                            Ending::Buffered => entry.commit_buffered().unwrap(),
+                        };
                         ids.push(id);
                     }
                     ids

@@ -3,45 +3,21 @@
 //! committed entry arrives once, whole and in order under jittered I/O,
 //! and a rollback that unblocks a waiting follower wakes it.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use okaywal::fs::{CrashFileSystem, FileHandle, FileSystem, OpenMode};
-use okaywal::{Configuration, Entry, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
+use okaywal::{Configuration, EntryId, LogVoid, WriteAheadLog};
 
 mod common;
 
+use common::follow::{follow, ChunkRecorder as Recorder, WaitsForReader};
 use common::{jitter_budget, test_seed};
 
 const DIR: &str = "/log";
-
-/// Records recovered entries; refuses checkpoints.
-#[derive(Debug, Clone, Default)]
-struct Recorder {
-    recovered: Arc<Mutex<BTreeMap<u64, Vec<Vec<u8>>>>>,
-}
-
-impl LogManager for Recorder {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        let chunks = entry.read_all_chunks()?.expect("complete");
-        self.recovered.lock().unwrap().insert(id, chunks);
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        _: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        Err(io::Error::other("no checkpoints"))
-    }
-}
 
 /// Delegates to a CrashFileSystem; while `gate` is set, a rename that
 /// gives a segment its real name (`wal-<digits>`) waits until it is cleared.
@@ -166,36 +142,6 @@ fn an_entry_a_follower_returned_with_buffered_entries_survives_a_process_crash()
     drop(log);
 }
 
-#[derive(Debug, Clone)]
-struct WaitsForReader {
-    reader_at: Arc<AtomicU64>,
-}
-
-impl LogManager for WaitsForReader {
-    fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
-        Ok(())
-    }
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        entries: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        let mut highest = 0;
-        while let Some(entry) = entries.read_entry()? {
-            highest = highest.max(entry.id().0);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.reader_at.load(Ordering::SeqCst) <= highest {
-            if Instant::now() > deadline {
-                return Err(io::Error::other("the reader fell behind"));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
-    }
-}
-
 fn payload(id: u64, c: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u64).wrapping_mul(31) as u8 ^ (id as u8) ^ (c as u8 * 17))
@@ -271,6 +217,7 @@ fn with_jittered_io_a_buffered_follower_sees_each_committed_entry_once_whole_in_
         .buffer_bytes(8 * 1024)
         .open(WaitsForReader {
             reader_at: reader_at.clone(),
+            ..WaitsForReader::default()
         })
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -279,20 +226,14 @@ fn with_jittered_io_a_buffered_follower_sees_each_committed_entry_once_whole_in_
             let log = log.clone();
             let stop = stop.clone();
             scope.spawn(move || {
-                let mut entries = log.entries_from(EntryId(1)).include_buffered();
-                let mut seen = Vec::new();
-                let mut idle = 0;
-                while idle < 40 || !stop.load(Ordering::SeqCst) {
-                    match entries.next_timeout(Duration::from_millis(25)).unwrap() {
-                        Some(entry) => {
-                            idle = 0;
-                            reader_at.store(entry.id().0 + 1, Ordering::SeqCst);
-                            seen.push((entry.id().0, entry.into_chunks()));
-                        }
-                        None => idle += 1,
-                    }
-                }
-                seen
+                let entries = log.entries_from(EntryId(1)).include_buffered();
+                follow(
+                    entries,
+                    &reader_at,
+                    Some(&stop),
+                    40,
+                    Duration::from_millis(25),
+                )
             })
         };
         let until = Instant::now() + Duration::from_secs(secs);

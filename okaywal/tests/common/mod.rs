@@ -6,6 +6,8 @@
 //! part of it.
 #![allow(dead_code)]
 
+pub mod follow;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
 use std::path::Path;
