@@ -74,7 +74,8 @@
 //! [`Configuration::max_unsynced`] bounds how long buffered entries wait
 //! for a sync. [`Configuration::recovery_mode`] chooses what recovery does
 //! with damage in the middle of the log ([`RecoveryMode`]);
-//! [`WriteAheadLog::entries_from`] tails the live log and
+//! [`WriteAheadLog::entries_from`] tails the live log (durable entries, or
+//! with [`LogEntries::include_buffered`] buffered ones too) and
 //! [`WriteAheadLog::stats`] returns counters.
 //!
 //! # Tracing
