@@ -391,11 +391,15 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     inner.signal.wake();
     let attempts_before = state.checkpoint_attempts;
     loop {
+        // A segment being finished has left `segments` but is not yet
+        // renamed as recycled: until then a crash would replay it, so the
+        // checkpoint is not over.
         let pending = state
             .segments
             .keys()
             .next()
-            .is_some_and(|first| *first <= target);
+            .is_some_and(|first| *first <= target)
+            || state.checkpointing.is_some_and(|id| id <= target);
         if !pending {
             return Ok(());
         }

@@ -624,3 +624,37 @@ fn checkpoint_active_retries_a_failed_checkpoint_without_waiting_out_the_backoff
     assert!(!recorder.seen().checkpoints.is_empty());
     log.shutdown().unwrap();
 }
+
+#[test]
+fn checkpoint_active_returns_once_the_segment_is_renamed_as_recycled() {
+    // Until the checkpointed segment is renamed, a crash would replay it:
+    // the rename is part of the checkpoint. It is made slower than the
+    // waiter's idle wake-up, which the waiter must not take for the end.
+    let disk = okaywal::fs::CrashFileSystem::new();
+    let fs = common::hooks::BeforeRename {
+        inner: disk.clone(),
+        hook: Arc::new(|to: &Path| {
+            let name = to.file_name().unwrap().to_string_lossy();
+            if name.starts_with("wal-recycled") {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+        }),
+    };
+    let log = Configuration::default_for("/log")
+        .file_system(fs)
+        .open(okaywal::LogVoid)
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    let id = entry.id().0;
+    entry.write_chunk(b"checkpointed").unwrap();
+    entry.commit().unwrap();
+    log.checkpoint_active().unwrap();
+    let stats = log.stats();
+    assert_eq!(stats.recycled_segments, 1, "{stats:?}");
+    let files = disk.list_files(Path::new("/log")).unwrap();
+    assert!(
+        !files.contains(&format!("wal-{id}")),
+        "the checkpointed segment still has its live name: {files:?}"
+    );
+    log.shutdown().unwrap();
+}

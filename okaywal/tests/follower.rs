@@ -3,62 +3,42 @@
 //! committed entry arrives once, whole and in order under jittered I/O,
 //! and a rollback that unblocks a waiting follower wakes it.
 
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use okaywal::fs::{CrashFileSystem, FileHandle, FileSystem, OpenMode};
+use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
 use okaywal::{Configuration, EntryId, LogVoid, WriteAheadLog};
 
 mod common;
 
 use common::follow::{follow, ChunkRecorder as Recorder, WaitsForReader};
+use common::hooks::BeforeRename;
 use common::{jitter_budget, test_seed};
 
 const DIR: &str = "/log";
 
-/// Delegates to a CrashFileSystem; while `gate` is set, a rename that
-/// gives a segment its real name (`wal-<digits>`) waits until it is cleared.
-#[derive(Debug, Clone)]
-struct GatedRename {
-    inner: CrashFileSystem,
-    gate: Arc<AtomicBool>,
-    blocked: Arc<AtomicBool>,
-}
-
-impl FileSystem for GatedRename {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn list_files(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list_files(dir)
-    }
-    fn exists(&self, path: &Path) -> io::Result<bool> {
-        self.inner.exists(path)
-    }
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn FileHandle>> {
-        self.inner.open(path, mode)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        let name = to.file_name().unwrap().to_str().unwrap();
-        let names_segment = name
-            .strip_prefix("wal-")
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
-        if names_segment {
-            while self.gate.load(Ordering::SeqCst) {
-                self.blocked.store(true, Ordering::SeqCst);
+/// A rename that gives a segment its real name (`wal-<digits>`) waits
+/// while `gate` is set, and sets `blocked` when it had to wait.
+fn gated_renames(
+    disk: &CrashFileSystem,
+    gate: &Arc<AtomicBool>,
+    blocked: &Arc<AtomicBool>,
+) -> BeforeRename {
+    let (gate, blocked) = (gate.clone(), blocked.clone());
+    BeforeRename {
+        inner: disk.clone(),
+        hook: Arc::new(move |to: &Path| {
+            let name = to.file_name().unwrap().to_str().unwrap();
+            let names_segment = name
+                .strip_prefix("wal-")
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+            while names_segment && gate.load(Ordering::SeqCst) {
+                blocked.store(true, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(1));
             }
-        }
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
+        }),
     }
 }
 
@@ -81,11 +61,9 @@ fn after_process_crash(fs: &CrashFileSystem) -> CrashFileSystem {
 #[test]
 fn an_entry_a_follower_returned_with_buffered_entries_survives_a_process_crash() {
     let disk = CrashFileSystem::new();
-    let fs = GatedRename {
-        inner: disk.clone(),
-        gate: Arc::new(AtomicBool::new(true)),
-        blocked: Arc::new(AtomicBool::new(false)),
-    };
+    let gate = Arc::new(AtomicBool::new(true));
+    let blocked = Arc::new(AtomicBool::new(false));
+    let fs = gated_renames(&disk, &gate, &blocked);
     // A fresh log: its first segment keeps its spare name until a sync.
     let log = Configuration::default_for(DIR)
         .file_system(fs.clone())
@@ -109,9 +87,9 @@ fn an_entry_a_follower_returned_with_buffered_entries_survives_a_process_crash()
                 break None;
             }
         };
-        let blocked = fs.blocked.load(Ordering::SeqCst);
+        let blocked = blocked.load(Ordering::SeqCst);
         let snapshot = after_process_crash(&disk);
-        fs.gate.store(false, Ordering::SeqCst);
+        gate.store(false, Ordering::SeqCst);
         let id = writer.join().unwrap();
         let Some(seen) = seen else {
             // Not returned while its file was unnamed: once named, it is.

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod follow;
+pub mod hooks;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read, Write};
