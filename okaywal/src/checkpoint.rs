@@ -428,6 +428,7 @@ pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
         state.shutting_down = true;
         inner.signal.wake();
         inner.checkpointed.notify_all();
+        inner.synced.notify_all();
     }
     let handle = inner.maintenance.lock().take();
     if let Some(handle) = handle {

@@ -55,7 +55,11 @@ impl Drop for Owner {
     fn drop(&mut self) {
         // Wait for the thread (and any checkpoint it is running) so that a
         // log reopened right after this drop never overlaps with it.
-        self.inner.state.lock().shutting_down = true;
+        {
+            let mut state = self.inner.state.lock();
+            state.shutting_down = true;
+            self.inner.synced.notify_all();
+        }
         self.inner.signal.stop();
         let handle = self.inner.maintenance.lock().take();
         if let Some(handle) = handle {
@@ -178,6 +182,7 @@ impl Inner {
         self.progress.notify_all();
         self.signal.wake();
         self.checkpointed.notify_all();
+        self.synced.notify_all();
         err
     }
 

@@ -140,7 +140,8 @@ impl LogEntries {
 
     /// Returns the next entry, waiting up to `timeout` for one to become
     /// durable (or, with [`LogEntries::include_buffered`], handed to the
-    /// operating system); `Ok(None)` if none did.
+    /// operating system); `Ok(None)` if none did. A wait ends with an
+    /// error as soon as the log is shut down or has failed.
     pub fn next_timeout(&mut self, timeout: Duration) -> io::Result<Option<LiveEntry>> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -154,12 +155,17 @@ impl LogEntries {
             }
             let inner = &self.log.inner;
             let mut state = inner.state.lock();
-            if self.progress() == before
-                && inner.synced.wait_until(&mut state, deadline).timed_out()
-            {
-                drop(state);
-                self.refill()?;
-                return Ok(self.ready.pop_front());
+            // `synced` is shared by every reader: a wake-up that moved
+            // nothing this reader counts (a buffered commit, for a reader
+            // of durable entries only) waits again instead of refilling.
+            // A shut-down or failed log wakes readers too: the refill
+            // then returns its error.
+            while self.progress() == before && inner.check_usable(&state).is_ok() {
+                if inner.synced.wait_until(&mut state, deadline).timed_out() {
+                    drop(state);
+                    self.refill()?;
+                    return Ok(self.ready.pop_front());
+                }
             }
         }
     }

@@ -295,3 +295,36 @@ fn a_rollback_that_unblocks_a_waiting_follower_wakes_it() {
     println!("include_buffered reader woke after {buffered:?}; default reader after {durable:?}");
     assert!(buffered < Duration::from_secs(1) && durable < Duration::from_secs(1));
 }
+
+#[test]
+fn a_follower_waiting_for_entries_returns_the_shutdown_error_at_once() {
+    for include_buffered in [false, true] {
+        let log = Configuration::default_for(DIR)
+            .file_system(CrashFileSystem::new())
+            .open(LogVoid)
+            .unwrap();
+        let id = log.begin_entry().unwrap().commit().unwrap();
+        let mut reader = log.entries_from(EntryId(id.0 + 1));
+        if include_buffered {
+            reader = reader.include_buffered();
+        }
+        let (sent, got) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let _ = sent.send(
+                reader
+                    .next_timeout(Duration::from_secs(3600))
+                    .map(|e| e.is_some()),
+            );
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        log.shutdown().unwrap();
+        // Nothing was left to sync, so no sync wakes the reader: only the
+        // shutdown itself can, and it must, or the reader sleeps an hour.
+        let result = got
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the waiting follower was not woken by the shutdown");
+        let err = result.expect_err("a shut-down log has no more entries to give");
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe, "{err}");
+        waiter.join().unwrap();
+    }
+}
