@@ -5,8 +5,11 @@
 //! load again.
 //!
 //! The child is this same binary, run as `compare __scale-child SYSTEM
-//! BYTES DIR`: it prints `key value…` lines on stdout, ending with its own
-//! peak RSS (`VmHWM` of `/proc/self/status`), which the parent reads.
+//! BYTES DIR`: it prints `key value…` lines on stdout, which the parent
+//! reads. The parent reaps the child with `wait4`, whose `ru_maxrss` is
+//! that child's peak RSS alone (`getrusage(RUSAGE_CHILDREN)` would give
+//! the largest of every child reaped so far); the child also prints its
+//! own `VmHWM`, a cross-check the table shows when the two disagree.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -109,8 +112,9 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         "space reclamation run",
     ]);
     space.note(
-        "peak RSS: VmHWM of the child process that ran the system (payload buffers \
-         included, about 2 MiB)",
+        "peak RSS: ru_maxrss from wait4 on the child process that ran the system \
+         (payload buffers included, about 2 MiB); in brackets the child's own VmHWM \
+         where it differs by more than 1 MiB",
     );
     space.note(
         "bytes on disk = blocks allocated by the store's files (du); sediment deletes by \
@@ -168,7 +172,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         };
         let mut row = vec![
             system.to_string(),
-            get("peak_rss_kib").map_or(String::new(), |k| format!("{:.0}", k / 1024.0)),
+            peak_rss_cell(get("wait4_maxrss_kib"), get("peak_rss_kib")),
         ];
         row.extend(cell(get("disk_after_load"), get("live_after_load")));
         row.extend(cell(get("disk_after_delete"), get("live_after_delete")));
@@ -207,23 +211,73 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
     files
 }
 
+/// The peak RSS column: `wait4`'s figure, with the child's own `VmHWM`
+/// in brackets when they differ by more than 1 MiB (either alone when
+/// the other is missing).
+fn peak_rss_cell(wait4_kib: Option<f64>, vm_hwm_kib: Option<f64>) -> String {
+    let mib = |kib: f64| format!("{:.0}", kib / 1024.0);
+    match (wait4_kib, vm_hwm_kib) {
+        (Some(w), Some(v)) if (w - v).abs() > 1024.0 => format!("{} ({})", mib(w), mib(v)),
+        (Some(w), _) => mib(w),
+        (None, Some(v)) => format!("({})", mib(v)),
+        (None, None) => String::new(),
+    }
+}
+
+/// The exit status and peak RSS (KiB) of a child, from `wait4(2)`.
+fn wait4(pid: u32) -> std::io::Result<(std::process::ExitStatus, u64)> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    let mut status: libc::c_int = 0;
+    // SAFETY: `rusage` is plain old data that wait4 fills in; both
+    // pointers are to live locals for the duration of the call.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: see above; `pid` is our own unreaped child.
+        let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if reaped == pid {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    // Linux reports ru_maxrss in KiB.
+    let kib = u64::try_from(usage.ru_maxrss).unwrap_or(0);
+    Ok((std::process::ExitStatus::from_raw(status), kib))
+}
+
 fn run_child(
     exe: &Path,
     system: &str,
     bytes: u64,
     dir: &Path,
 ) -> Result<HashMap<String, Vec<String>>, String> {
-    let output = Command::new(exe)
+    use std::io::Read;
+    let mut child = Command::new(exe)
         .arg(CHILD_COMMAND)
         .arg(system)
         .arg(bytes.to_string())
         .arg(dir)
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
+        .spawn()
         .map_err(|e| format!("starting the child: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut stdout = String::new();
+    let read = child
+        .stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_string(&mut stdout);
+    // Reaped here, by wait4, not by `Child::wait` (which would lose the
+    // rusage); `child` is not waited on afterwards.
+    let (status, maxrss_kib) =
+        wait4(child.id()).map_err(|e| format!("waiting for the child: {e}"))?;
+    read.map_err(|e| format!("reading the child's output: {e}"))?;
     let mut values: HashMap<String, Vec<String>> = HashMap::new();
+    values.insert("wait4_maxrss_kib".into(), vec![maxrss_kib.to_string()]);
     for line in stdout.lines() {
         let mut words = line.split_whitespace();
         if let Some(key) = words.next() {
@@ -233,8 +287,8 @@ fn run_child(
     if let Some(err) = values.get("error") {
         return Err(err.join(" "));
     }
-    if !output.status.success() {
-        return Err(format!("child exited with {}", output.status));
+    if !status.success() {
+        return Err(format!("child exited with {status}"));
     }
     Ok(values)
 }
@@ -495,6 +549,61 @@ mod tests {
     #[test]
     fn peak_rss_is_read() {
         assert!(peak_rss_kib().is_some_and(|k| k > 0));
+    }
+
+    /// Run as a child by the test below: touches 64 MiB, then exits.
+    #[test]
+    fn touch_64_mib_when_asked() {
+        if std::env::var_os("SCALE_TEST_TOUCH").is_some() {
+            let block = vec![1_u8; 64 << 20];
+            assert_eq!(block.iter().map(|b| u64::from(*b)).sum::<u64>(), 64 << 20);
+        }
+    }
+
+    #[test]
+    #[allow(clippy::zombie_processes)] // reaped by `wait4`, which the lint does not know
+    fn wait4_reaps_the_child_with_its_status_and_its_own_peak_rss() {
+        let exit3 = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let (status, _) = wait4(exit3.id()).unwrap();
+        assert_eq!(status.code(), Some(3));
+
+        let this = std::env::current_exe().unwrap();
+        let run = |touch: bool| {
+            let mut command = Command::new(&this);
+            command
+                .args(["--exact", "sections::scale::tests::touch_64_mib_when_asked"])
+                .stdout(Stdio::null());
+            if touch {
+                command.env("SCALE_TEST_TOUCH", "1");
+            }
+            let (status, kib) = wait4(command.spawn().unwrap().id()).unwrap();
+            assert!(status.success());
+            kib
+        };
+        let grown = run(true);
+        let idle = run(false);
+        assert!(
+            grown >= 64 * 1024,
+            "a child that touched 64 MiB: {grown} KiB"
+        );
+        assert!(
+            idle + 48 * 1024 < grown,
+            "its own peak only: {idle} KiB, then {grown} KiB"
+        );
+    }
+
+    #[test]
+    fn the_peak_rss_cell_shows_vm_hwm_only_when_it_disagrees() {
+        assert_eq!(
+            peak_rss_cell(Some(30.0 * 1024.0), Some(30.5 * 1024.0)),
+            "30"
+        );
+        assert_eq!(
+            peak_rss_cell(Some(30.0 * 1024.0), Some(40.0 * 1024.0)),
+            "30 (40)"
+        );
+        assert_eq!(peak_rss_cell(None, Some(40.0 * 1024.0)), "(40)");
+        assert_eq!(peak_rss_cell(None, None), "");
     }
 
     #[test]
