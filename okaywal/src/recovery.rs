@@ -177,8 +177,9 @@ fn describe(err: RecordError) -> String {
 /// `SegmentScan::damage`, and with `skip_damage` the walk resumes at the
 /// following record. Otherwise it is the torn or unwritten tail. A chunk
 /// whose data fails its CRC does not stop the walk (its header says how
-/// long it is) but its entry is discarded; if that entry's commit record
-/// was written after the chunk was durable, that is damage too.
+/// long it is) but its entry is discarded; if that entry committed and any
+/// record (its commit record or a later one) was written after the chunk
+/// was durable, that is damage too.
 pub(crate) fn scan_segment(
     file: &dyn FileHandle,
     salt: u64,
@@ -208,6 +209,10 @@ pub(crate) struct SegmentScanner {
     /// record where it stopped.
     offset: u64,
     open: HashMap<u64, OpenEntry>,
+    /// The lowest chunk of a committed entry that failed its CRC (read
+    /// again at the commit record) while no durable mark seen so far
+    /// passed it: the first later record whose mark does makes it damage.
+    suspect: Option<(u64, String)>,
     scan: SegmentScan,
 }
 
@@ -218,6 +223,7 @@ impl SegmentScanner {
             buffer_bytes,
             offset: HEADER_SIZE,
             open: HashMap::new(),
+            suspect: None,
             scan: SegmentScan {
                 end: HEADER_SIZE,
                 ..SegmentScan::default()
@@ -270,6 +276,7 @@ impl SegmentScanner {
         let salt = self.salt;
         let scan = &mut self.scan;
         let open = &mut self.open;
+        let suspect = &mut self.suspect;
         scan.stopped = None;
         let mut offset = self.offset;
         while offset < limit {
@@ -322,6 +329,21 @@ impl SegmentScanner {
             let record_end = offset + header.record_len();
             scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
             scan.max_durable_mark = scan.max_durable_mark.max(header.durable_mark);
+            // Any record's mark, not only the entry's own commit record's,
+            // proves what lies below it was written before a sync that
+            // completed: a committed entry's bad chunk below it was damaged
+            // after it was durable. (Commits made one after another each
+            // carry a mark from before their own chunks; only the records
+            // after them show the chunks were synced.)
+            if suspect
+                .as_ref()
+                .is_some_and(|(at, _)| header.durable_mark > *at)
+            {
+                let found = suspect.take();
+                if scan.damage.is_none() {
+                    scan.damage = found;
+                }
+            }
             match header.kind {
                 RecordKind::Chunk => {
                     let valid =
@@ -371,11 +393,16 @@ impl SegmentScanner {
                     let (chunks, _) = open.remove(&header.entry_id).unwrap_or_default();
                     let valid = bad.is_empty();
                     if let Some(first_bad) = bad.first() {
-                        if header.durable_mark > first_bad.offset && scan.damage.is_none() {
-                            scan.damage = Some((
-                                first_bad.offset,
-                                format!("chunk of entry {} failed its CRC", header.entry_id),
-                            ));
+                        let found = (
+                            first_bad.offset,
+                            format!("chunk of entry {} failed its CRC", header.entry_id),
+                        );
+                        if header.durable_mark > first_bad.offset {
+                            if scan.damage.is_none() {
+                                scan.damage = Some(found);
+                            }
+                        } else if !suspect.as_ref().is_some_and(|(at, _)| *at < found.0) {
+                            *suspect = Some(found);
                         }
                     }
                     if valid

@@ -588,3 +588,79 @@ fn a_missing_index_is_an_error_not_a_fresh_database() {
     open_must_fail_corrupt(dir.path(), &index, "index file is missing", "no index");
     assert!(!index.exists(), "a failed open must not create a new index");
 }
+
+/// The WAL file holding `needle`, and where it is.
+fn find_in_wal(dir: &Path, needle: &[u8]) -> (PathBuf, u64) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.starts_with("wal-") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            return (path, at as u64);
+        }
+    }
+    panic!("the blob is in no WAL file");
+}
+
+/// Twenty transactions of one blob each, committed one after another and
+/// still only in the WAL; then one byte of the eleventh blob's data in the
+/// WAL file flips. The transactions after it were synced after it, so
+/// this is damage, not a torn tail: opening must refuse (naming the WAL
+/// file), not quietly forget a committed blob while keeping later ones.
+/// Point-in-time recovery keeps the ten before it; skipping keeps all but
+/// it.
+#[test]
+fn a_flipped_byte_of_a_committed_blob_in_the_wal_is_an_error_not_a_lost_blob() {
+    for mode in [
+        None,
+        Some(okaywal::RecoveryMode::PointInTime),
+        Some(okaywal::RecoveryMode::SkipCorrupted),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::recover(dir.path()).unwrap();
+        let blobs: Vec<(GrainId, Vec<u8>)> = (0..20)
+            .map(|i| write_blobs(&db, &[200], 7_000 + i * 10).remove(0))
+            .collect();
+        drop(db); // no shutdown: the blobs stay in the WAL only
+        let (wal, at) = find_in_wal(dir.path(), &blobs[10].1);
+        flip_byte(&wal, at + 100);
+        let open = || {
+            let mut config = sediment::Config::for_directory(dir.path());
+            if let Some(mode) = mode {
+                config = config.wal(|wal| wal.recovery_mode(mode));
+            }
+            config.open()
+        };
+        match mode {
+            None => {
+                let Err(err) = open() else {
+                    panic!("a damaged WAL opened silently");
+                };
+                let message = err.to_string();
+                let name = wal.file_name().unwrap().to_string_lossy().to_string();
+                assert!(message.contains(&name), "{message}");
+            }
+            Some(mode) => {
+                let db = open().unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+                for (i, (id, data)) in blobs.iter().enumerate() {
+                    let kept = match mode {
+                        okaywal::RecoveryMode::PointInTime => i < 10,
+                        _ => i != 10,
+                    };
+                    let got = db
+                        .get(*id)
+                        .unwrap_or_else(|e| panic!("{mode:?} blob {i}: {e}"));
+                    if kept {
+                        assert_eq!(got.as_deref(), Some(&data[..]), "{mode:?}: blob {i}");
+                    } else {
+                        assert!(got.is_none(), "{mode:?}: blob {i} should be gone");
+                    }
+                }
+                db.shutdown().unwrap();
+            }
+        }
+    }
+}
