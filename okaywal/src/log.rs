@@ -1003,6 +1003,7 @@ impl WriteAheadLog {
             fs.sync_dir(&directory)?;
         }
         let mut live = BTreeMap::new();
+        let mut abandoned = false;
         for found in found.segments {
             let FoundSegment {
                 id,
@@ -1016,6 +1017,18 @@ impl WriteAheadLog {
                 version_info: header.version_info,
             };
             let decision = manager.should_recover_segment(&info)?;
+            if decision == Recovery::Abandon {
+                // Discarded for good at once, as a checkpoint would: left
+                // live until the background thread got to it, a shutdown
+                // right after open kept it, and the next open replayed it.
+                let highest = scan.max_entry_id.unwrap_or(id).max(id);
+                let recycled = FileName::Recycled(highest).path_in(&directory);
+                drop(file);
+                fs.rename(&path, &recycled)?;
+                reusable.push(recycled);
+                abandoned = true;
+                continue;
+            }
             let segment = Arc::new(Segment {
                 id,
                 file: file.clone(),
@@ -1031,17 +1044,15 @@ impl WriteAheadLog {
             state.last_entry_id = scan.max_entry_id;
             state.highest_id = scan.max_entry_id.unwrap_or(id).max(id);
             state.highest_committed_id = scan.committed.keys().next_back().copied();
-            if decision == Recovery::Recover {
-                let mut reader =
-                    SegmentReader::new(id, &info.version_info, file.clone(), scan.committed, None);
-                while let Some(mut entry) = reader.read_entry()? {
-                    manager.recover(&mut entry)?;
-                }
-            } else {
-                // Abandoned: checkpointing it hands nothing to the manager.
-                state.last_entry_id = None;
+            let mut reader =
+                SegmentReader::new(id, &info.version_info, file.clone(), scan.committed, None);
+            while let Some(mut entry) = reader.read_entry()? {
+                manager.recover(&mut entry)?;
             }
             live.insert(id, state);
+        }
+        if abandoned {
+            fs.sync_dir(&directory)?;
         }
 
         let mut spares = Vec::new();

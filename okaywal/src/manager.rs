@@ -10,7 +10,9 @@ use crate::WriteAheadLog;
 pub enum Recovery {
     /// Replay the segment's entries through [`LogManager::recover`].
     Recover,
-    /// Discard the segment without replaying it (it is recycled).
+    /// Discard the segment without replaying it: it is recycled before
+    /// the open returns, so its entries never come back, not even after a
+    /// crash right after the open.
     Abandon,
 }
 

@@ -12,7 +12,7 @@ use common::{
     check_exactly_once, checkpoint_until_ok, occurrences, run_workload, with_sealer, Mix, Recorder,
     Rng, Workload,
 };
-use okaywal::fs::MemoryFileSystem;
+use okaywal::fs::{CrashFileSystem, MemoryFileSystem, PowerLoss};
 use okaywal::{Configuration, LogPosition, WriteAheadLog};
 
 const SEGMENT: u64 = 64 * 1024;
@@ -431,6 +431,54 @@ fn version_info_reaches_the_manager_and_abandon_discards_segments() {
         );
     }
     log.shutdown().unwrap();
+}
+
+/// `Abandon` is final as soon as open returns: a shutdown (or a power
+/// loss) right after it must not bring the abandoned entries back for a
+/// manager that recovers everything.
+#[test]
+fn an_abandoned_segment_stays_discarded_when_the_log_stops_right_after_open() {
+    for power_loss in [false, true] {
+        let fs = CrashFileSystem::new();
+        let config = |version: &[u8]| {
+            Configuration::default_for("/log")
+                .file_system(fs.clone())
+                .version_info(version.to_vec())
+        };
+        let log = config(b"old").open(Recorder::refusing()).unwrap();
+        for _ in 0..5 {
+            let mut entry = log.begin_entry().unwrap();
+            entry.write_chunk(b"written by the old version").unwrap();
+            entry.commit().unwrap();
+        }
+        log.shutdown().unwrap();
+        drop(log);
+
+        let abandoning = Recorder {
+            abandon: Some(b"old".to_vec()),
+            ..Recorder::refusing()
+        };
+        let log = config(b"new").open(abandoning.clone()).unwrap();
+        assert_eq!(abandoning.seen().segments.len(), 1);
+        if power_loss {
+            fs.power_loss(PowerLoss::Clean);
+        } else {
+            log.shutdown().unwrap();
+        }
+        drop(log);
+
+        let everything = Recorder::new();
+        let log = config(b"new").open(everything.clone()).unwrap();
+        let seen = everything.seen();
+        assert!(
+            seen.recovered.is_empty() && seen.segments.iter().all(|(_, v)| v != b"old"),
+            "power loss {power_loss}: abandoned entries came back: {:?} in {:?}",
+            seen.recovered_ids(),
+            seen.segments
+        );
+        drop(seen);
+        log.shutdown().unwrap();
+    }
 }
 
 #[test]
