@@ -224,6 +224,16 @@ pub fn checkpoint(db_path: &Path, sequence: &str, out: &mut dyn Write) -> Result
     let to = parse_sequence(sequence)?;
     let db = store::open(db_path, Create::Never)?;
     run_then_shutdown(db, |db| {
+        let current = db.checkpointed_to();
+        if to <= current.0 {
+            // A checkpoint never moves back: committing one would only add
+            // a no-op transaction and a message naming the wrong sequence.
+            return writeln!(
+                out,
+                "already checkpointed to sequence {current}: nothing to do"
+            )
+            .map_err(CliError::output);
+        }
         let mut tx = db.begin_transaction()?;
         tx.checkpoint_to(SequenceId(to))?;
         let at = busy("committing", || tx.commit())?;

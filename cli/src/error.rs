@@ -128,3 +128,44 @@ pub fn one_line(message: &str) -> String {
     }
     out
 }
+
+/// A command-line usage error from clap, on one line like every other
+/// error: its message and tip, without the usage block clap prints under
+/// it, and a pointer to `--help`.
+pub fn usage_error(rendered: &str, command: &str) -> String {
+    let kept: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.starts_with("Usage:"))
+        .filter(|line| !line.is_empty())
+        .collect();
+    let mut message = String::new();
+    for line in kept {
+        if !message.is_empty() {
+            // A line ending in a colon introduces what follows it.
+            message.push_str(if message.ends_with(':') { " " } else { "; " });
+        }
+        message.push_str(line);
+    }
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    format!("{message} (see `{command} --help`)")
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::usage_error;
+
+    #[test]
+    fn a_clap_error_folds_to_one_line_without_the_usage_block() {
+        let rendered = "error: unexpected argument '-1' found\n\n  tip: to pass '-1' as a value, use '-- -1'\n\nUsage: sediment get [OPTIONS] <DB> <GRAIN>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            usage_error(rendered, "sediment get"),
+            "unexpected argument '-1' found; tip: to pass '-1' as a value, use '-- -1' (see `sediment get --help`)"
+        );
+        let missing = "error: the following required arguments were not provided:\n  <GRAIN>\n\nUsage: sediment get <DB> <GRAIN>\n";
+        assert_eq!(
+            usage_error(missing, "sediment get"),
+            "the following required arguments were not provided: <GRAIN> (see `sediment get --help`)"
+        );
+    }
+}

@@ -30,7 +30,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::error::{one_line, CliError};
 
@@ -188,7 +188,28 @@ fn main() -> ExitCode {
             .unwrap_or_default();
         eprintln!("sediment: internal error: {}{at}", one_line(&what));
     }));
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                err.exit();
+            }
+            // Which subcommand the usage was for, so `--help` can point there.
+            let command = std::env::args()
+                .nth(1)
+                .filter(|arg| Cli::command().find_subcommand(arg).is_some())
+                .map_or("sediment".to_string(), |sub| format!("sediment {sub}"));
+            let rendered = err.render().to_string();
+            eprintln!("sediment: {}", error::usage_error(&rendered, &command));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -237,6 +237,14 @@ fn bad_grain_ids_and_sequences() {
         2,
         "not a sequence",
     );
+    // Usage errors from the argument parser are one line too.
+    assert_error(
+        &sediment(&[&"checkpoint", &db, &"-1"]),
+        2,
+        "unexpected argument '-1'",
+    );
+    assert_error(&sediment(&[&"get", &db]), 2, "sediment get --help");
+    assert_error(&sediment(&[&"frobnicate"]), 2, "unrecognized subcommand");
     assert_error(
         &sediment(&[&"checkpoint", &db, &"99999"]),
         2,
@@ -323,6 +331,18 @@ fn archive_checkpoint_and_log() {
     let last: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
     assert_eq!(last["checkpointed_to"], archived_at);
     assert_eq!(last["freed"].as_array().unwrap().len(), 2);
+
+    // Checkpointing to an earlier sequence (or the same) changes nothing
+    // and says so, naming where the store stands.
+    for earlier in [archived_at - 1, archived_at] {
+        let run = ok(sediment(&[&"checkpoint", &db, &earlier.to_string()]));
+        assert_eq!(
+            run.stdout.trim(),
+            format!("already checkpointed to sequence {archived_at}: nothing to do")
+        );
+    }
+    let again = ok(sediment(&[&"log", &db, &"--json"])).stdout;
+    assert_eq!(again, json, "no transaction was added");
 }
 
 #[test]
