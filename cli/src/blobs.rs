@@ -105,6 +105,8 @@ pub fn put(db_path: &Path, files: &[PathBuf], out: &mut dyn Write) -> Result<(),
 enum Sink<'a> {
     Stdout(&'a mut dyn Write),
     File(File, &'a Path),
+    /// Reads the blob only to check its checksum.
+    Discard,
 }
 
 impl Sink<'_> {
@@ -114,6 +116,7 @@ impl Sink<'_> {
             Sink::File(file, path) => file.write_all(bytes).map_err(|e| {
                 CliError::failure(format!("writing {}: {}", path.display(), describe_io(&e)))
             }),
+            Sink::Discard => Ok(()),
         }
     }
 
@@ -123,6 +126,7 @@ impl Sink<'_> {
             Sink::File(file, path) => file.sync_all().map_err(|e| {
                 CliError::failure(format!("writing {}: {}", path.display(), describe_io(&e)))
             }),
+            Sink::Discard => Ok(()),
         }
     }
 }
@@ -141,6 +145,17 @@ pub fn get(
         let Some(mut reader) = db.read(id)? else {
             return Err(CliError::input(not_allocated(id)));
         };
+        if output.is_none() {
+            // The checksum covers the whole blob and is checked at its
+            // end, and what went to standard output cannot be taken back
+            // (a file can): read it through once first, so that a damaged
+            // blob sends nothing down a pipe that may ignore the exit
+            // status. The second read comes from the page cache.
+            copy_blob(db, id, &mut reader, &mut Sink::Discard)?;
+            reader = db
+                .read(id)?
+                .ok_or_else(|| CliError::input(not_allocated(id)))?;
+        }
         let mut sink = match output {
             Some(path) => Sink::File(
                 File::create(path).map_err(|e| CliError::io("cannot create", path, &e))?,

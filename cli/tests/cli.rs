@@ -432,7 +432,13 @@ fn verify_finds_a_damaged_grain() {
     assert_eq!(json["problems"][0]["grain"], ids[1].as_str());
 
     // Reading the damaged grain fails cleanly; the healthy one still reads.
-    assert_error(&sediment(&[&"get", &db, &ids[1]]), 3, "checksum mismatch");
+    let run = sediment(&[&"get", &db, &ids[1]]);
+    assert_error(&run, 3, "checksum mismatch");
+    assert!(
+        run.stdout.is_empty(),
+        "damaged bytes on stdout: {:?}",
+        run.stdout
+    );
     let out = _temp.path().join("partial");
     assert_error(
         &sediment(&[&"get", &db, &ids[1], &"-o", &out]),
@@ -441,6 +447,29 @@ fn verify_finds_a_damaged_grain() {
     );
     assert!(!out.exists(), "a failed get leaves no partial file");
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "healthy");
+}
+
+/// A damaged blob larger than one read: `get` to standard output writes
+/// none of it (a pipeline that ignores the exit status must not receive
+/// the first megabytes of a blob whose checksum fails at its end).
+#[test]
+fn get_of_a_damaged_large_blob_writes_nothing_to_stdout() {
+    let needle = b"THE END OF A LARGE BLOB THAT WILL BE DAMAGED";
+    let mut large: Vec<u8> = (0..3 << 20).map(|i: u32| b'a' + (i % 26) as u8).collect();
+    large.extend_from_slice(needle);
+    let (_temp, db, ids) = store_with(&[&large]);
+    assert_eq!(
+        ok(sediment(&[&"get", &db, &ids[0]])).stdout.len(),
+        large.len()
+    );
+    damage(&db, needle);
+    let run = sediment(&[&"get", &db, &ids[0]]);
+    assert_error(&run, 3, "checksum");
+    assert!(
+        run.stdout.is_empty(),
+        "{} bytes of a damaged blob reached stdout",
+        run.stdout.len()
+    );
 }
 
 #[test]
