@@ -32,6 +32,9 @@ pub struct App {
     /// Proposes `PUT`s and `DELETE`s, several to a Raft entry when they
     /// arrive together.
     pub writes: WriteBatcher,
+    /// The largest value a `PUT` may carry on this node (see
+    /// [`crate::node::NodeConfig::max_value_bytes`]).
+    pub max_value_bytes: usize,
 }
 
 impl std::fmt::Debug for App {
@@ -100,13 +103,13 @@ async fn put_value(
     let value = match body {
         Ok(value) => value,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("values are limited to {MAX_VALUE_BYTES} bytes"),
-            )
+            return too_large(app.max_value_bytes)
         }
         Err(e) => return error(e.status(), e.body_text()),
     };
+    if value.len() > app.max_value_bytes {
+        return too_large(app.max_value_bytes);
+    }
     let uri = format!("/kv/{}", urlencode(&key));
     match app
         .writes
@@ -240,11 +243,52 @@ fn json_error(e: JsonRejection) -> Response {
     error(e.status(), e.body_text())
 }
 
+/// The 413 answer, naming the limit and, below the format's own, why.
+fn too_large(limit: usize) -> Response {
+    let why = if limit < MAX_VALUE_BYTES {
+        " on this node: a value must reach the followers within one heartbeat \
+         interval; start the nodes with a longer --heartbeat-ms for larger values"
+    } else {
+        ""
+    };
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("values are limited to {limit} bytes{why}"),
+    )
+}
+
+/// Checks a peer address: `host:port`, the way nodes are reached.
+fn check_addr(addr: &str) -> Result<(), String> {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let valid = addr.rsplit_once(':').is_some_and(|(host, port)| {
+        port.parse::<u16>().is_ok_and(|p| p > 0)
+            && !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    });
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{addr:?} is not a node address (host:port, e.g. 127.0.0.1:21001)"
+        ))
+    }
+}
+
 async fn init(State(app): State<App>, body: Result<Json<InitRequest>, JsonRejection>) -> Response {
     let Json(request) = match body {
         Ok(body) => body,
         Err(e) => return json_error(e),
     };
+    for addr in request.members.values() {
+        if let Err(message) = check_addr(addr) {
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    }
     let members: BTreeMap<NodeId, Node> = request
         .members
         .into_iter()
@@ -268,6 +312,9 @@ async fn add_learner(
         Ok(body) => body,
         Err(e) => return json_error(e),
     };
+    if let Err(message) = check_addr(&request.addr) {
+        return error(StatusCode::BAD_REQUEST, message);
+    }
     match app
         .raft
         .add_learner(request.id, Node::new(request.addr), true)

@@ -34,9 +34,9 @@ enum Command {
         /// Entries kept in the log behind a snapshot.
         #[arg(long, default_value_t = 1_000)]
         keep_logs: u64,
-        /// Leader heartbeat interval in ms (elections after 4–8 of them).
-        /// Each AppendEntries must finish within one: keep it above the time
-        /// to replicate the largest value.
+        /// Leader heartbeat interval in ms (elections after 4–8 of them of
+        /// silence). Each AppendEntries must finish within one, so values
+        /// are limited to 160 KiB per ms of it (64 MiB from 410 ms).
         #[arg(long, default_value_t = 500)]
         heartbeat_ms: u64,
         /// Size of the Raft log's WAL segments, in bytes.

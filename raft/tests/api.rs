@@ -54,6 +54,27 @@ async fn client_api_statuses() {
         .await
         .unwrap();
     assert!(bad_init.status().is_client_error(), "{}", bad_init.status());
+    // Addresses that no node can be reached at are refused, not stored in
+    // the membership for good.
+    for (path, body) in [
+        (
+            "/cluster/init",
+            serde_json::json!({ "members": { "9": "not an address" } }),
+        ),
+        (
+            "/cluster/add-learner",
+            serde_json::json!({ "id": 77, "addr": "not an address" }),
+        ),
+        (
+            "/cluster/add-learner",
+            serde_json::json!({ "id": 77, "addr": "127.0.0.1:99999" }),
+        ),
+    ] {
+        let response = client.post(url(0, path)).json(&body).send().await.unwrap();
+        assert_eq!(response.status(), 400, "{path} {body}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("not a node address"), "{path}: {text}");
+    }
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let leader = loop {
@@ -190,4 +211,84 @@ async fn client_api_statuses() {
     for node in nodes {
         node.shutdown().await.unwrap();
     }
+}
+
+/// With a short heartbeat a node accepts only values that can reach the
+/// followers within one interval (openraft cancels a longer AppendEntries
+/// and resends it forever), and its 413 says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_short_heartbeat_lowers_the_value_limit_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = NodeConfig {
+        heartbeat_ms: 100,
+        ..NodeConfig::new(1, "127.0.0.1:0".parse().unwrap(), dir.path().join("1"))
+    };
+    let limit = config.max_value_bytes();
+    assert_eq!(limit, 100 * (160 << 10));
+    assert!(limit < MAX_VALUE_BYTES);
+    let default = NodeConfig::new(1, "127.0.0.1:0".parse().unwrap(), dir.path().join("x"));
+    assert_eq!(
+        default.max_value_bytes(),
+        MAX_VALUE_BYTES,
+        "500 ms carries 64 MiB"
+    );
+
+    let node = node::start(config).await.unwrap();
+    let client = client();
+    let url = |path: &str| format!("http://{}{path}", node.addr);
+    let members = serde_json::json!({ "members": { "1": node.addr.to_string() } });
+    let init = client
+        .post(url("/cluster/init"))
+        .json(&members)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(init.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m: Value = client
+            .get(url("/cluster/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if m["current_leader"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no leader: {m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let over = client
+        .put(url("/kv/over"))
+        .body(vec![1_u8; limit + 1])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over.status(), 413);
+    let text = over.text().await.unwrap();
+    assert!(
+        text.contains(&limit.to_string()) && text.contains("--heartbeat-ms"),
+        "{text}"
+    );
+    let at = client
+        .put(url("/kv/at"))
+        .body(vec![2_u8; limit])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(at.status(), 200);
+    let got = client
+        .get(url("/kv/at"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(got.len(), limit);
+    let missing = client.get(url("/kv/over")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    node.shutdown().await.unwrap();
 }
