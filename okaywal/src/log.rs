@@ -993,6 +993,17 @@ impl WriteAheadLog {
             config.recovery_mode,
         )?;
         max_id = max_id.max(found.max_id);
+        for path in &reusable {
+            // A spare or recycled file that a crash caught after it became
+            // a segment but before its rename holds records salted with that
+            // segment's id, which no segment name records. Reused under the
+            // same id, those records would verify again past the new ones,
+            // and a later crash would bring back entries never acknowledged.
+            // Ids past it make every new salt differ.
+            if let Some(id) = stale_segment_id(&*fs, path)? {
+                max_id = max_id.max(id);
+            }
+        }
         reusable.extend(found.reusable);
         if !found.dropped.is_empty() {
             for (path, highest) in found.dropped {
@@ -1320,6 +1331,20 @@ impl Signal {
 
 pub(crate) fn weak(log: &WriteAheadLog) -> Weak<Inner> {
     Arc::downgrade(&log.inner)
+}
+
+/// The segment id in the header of a spare or recycled file, if it has a
+/// valid one (a file zero-filled as a spare has none).
+fn stale_segment_id(fs: &dyn FileSystem, path: &std::path::Path) -> io::Result<Option<u64>> {
+    let file = fs.open(path, OpenMode::Read)?;
+    if file.len()? < HEADER_SIZE {
+        return Ok(None);
+    }
+    let mut bytes = vec![0; HEADER_SIZE as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(SegmentHeader::decode(&bytes)
+        .ok()
+        .map(|header| header.first_entry_id))
 }
 
 #[cfg(test)]
