@@ -259,17 +259,18 @@ fn too_large(limit: usize) -> Response {
 
 /// Checks a peer address: `host:port`, the way nodes are reached.
 fn check_addr(addr: &str) -> Result<(), String> {
-    if addr.parse::<std::net::SocketAddr>().is_ok() {
-        return Ok(());
-    }
-    let valid = addr.rsplit_once(':').is_some_and(|(host, port)| {
-        port.parse::<u16>().is_ok_and(|p| p > 0)
-            && !host.is_empty()
-            && host.len() <= 253
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-    });
+    let valid = if let Ok(socket) = addr.parse::<std::net::SocketAddr>() {
+        socket.port() > 0
+    } else {
+        addr.rsplit_once(':').is_some_and(|(host, port)| {
+            port.parse::<u16>().is_ok_and(|p| p > 0)
+                && !host.is_empty()
+                && host.len() <= 253
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        })
+    };
     if valid {
         Ok(())
     } else {

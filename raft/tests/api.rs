@@ -69,6 +69,10 @@ async fn client_api_statuses() {
             "/cluster/add-learner",
             serde_json::json!({ "id": 77, "addr": "127.0.0.1:99999" }),
         ),
+        (
+            "/cluster/add-learner",
+            serde_json::json!({ "id": 77, "addr": "127.0.0.1:0" }),
+        ),
     ] {
         let response = client.post(url(0, path)).json(&body).send().await.unwrap();
         assert_eq!(response.status(), 400, "{path} {body}");
