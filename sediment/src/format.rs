@@ -393,6 +393,31 @@ mod tests {
         assert_eq!(placement(u64::MAX), None);
     }
 
+    /// Header and rounding together, as documented in FORMAT.md: at most
+    /// 25% from 124 bytes, under 9% from 512 bytes; below that the
+    /// fixed 16-byte header dominates.
+    #[test]
+    fn space_used_stays_within_a_quarter_from_116_bytes() {
+        let overhead = |len: u64| {
+            let (basin, count) = placement(len).unwrap();
+            (u64::from(count) * grain_size(basin) - len) as f64 / len as f64
+        };
+        let sizes = (116..70_000_u64)
+            .chain((16..=26).flat_map(|shift| {
+                let base = 1_u64 << shift;
+                [base - 17, base - 16, base - 1, base, base + 1, base * 3 / 2]
+            }))
+            .chain([MAX_FORMAT_BLOB_BYTES]);
+        for len in sizes {
+            let limit = if len >= 512 { 0.09 } else { 0.25 };
+            assert!(overhead(len) <= limit, "len {len}: {}", overhead(len));
+        }
+        // Just below the bound the header is what costs: 115 + 16 bytes
+        // round up to 144.
+        assert!(overhead(115) > 0.25);
+        assert_eq!(overhead(16), 1.0);
+    }
+
     #[test]
     fn capacities_fit_the_index_bits_and_bitmaps() {
         for basin in 0..BASINS as u8 {
