@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::config::RecoveryMode;
 use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner, Spare, SyncTarget, MAX_SPARES};
 use crate::manager::LogManager;
@@ -245,6 +246,13 @@ pub(crate) fn checkpoint(
     // and forgotten. This sync also covers committers of its last entries
     // still waiting for one (and names the file, if no commit did).
     inner.settle_segment(segment.id)?;
+    // First a pass over every segment, as a group commit's: this sync may
+    // release committers of the segment's last entries, and each of them
+    // must find durable every entry committed before it, buffered ones in
+    // later segments included (a buffered entry becomes durable with the
+    // next durable commit). Then the segment itself, to `limit`, in case
+    // the pass found nothing to do for it.
+    inner.sync_all_written()?;
     let name = !segment.name_durable.load(Ordering::Acquire);
     inner.sync_targets(&[SyncTarget {
         segment: segment.clone(),
@@ -255,14 +263,16 @@ pub(crate) fn checkpoint(
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
-    // Skip damage as recovery did: every entry it presented from this
-    // segment must reach the manager before the segment is recycled. The
-    // scan happens only if the manager reads.
+    // Damage is skipped only where recovery skipped it: every entry it
+    // presented from this segment must reach the manager before the
+    // segment is recycled, and damage that appeared since open is an error
+    // that keeps the segment. The scan happens only if the manager reads.
     let mut reader = SegmentReader::unscanned(
         segment.id,
         segment.file.clone(),
         limit,
         inner.config.buffer_bytes,
+        inner.config.recovery_mode == RecoveryMode::SkipCorrupted,
         segment.clone(),
     );
     manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)

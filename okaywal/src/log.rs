@@ -268,11 +268,17 @@ impl Inner {
             version_info: self.config.version_info.to_vec(),
         }
         .encode();
-        // The header is only written here: the file keeps its spare name
-        // until the first sync makes the header durable (see
-        // `sync_targets`). On failure the spare is dropped; the next open
-        // sorts out whatever is left on disk.
+        // The file keeps its spare name until the first sync pass renames
+        // it (see `sync_targets`), but the header is synced now, before any
+        // record salted with `id` can reach the file: records that reach
+        // the disk without it would, after a crash, sit in a file no header
+        // ties to `id`; the next run could then start a segment with the
+        // same id in that file, and those records would verify again past
+        // its own, bringing back entries that had vanished. One sync per
+        // segment. On failure the spare is dropped; the next open sorts out
+        // whatever is left on disk.
         spare.file.write_all_at(&header, 0)?;
+        spare.file.sync_data()?;
         let old = state.active;
         let old_state = state.live(old)?;
         old_state.sealed = true;
@@ -813,6 +819,11 @@ impl Inner {
         });
     }
 
+    /// One sync pass over every segment, with whatever they have buffered.
+    pub fn sync_all_written(&self) -> io::Result<()> {
+        self.sync_buffered_and_targets(self.state.lock())
+    }
+
     /// Syncs everything written so far (used at shutdown).
     pub fn sync_all(&self) -> io::Result<()> {
         let ids: Vec<u64> = self.state.lock().segments.keys().copied().collect();
@@ -1040,6 +1051,11 @@ impl WriteAheadLog {
                 abandoned = true;
                 continue;
             }
+            // After a crash of the process alone, what the walk read may be
+            // in the page cache only. It counts as synced from here on (and
+            // the next segment's header vouches for its end), so it must be
+            // on the disk before the log goes on.
+            file.sync_data()?;
             let segment = Arc::new(Segment {
                 id,
                 file: file.clone(),
@@ -1062,7 +1078,9 @@ impl WriteAheadLog {
             }
             live.insert(id, state);
         }
-        if abandoned {
+        // The names of the segments kept, too: a crash of the process may
+        // have left a rename that no directory sync followed.
+        if abandoned || !live.is_empty() {
             fs.sync_dir(&directory)?;
         }
 

@@ -708,10 +708,11 @@ pub struct SegmentReader {
     info: RecoveredSegment,
     file: Arc<dyn FileHandle>,
     entries: std::collections::btree_map::IntoIter<u64, Vec<ChunkLocation>>,
-    /// (limit, buffer size) of a scan not done yet: a checkpoint's reader
-    /// scans the segment only if the manager reads an entry, so managers
-    /// that keep their own copy of the data do not re-read every segment.
-    unscanned: Option<(u64, usize)>,
+    /// (limit, buffer size, skip damage) of a scan not done yet: a
+    /// checkpoint's reader scans the segment only if the manager reads an
+    /// entry, so managers that keep their own copy of the data do not
+    /// re-read every segment.
+    unscanned: Option<(u64, usize, bool)>,
     window: ReadWindow,
     _segment: Option<Arc<Segment>>,
 }
@@ -742,17 +743,21 @@ impl SegmentReader {
         }
     }
 
-    /// A reader that scans the first `limit` bytes of the segment (skipping
-    /// damage, as recovery does) when the first entry is asked for.
+    /// A reader that scans the first `limit` bytes of the segment when the
+    /// first entry is asked for. Damage is skipped only with
+    /// `skip_damage` (as recovery in `SkipCorrupted` mode skips it);
+    /// otherwise it is an error, so that an entry the log acknowledged is
+    /// never left out of a checkpoint and lost with the recycled segment.
     pub(crate) fn unscanned(
         segment_id: u64,
         file: Arc<dyn FileHandle>,
         limit: u64,
         buffer_bytes: usize,
+        skip_damage: bool,
         segment: Arc<Segment>,
     ) -> Self {
         Self {
-            unscanned: Some((limit, buffer_bytes)),
+            unscanned: Some((limit, buffer_bytes, skip_damage)),
             ..Self::new(
                 segment_id,
                 &segment.version_info,
@@ -771,8 +776,26 @@ impl SegmentReader {
 
     /// Returns the next committed entry, in id order, or `None` at the end.
     pub fn read_entry(&mut self) -> io::Result<Option<Entry<'_>>> {
-        if let Some((limit, buffer_bytes)) = self.unscanned {
-            let scan = scan_segment(&*self.file, self.segment_id, limit, buffer_bytes, true)?;
+        if let Some((limit, buffer_bytes, skip_damage)) = self.unscanned {
+            let scan = scan_segment(
+                &*self.file,
+                self.segment_id,
+                limit,
+                buffer_bytes,
+                skip_damage,
+            )?;
+            if let (false, Some((offset, reason))) = (skip_damage, &scan.damage) {
+                let path = self._segment.as_ref().map_or_else(
+                    || format!("segment {}", self.segment_id),
+                    |s| format!("segment {}", s.path.display()),
+                );
+                return Err(invalid(format!(
+                    "{path}: damaged record at offset {offset} ({reason}), found while \
+                     checkpointing; the segment is kept. Reopen the log with \
+                     RecoveryMode::PointInTime to keep only what precedes it, or \
+                     RecoveryMode::SkipCorrupted to skip it"
+                )));
+            }
             self.unscanned = None;
             let entries: BTreeMap<u64, Vec<ChunkLocation>> = scan
                 .committed

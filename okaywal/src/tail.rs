@@ -264,6 +264,26 @@ impl LogEntries {
             // recovery presented after it are not passed over here.
             let skip_damage = inner.config.recovery_mode == RecoveryMode::SkipCorrupted;
             scanner.advance(&*segment.file, limit, skip_damage, &mut self.buffer)?;
+            // Every byte below `limit` is final, so a walk that stops short
+            // of it, or finds damage, met bytes that changed after they were
+            // written: going on would pass over an acknowledged entry. The
+            // reader stays where it is, and every retry reports the same.
+            if !skip_damage {
+                let scan = scanner.scan_mut();
+                if let Some((offset, reason)) = scan.damage.as_ref().or(scan.stopped.as_ref()) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "segment {}: damaged record at offset {offset} ({reason}); the \
+                             entries from {} on cannot be read past it. Reopening the log \
+                             reports it too; RecoveryMode::PointInTime keeps only what \
+                             precedes it, RecoveryMode::SkipCorrupted skips it",
+                            segment.path.display(),
+                            self.next,
+                        ),
+                    ));
+                }
+            }
             // Entries before `next` were returned already (or were not
             // asked for); entries after `stable_through` wait for a later
             // refill, when every entry before them is finished.
