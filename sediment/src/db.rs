@@ -387,10 +387,28 @@ fn open_index(
     names: &[String],
 ) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
     let path = directory.join(INDEX_FILE);
-    if fs
+    let strata = names
+        .iter()
+        .filter(|n| stratum::parse_file_name(n).is_some())
+        .count();
+    let logs = names
+        .iter()
+        .filter(|n| crate::commit_log::parse_file_name(n).is_some())
+        .count();
+    let wal = names.iter().filter(|n| n.starts_with("wal-")).count();
+    let mut exists = fs
         .exists(&path)
-        .context(|| format!("checking {}", path.display()))?
-    {
+        .context(|| format!("checking {}", path.display()))?;
+    if exists && strata + logs + wal == 0 && !index_has_a_valid_copy(fs, &path)? {
+        // The index is the first file a store creates, and the only one
+        // here: its creation was cut short (a file system may make the new
+        // name durable before the data, e.g. when another file's sync
+        // commits the journal). Nothing was ever stored; start afresh.
+        fs.remove_file(&path)
+            .context(|| format!("removing the unfinished {}", path.display()))?;
+        exists = false;
+    }
+    if exists {
         let file = fs
             .open(&path, OpenMode::ReadWrite)
             .context(|| format!("opening {}", path.display()))?;
@@ -427,14 +445,6 @@ fn open_index(
         // stratum or commit log file exists, so finding those without it is
         // damage. A fresh index would forget the embedded header and every
         // checkpointed strata count; refuse instead.
-        let strata = names
-            .iter()
-            .filter(|n| stratum::parse_file_name(n).is_some())
-            .count();
-        let logs = names
-            .iter()
-            .filter(|n| crate::commit_log::parse_file_name(n).is_some())
-            .count();
         if strata + logs > 0 {
             return Err(Error::Corrupt {
                 path,
@@ -457,6 +467,26 @@ fn open_index(
             .context(|| format!("initializing {}", path.display()))?;
         Ok((file, header, 1))
     }
+}
+
+/// Whether either copy of the index header at `path` decodes.
+fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .context(|| format!("opening {}", path.display()))?;
+    let len = file
+        .len()
+        .context(|| format!("reading {}", path.display()))?;
+    for slot in 0..2 {
+        let start = slot * INDEX_SLOT_SIZE;
+        let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
+        file.read_exact_at(&mut bytes, start)
+            .context(|| format!("reading {}", path.display()))?;
+        if IndexHeader::decode(&bytes).is_ok() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Opens every stratum file, in order, per basin; `known` is the index's

@@ -249,9 +249,20 @@ impl<'db> Transaction<'db> {
             }
         }
         let entry = self.entry.take().expect("ensure_entry was called");
-        entry
+        if let Err(err) = entry
             .commit()
-            .context(|| format!("committing sequence {sequence} to the WAL"))?;
+            .context(|| format!("committing sequence {sequence} to the WAL"))
+        {
+            // Whether the transaction committed is unknown: its records may
+            // have reached the WAL file before the sync failed, and then the
+            // next open replays it. So its grains stay taken (released, a
+            // transaction still in flight could write over a blob that comes
+            // back), and nothing more is written until the store is reopened
+            // and recovery decides.
+            shared.poison(&err);
+            self.reserved.clear();
+            return Err(err);
+        }
         let mut meta = shared.meta.lock();
         shared.apply_commit(&mut meta, record, &self.positions, false)?;
         self.reserved.clear();
