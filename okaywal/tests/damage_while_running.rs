@@ -11,10 +11,7 @@ use okaywal::{Configuration, LogVoid, RecoveryMode, WriteAheadLog};
 const DIR: &str = "/log";
 
 fn config(fs: &CrashFileSystem) -> Configuration {
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(16 * 1024)
-        .checkpoint_after_bytes(16 * 1024)
+    common::small_log_on(fs)
 }
 
 /// Flips one data byte of a durable chunk (media damage after the commit

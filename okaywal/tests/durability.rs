@@ -21,10 +21,7 @@ use common::{jitter_budget, test_seed, Rng};
 const DIR: &str = "/log";
 
 fn config(fs: &CrashFileSystem) -> Configuration {
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(16 * 1024)
-        .checkpoint_after_bytes(16 * 1024)
+    common::small_log_on(fs)
 }
 
 fn payload(id: u64) -> Vec<u8> {

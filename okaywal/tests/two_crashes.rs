@@ -9,13 +9,8 @@ use common::follow::ChunkRecorder as Recorder;
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use okaywal::{Configuration, LogVoid, WriteAheadLog};
 
-const DIR: &str = "/log";
-
 fn config(fs: &CrashFileSystem) -> Configuration {
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(16 * 1024)
-        .checkpoint_after_bytes(16 * 1024)
+    common::small_log_on(fs)
 }
 
 fn commit(log: &WriteAheadLog, data: &[u8], durable: bool) -> u64 {

@@ -18,9 +18,18 @@ use std::time::{Duration, Instant};
 
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
 use okaywal::{
-    ChunkRecord, Entry, EntryId, LogManager, ReadChunkResult, RecoveredSegment, Recovery,
-    SegmentReader, WriteAheadLog,
+    ChunkRecord, Configuration, Entry, EntryId, LogManager, ReadChunkResult, RecoveredSegment,
+    Recovery, SegmentReader, WriteAheadLog,
 };
+
+/// A log at `/log` on the simulated disk, with 16 KiB segments so that
+/// a few entries fill one.
+pub fn small_log_on(fs: &CrashFileSystem) -> Configuration {
+    Configuration::default_for("/log")
+        .file_system(fs.clone())
+        .preallocate_bytes(16 * 1024)
+        .checkpoint_after_bytes(16 * 1024)
+}
 
 /// A seed for a randomized test: `OKAYWAL_TEST_SEED` when set, otherwise
 /// the clock; printed so that a failure can be replayed.
