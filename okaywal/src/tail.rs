@@ -276,8 +276,8 @@ impl LogEntries {
                         format!(
                             "segment {}: damaged record at offset {offset} ({reason}); the \
                              entries from {} on cannot be read past it. Reopening the log \
-                             reports it too; RecoveryMode::PointInTime keeps only what \
-                             precedes it, RecoveryMode::SkipCorrupted skips it",
+                             reports it (or ends the log there); RecoveryMode::PointInTime \
+                             keeps only what precedes it, RecoveryMode::SkipCorrupted skips it",
                             segment.path.display(),
                             self.next,
                         ),
