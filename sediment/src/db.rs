@@ -57,11 +57,23 @@ pub(crate) struct Meta {
     /// can get, with a count. Their sequences are not known yet, so nothing
     /// at or above the lowest of these counts as finished.
     pub beginning: BTreeMap<u64, usize>,
-    /// Archived (not freed) grains by the sequence that archived them.
+    /// Archived grains by the sequence that archived them. After a reopen
+    /// this can also list grains already freed (see `taking`): a grain is
+    /// archived only while `archived_set` maps it to that sequence.
     pub archived: BTreeMap<u64, Vec<GrainId>>,
-    pub archived_set: HashSet<GrainId>,
+    /// Archived, not yet freed, grains and the sequence that archived each.
+    pub archived_set: HashMap<GrainId, u64>,
     /// Grains that running transactions are archiving.
     pub claimed: HashSet<GrainId>,
+    /// Committing transactions that took archived grains to free for their
+    /// `checkpoint_to`, by their sequence: the lowest archiving sequence
+    /// each took. Until such a record is durable its grains are archived on
+    /// disk, so another record's `checkpointed_to` (which drops the commit
+    /// records up to it) stays below that sequence: if the taker then
+    /// failed, a reopen would no longer know the grains are archived, and
+    /// they would never be freed. That record still frees every grain it
+    /// took, so it can free grains archived after its `checkpointed_to`.
+    pub taking: BTreeMap<u64, u64>,
     /// Grains freed by a committed sequence, reusable once every
     /// transaction with a lower sequence has finished (see
     /// `Shared::release_freed`).
@@ -316,7 +328,7 @@ impl Shared {
         }
         for id in &record.archived {
             meta.claimed.remove(id);
-            meta.archived_set.insert(*id);
+            meta.archived_set.insert(*id, sequence);
         }
         if !record.archived.is_empty() {
             meta.archived.insert(sequence, record.archived.clone());
@@ -613,9 +625,15 @@ impl Database {
         };
         for record in commit_log.read(index.checkpointed_to.saturating_add(1))? {
             meta.last_committed = meta.last_committed.max(record.sequence.0);
+            let sequence = record.sequence.0;
+            for id in &record.archived {
+                meta.archived_set.insert(*id, sequence);
+            }
+            for id in &record.freed {
+                meta.archived_set.remove(id);
+            }
             if !record.archived.is_empty() {
-                meta.archived_set.extend(record.archived.iter().copied());
-                meta.archived.insert(record.sequence.0, record.archived);
+                meta.archived.insert(sequence, record.archived);
             }
         }
 
@@ -756,8 +774,13 @@ impl Database {
         self.shared.meta.lock().embedded_header
     }
 
-    /// The sequence given to the most recent committed `checkpoint_to`
+    /// The highest sequence checkpointed to by a committed `checkpoint_to`
     /// (0 before any).
+    ///
+    /// A transaction's `checkpoint_to` may stop short of the sequence it was
+    /// given, just below the grains another transaction took for its own
+    /// checkpoint while committing at the same time; those grains are freed
+    /// by that transaction or, if it fails, by a later checkpoint.
     #[must_use]
     pub fn checkpointed_to(&self) -> SequenceId {
         SequenceId(self.shared.meta.lock().checkpointed_to)

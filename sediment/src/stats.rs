@@ -63,7 +63,7 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
     let (archived, last_committed, checkpointed_to, wal_checkpointed_entry) = {
         let meta = shared.meta.lock();
         let mut archived = vec![0_u64; BASINS];
-        for id in &meta.archived_set {
+        for id in meta.archived_set.keys() {
             archived[usize::from(id.basin())] += u64::from(id.count());
         }
         (

@@ -158,7 +158,7 @@ impl<'db> Transaction<'db> {
             return Err(Error::NotAllocated(id));
         }
         let mut meta = shared.meta.lock();
-        if meta.archived_set.contains(&id) || meta.claimed.contains(&id) {
+        if meta.archived_set.contains_key(&id) || meta.claimed.contains(&id) {
             return Err(Error::AlreadyArchived(id));
         }
         meta.claimed.insert(id);
@@ -185,6 +185,10 @@ impl<'db> Transaction<'db> {
     /// transaction with sequence ≤ `sequence`, and drops the commit records
     /// up to it. `sequence` must be committed (with every transaction
     /// before it finished).
+    ///
+    /// If another transaction is committing a `checkpoint_to` at the same
+    /// moment, this one stops just below the grains that one is freeing
+    /// (see [`Database::checkpointed_to`](crate::Database::checkpointed_to)).
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
         let meta = self.db.shared.meta.lock();
         let through = meta.finished_through();
@@ -215,11 +219,32 @@ impl<'db> Transaction<'db> {
         shared.check_usable()?;
         let sequence = self.ensure_entry()?;
         let mut freed = Vec::new();
-        if let Some(to) = self.checkpoint_to {
+        if let Some(requested) = self.checkpoint_to {
             let mut meta = shared.meta.lock();
-            let keep = meta.archived.split_off(&to.saturating_add(1));
+            let keep = meta.archived.split_off(&requested.saturating_add(1));
             self.taken = std::mem::replace(&mut meta.archived, keep);
-            freed.extend(self.taken.values().flatten().copied());
+            let mut lowest = None;
+            for (archived_by, grains) in &self.taken {
+                // After a reopen, grains that a record freed without
+                // checkpointing past their archiving are listed again
+                // (see `Meta::taking`); the set knows which still are.
+                for id in grains {
+                    if meta.archived_set.get(id) == Some(archived_by) {
+                        freed.push(*id);
+                        lowest.get_or_insert(*archived_by);
+                    }
+                }
+            }
+            // Grains a concurrent committer took stay archived on disk
+            // until its record is durable: checkpoint only below them.
+            let to = match meta.taking.values().min() {
+                Some(&theirs) => requested.min(theirs.saturating_sub(1)),
+                None => requested,
+            };
+            self.checkpoint_to = Some(to);
+            if let Some(lowest) = lowest {
+                meta.taking.insert(sequence, lowest);
+            }
         }
         let record = CommitRecord {
             sequence: SequenceId(sequence),
@@ -265,6 +290,7 @@ impl<'db> Transaction<'db> {
         }
         let mut meta = shared.meta.lock();
         shared.apply_commit(&mut meta, record, &self.positions, false)?;
+        meta.taking.remove(&sequence);
         self.reserved.clear();
         self.archived.clear();
         self.taken.clear();
@@ -288,6 +314,10 @@ impl<'db> Transaction<'db> {
         for id in self.archived.drain(..) {
             meta.claimed.remove(&id);
         }
+        // No other record checkpointed past these meanwhile (see
+        // `Meta::taking`), so they go back where a later checkpoint, or
+        // the commit log after a reopen, still finds them.
+        meta.taking.remove(&self.sequence);
         for (sequence, grains) in std::mem::take(&mut self.taken) {
             meta.archived.entry(sequence).or_default().extend(grains);
         }

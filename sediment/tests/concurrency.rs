@@ -401,7 +401,7 @@ struct SyncControl {
 const SLOW_SYNC: Duration = Duration::from_millis(300);
 
 impl FileHooks for SyncControl {
-    fn before_sync(&self, name: &str) {
+    fn before_sync(&self, name: &str) -> std::io::Result<()> {
         let is_wal = name.starts_with("wal-");
         let maintenance = std::thread::current().name() == Some("okaywal-checkpoint");
         if is_wal && !maintenance && self.slow_committer_syncs.load(Ordering::SeqCst) {
@@ -410,6 +410,7 @@ impl FileHooks for SyncControl {
         if !is_wal && self.slow_checkpointer_syncs.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(())
     }
 }
 

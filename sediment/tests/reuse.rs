@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_blob, blob, free, FileHooks, HookedFs};
+use common::{assert_blob, blob, free, FileHooks, Gate, HookedFs, ReleaseOnDrop};
 use sediment::{Config, Database, GrainId, SequenceId};
 
 fn open(dir: &std::path::Path) -> Database {
@@ -116,46 +116,17 @@ fn transactions_older_than_the_free_do_not_get_its_grains() {
 
 /// Holds the WAL checkpoint's first write to a stratum until released.
 #[derive(Debug, Default)]
-struct Gate {
-    /// (armed, entered, released)
-    state: parking_lot::Mutex<(bool, bool, bool)>,
-    changed: parking_lot::Condvar,
+struct CheckpointWrite {
+    gate: Gate,
 }
 
-impl Gate {
-    fn pass(&self) {
-        let mut state = self.state.lock();
-        if !state.0 {
-            return;
-        }
-        state.0 = false;
-        state.1 = true;
-        self.changed.notify_all();
-        while !state.2 {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    fn wait_entered(&self) {
-        let mut state = self.state.lock();
-        while !state.1 {
-            self.changed.wait(&mut state);
-        }
-    }
-
-    fn release(&self) {
-        self.state.lock().2 = true;
-        self.changed.notify_all();
-    }
-}
-
-impl FileHooks for Gate {
+impl FileHooks for CheckpointWrite {
     fn before_write(&self, name: &str) {
         let checkpoint = std::thread::current()
             .name()
             .is_some_and(|thread| thread.starts_with("okaywal-checkpoint"));
         if checkpoint && name.starts_with("stratum-") {
-            self.pass();
+            self.gate.pass();
         }
     }
 }
@@ -167,29 +138,24 @@ impl FileHooks for Gate {
 #[test]
 fn a_blob_freed_during_its_checkpoint_keeps_its_grains_until_the_copy_is_done() {
     let dir = tempfile::tempdir().unwrap();
-    let gate = std::sync::Arc::new(Gate::default());
-    let open_gated = |gate: &std::sync::Arc<Gate>| {
+    let hooks = std::sync::Arc::new(CheckpointWrite::default());
+    let gate = &hooks.gate;
+    let open_gated = |hooks: &std::sync::Arc<CheckpointWrite>| {
         Config::for_directory(dir.path())
             .file_system(HookedFs {
                 inner: okaywal::fs::StdFileSystem,
-                hooks: gate.clone(),
+                hooks: hooks.clone(),
             })
             .direct_write_bytes(1000)
             .open()
             .expect("open the database")
     };
-    let db = open_gated(&gate);
+    let db = open_gated(&hooks);
     let (a, _) = write(&db, &blob(30, 999));
-    gate.state.lock().0 = true;
-    // Lets the checkpoint finish even if an assertion below fails.
-    struct ReleaseOnDrop<'a>(&'a Gate);
-    impl Drop for ReleaseOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.release();
-        }
-    }
+    gate.arm();
     std::thread::scope(|scope| {
-        let _release = ReleaseOnDrop(&gate);
+        // Lets the checkpoint finish even if an assertion below fails.
+        let _release = ReleaseOnDrop(gate);
         let checkpoint = scope.spawn(|| db.wal().checkpoint_active());
         // The checkpoint has checked A (not freed) and is about to copy it.
         gate.wait_entered();

@@ -204,8 +204,67 @@ pub fn free(db: &Database, id: GrainId) {
 pub trait FileHooks: Send + Sync + std::fmt::Debug + 'static {
     /// Before `write_all_at`.
     fn before_write(&self, _name: &str) {}
-    /// Before `sync_data` and `sync_all`.
-    fn before_sync(&self, _name: &str) {}
+    /// Before `sync_data` and `sync_all`; an error is returned instead of
+    /// syncing.
+    fn before_sync(&self, _name: &str) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Holds the first caller of [`Gate::pass`] after [`Gate::arm`] until
+/// [`Gate::release`].
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// (armed, entered, released)
+    state: parking_lot::Mutex<(bool, bool, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl Gate {
+    /// Makes the next `pass` wait.
+    pub fn arm(&self) {
+        self.state.lock().0 = true;
+    }
+
+    /// Waits for the release if the gate is armed; returns whether this
+    /// call was the one held.
+    pub fn pass(&self) -> bool {
+        let mut state = self.state.lock();
+        if !state.0 {
+            return false;
+        }
+        state.0 = false;
+        state.1 = true;
+        self.changed.notify_all();
+        while !state.2 {
+            self.changed.wait(&mut state);
+        }
+        true
+    }
+
+    /// Waits until a caller is held.
+    pub fn wait_entered(&self) {
+        let mut state = self.state.lock();
+        while !state.1 {
+            self.changed.wait(&mut state);
+        }
+    }
+
+    /// Lets the held caller (and every later one) through.
+    pub fn release(&self) {
+        self.state.lock().2 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Releases the gate when dropped, so a failed assertion never leaves a
+/// thread held (and a scoped thread never joined).
+pub struct ReleaseOnDrop<'a>(pub &'a Gate);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 /// A file system that passes everything on to `inner`, calling `hooks`
@@ -268,11 +327,11 @@ impl<H: FileHooks> okaywal::fs::FileHandle for HookedFile<H> {
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> std::io::Result<()> {
-        self.hooks.before_sync(&self.name);
+        self.hooks.before_sync(&self.name)?;
         self.inner.sync_data()
     }
     fn sync_all(&self) -> std::io::Result<()> {
-        self.hooks.before_sync(&self.name);
+        self.hooks.before_sync(&self.name)?;
         self.inner.sync_all()
     }
     fn set_len(&self, len: u64) -> std::io::Result<()> {
