@@ -746,3 +746,30 @@ fn wal_dump_shows_version_info_and_bad_headers() {
     assert_eq!(json["segments"][1]["header"]["status"], "invalid");
     assert_eq!(json["segments"][1]["header"]["records_follow"], false);
 }
+
+#[test]
+fn a_store_open_in_another_process_is_refused() {
+    let (_temp, db, ids) = store_with(&[b"held"]);
+    let held = Database::recover(&db).unwrap();
+    for args in [
+        vec![&"stats" as &dyn AsRef<std::ffi::OsStr>, &db],
+        vec![&"get", &db, &ids[0]],
+        vec![&"verify", &db],
+    ] {
+        let run = sediment(&args);
+        assert_eq!(
+            run.code, 3,
+            "stdout: {}\nstderr: {}",
+            run.stdout, run.stderr
+        );
+        assert!(
+            run.stderr.contains("sediment.lock") && run.stderr.contains("another process"),
+            "{}",
+            run.stderr
+        );
+    }
+    // The read-only dump of the WAL takes no lock.
+    ok(sediment(&[&"wal-dump", &db]));
+    held.shutdown().unwrap();
+    assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "held");
+}

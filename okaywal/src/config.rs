@@ -262,6 +262,10 @@ impl Configuration {
     }
 
     /// Opens the log, recovering existing segments through `manager`.
+    ///
+    /// Fails with [`io::ErrorKind::WouldBlock`] if another process has the
+    /// directory open (its `okaywal.lock` stays locked for 2 s): one
+    /// process at a time may write a log.
     pub fn open<Manager: LogManager>(self, manager: Manager) -> io::Result<WriteAheadLog> {
         self.validate()?;
         WriteAheadLog::open(self, Box::new(manager))

@@ -15,13 +15,13 @@ use crate::format::{
     aligned_chunk_start, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
     CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
 };
-use crate::fs::{zero_fill, FileHandle, FileSystem, OpenMode};
+use crate::fs::{zero_fill, FileHandle, FileSystem, LockGuard, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::LogPosition;
 use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, FoundSegment, SegmentReader};
-use crate::segment::{FileName, Segment, SegmentState};
+use crate::segment::{FileName, Segment, SegmentState, LOCK_FILE};
 use crate::stats::{Counters, LogStats};
 use crate::tail::LogEntries;
 use crate::writer::EntryWriter;
@@ -99,6 +99,9 @@ pub(crate) struct Inner {
     pub unblocking_rollbacks: AtomicU64,
     /// Held while segments are renamed and the directory synced.
     pub naming: Mutex<()>,
+    /// Keeps other processes out of the directory while anything (a
+    /// handle, the maintenance thread, a reader) can still write to it.
+    pub _lock: LockGuard,
 }
 
 #[derive(Debug)]
@@ -971,6 +974,7 @@ impl WriteAheadLog {
         let directory = config.directory.clone();
         let minimum_next_entry_id = config.minimum_next_entry_id;
         crate::fs::create_dir_durably(&*fs, &directory)?;
+        let lock = fs.lock_exclusive(&directory.join(LOCK_FILE))?;
         let mut segments = Vec::new();
         let mut reusable = Vec::new();
         let mut max_id = 0_u64;
@@ -1138,6 +1142,7 @@ impl WriteAheadLog {
             buffered_followers: 0.into(),
             unblocking_rollbacks: AtomicU64::new(0),
             naming: Mutex::new(()),
+            _lock: lock,
         });
         // The first active segment: a reused file if any, else a new one.
         if inner.state.lock().spares.is_empty() {

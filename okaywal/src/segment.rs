@@ -167,6 +167,10 @@ impl SegmentState {
     }
 }
 
+/// The file a running log holds locked (see `FileSystem::lock_exclusive`);
+/// its contents are never read or written.
+pub(crate) const LOCK_FILE: &str = "okaywal.lock";
+
 /// What a file name in the log directory means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FileName {

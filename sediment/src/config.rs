@@ -111,6 +111,10 @@ impl Config {
     }
 
     /// Opens (creating or recovering) the database.
+    ///
+    /// Fails with [`Error::Io`](crate::Error::Io) (of kind
+    /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)) if another process
+    /// has the store open: its `sediment.lock` stays locked for 2 s.
     pub fn open(self) -> Result<Database> {
         Database::open(self)
     }

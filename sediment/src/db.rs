@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+use okaywal::fs::{FileHandle, FileSystem, LockGuard, OpenMode};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
 use parking_lot::{Mutex, RwLock};
 
@@ -26,6 +26,9 @@ use crate::verify::{self, VerifyReport};
 
 /// The name of the index file.
 pub(crate) const INDEX_FILE: &str = "index";
+
+/// The file an open store holds locked; never read or written.
+pub(crate) const LOCK_FILE: &str = "sediment.lock";
 
 /// A committed blob whose bytes are still only in the WAL.
 #[derive(Debug, Clone, Copy)]
@@ -136,6 +139,9 @@ pub(crate) struct Shared {
     pub shut_down: AtomicBool,
     /// Set after a failed sync: nothing more may be acknowledged.
     pub failure: Mutex<Option<String>>,
+    /// Keeps other processes out of the directory while this store (or
+    /// its WAL's maintenance thread) can write to it.
+    pub _lock: LockGuard,
 }
 
 /// A crash-safe blob store. See the [crate docs](crate).
@@ -602,6 +608,10 @@ impl Database {
         let directory = config.directory.clone();
         okaywal::fs::create_dir_durably(&*fs, &directory)
             .context(|| format!("creating {}", directory.display()))?;
+        // Before anything is read: open repairs and removes files.
+        let lock = fs
+            .lock_exclusive(&directory.join(LOCK_FILE))
+            .context(|| format!("opening the store in {}", directory.display()))?;
         let names = fs
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;
@@ -655,6 +665,7 @@ impl Database {
             }),
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
+            _lock: lock,
         });
         let mut wal_config = config.wal;
         wal_config.directory = directory;

@@ -64,6 +64,47 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
     /// Makes the directory entries of `dir` (creations, renames, removals)
     /// durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// Takes the advisory lock on `path` (created if missing) that keeps
+    /// other processes from opening the same log or store while the
+    /// returned guard lives. Fails with [`io::ErrorKind::WouldBlock`] when
+    /// another process holds it.
+    ///
+    /// The default takes no lock, as suits a file system that lives inside
+    /// one process; [`StdFileSystem`] takes a POSIX record lock.
+    fn lock_exclusive(&self, path: &Path) -> io::Result<LockGuard> {
+        let _ = path;
+        Ok(LockGuard::none())
+    }
+}
+
+/// Holds a lock taken by [`FileSystem::lock_exclusive`] until dropped.
+pub struct LockGuard {
+    _held: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl LockGuard {
+    /// A guard that holds nothing.
+    #[must_use]
+    pub fn none() -> Self {
+        Self { _held: None }
+    }
+
+    /// A guard that keeps `held` (say, the locked file) until dropped.
+    #[must_use]
+    pub fn holding(held: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            _held: Some(Box::new(held)),
+        }
+    }
+}
+
+impl Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("held", &self._held.is_some())
+            .finish()
+    }
 }
 
 /// An open file supporting positioned I/O from many threads at once.

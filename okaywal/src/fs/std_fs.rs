@@ -3,8 +3,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{FileHandle, FileSystem, OpenMode};
+use super::{FileHandle, FileSystem, LockGuard, OpenMode};
 
 /// The real file system, through `std::fs` (positioned I/O via `pread` and
 /// `pwrite`, `fdatasync` for [`FileHandle::sync_data`]).
@@ -14,6 +15,44 @@ pub struct StdFileSystem;
 /// Adds the path to an I/O error's message, keeping its kind and source.
 fn with_path(err: io::Error, what: &str, path: &Path) -> io::Error {
     io::Error::new(err.kind(), format!("{what} {}: {err}", path.display()))
+}
+
+/// How long to wait for another process to let go of a lock: one that was
+/// just killed keeps its locks until the kernel has torn it down.
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// A POSIX record lock, owned by the process: other processes are kept
+/// out, while this one may take it again (an in-process reopen after a
+/// simulated crash keeps working).
+#[cfg(unix)]
+fn lock_file(file: &File, path: &Path) -> io::Result<()> {
+    use rustix::fs::{fcntl_lock, FlockOperation};
+    use rustix::io::Errno;
+    let deadline = Instant::now() + LOCK_PATIENCE;
+    loop {
+        match fcntl_lock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(Errno::AGAIN | Errno::ACCESS) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(Errno::AGAIN | Errno::ACCESS) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    format!(
+                        "{} is locked: another process has this directory open (a log or \
+                         store can be open in one process at a time)",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(err) => return Err(with_path(err.into(), "locking", path)),
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn lock_file(_file: &File, _path: &Path) -> io::Result<()> {
+    Ok(())
 }
 
 impl FileSystem for StdFileSystem {
@@ -66,6 +105,18 @@ impl FileSystem for StdFileSystem {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path).map_err(|e| with_path(e, "removing", path))
+    }
+
+    fn lock_exclusive(&self, path: &Path) -> io::Result<LockGuard> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| with_path(e, "opening the lock file", path))?;
+        lock_file(&file, path)?;
+        Ok(LockGuard::holding(file))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
