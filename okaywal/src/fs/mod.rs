@@ -80,21 +80,21 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
 
 /// Holds a lock taken by [`FileSystem::lock_exclusive`] until dropped.
 pub struct LockGuard {
-    _held: Option<Box<dyn std::any::Any + Send + Sync>>,
+    held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl LockGuard {
     /// A guard that holds nothing.
     #[must_use]
     pub fn none() -> Self {
-        Self { _held: None }
+        Self { held: None }
     }
 
     /// A guard that keeps `held` (say, the locked file) until dropped.
     #[must_use]
     pub fn holding(held: impl std::any::Any + Send + Sync) -> Self {
         Self {
-            _held: Some(Box::new(held)),
+            held: Some(Box::new(held)),
         }
     }
 }
@@ -102,7 +102,7 @@ impl LockGuard {
 impl Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("held", &self._held.is_some())
+            .field("held", &self.held.is_some())
             .finish()
     }
 }

@@ -24,7 +24,6 @@ const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 /// A POSIX record lock, owned by the process: other processes are kept
 /// out, while this one may take it again (an in-process reopen after a
 /// simulated crash keeps working).
-#[cfg(unix)]
 fn lock_file(file: &File, path: &Path) -> io::Result<()> {
     use rustix::fs::{fcntl_lock, FlockOperation};
     use rustix::io::Errno;
@@ -48,11 +47,6 @@ fn lock_file(file: &File, path: &Path) -> io::Result<()> {
             Err(err) => return Err(with_path(err.into(), "locking", path)),
         }
     }
-}
-
-#[cfg(not(unix))]
-fn lock_file(_file: &File, _path: &Path) -> io::Result<()> {
-    Ok(())
 }
 
 impl FileSystem for StdFileSystem {
