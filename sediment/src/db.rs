@@ -50,6 +50,11 @@ pub(crate) struct Basin {
 #[derive(Debug, Default)]
 pub(crate) struct Meta {
     pub embedded_header: Option<GrainId>,
+    /// The sequence that set `embedded_header` (0: the index's value).
+    /// Commits may finish out of sequence order, but the WAL checkpoint,
+    /// replay and commit-log readers apply them in order: the highest
+    /// sequence must win here too.
+    pub embedded_header_sequence: u64,
     pub checkpointed_to: u64,
     pub last_committed: u64,
     /// Sequences of transactions that have started writing and not
@@ -352,7 +357,10 @@ impl Shared {
                 .push((sequence, id));
         }
         if let Some(header) = record.embedded_header {
-            meta.embedded_header = header;
+            if sequence >= meta.embedded_header_sequence {
+                meta.embedded_header = header;
+                meta.embedded_header_sequence = sequence;
+            }
         }
         if let Some(to) = record.checkpointed_to {
             // Archived entries at or below `to` were freed by this record;

@@ -269,16 +269,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 headers_written.push(stratum);
             }
         }
-        let sync = |stratum: &Stratum| {
-            stratum.file.sync_data().map_err(|source| {
-                let err = Error::Io {
-                    context: format!("syncing {}", stratum.path.display()),
-                    source,
-                };
-                shared.poison(&err);
-                err
-            })
-        };
+        let sync = |stratum: &Stratum| stratum.sync().inspect_err(|err| shared.poison(err));
         for stratum in &touched {
             sync(stratum)?;
         }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::allocator::StratumBits;
 use crate::error::{Context, Error, Result};
@@ -45,6 +45,21 @@ pub(crate) struct Stratum {
     /// Bumped whenever freed grains become reusable, so a reader can tell
     /// that the grain it read may have been reused underneath it.
     pub reuse_epoch: AtomicU64,
+    /// Orders the `fdatasync`s of this file (see [`Stratum::sync`]).
+    syncs: Mutex<SyncState>,
+    synced: Condvar,
+}
+
+/// The `fdatasync`s of one stratum file: at most one runs at a time.
+#[derive(Debug, Default)]
+struct SyncState {
+    running: bool,
+    /// How many syncs have started.
+    started: u64,
+    /// The number of the last sync that succeeded.
+    finished: u64,
+    /// Why a sync of this file failed, if one did.
+    failure: Option<String>,
 }
 
 impl Stratum {
@@ -116,6 +131,56 @@ impl Stratum {
             header: Mutex::new((1 - newest_slot, generation + 1)),
             dirty: AtomicBool::new(false),
             reuse_epoch: AtomicU64::new(0),
+            syncs: Mutex::new(SyncState::default()),
+            synced: Condvar::new(),
+        }
+    }
+
+    /// Makes every write to this file that completed before the call
+    /// durable (`fdatasync`), sharing a sync with concurrent callers.
+    ///
+    /// Once a sync of this file has failed, every later call fails too.
+    /// Linux reports a failed writeback to one `fdatasync` of a file
+    /// description and may drop the pages it could not write; the
+    /// description is shared by all writers, so a sync that succeeds after
+    /// another failed does not mean that the caller's writes are on disk.
+    /// Syncs run one at a time, so that one cannot report success while an
+    /// earlier one is still returning its failure.
+    pub fn sync(&self) -> Result<()> {
+        let failed = |why: &str| Error::Io {
+            context: format!("syncing {}", self.path.display()),
+            source: std::io::Error::other(format!(
+                "an fdatasync of this file failed ({why}); writes it covered may be lost"
+            )),
+        };
+        let mut state = self.syncs.lock();
+        // A sync that starts from now on covers the caller's writes; the
+        // one running may have started before they completed.
+        let needed = state.started + 1;
+        loop {
+            if let Some(why) = &state.failure {
+                return Err(failed(why));
+            }
+            if state.finished >= needed {
+                return Ok(());
+            }
+            if state.running {
+                self.synced.wait(&mut state);
+                continue;
+            }
+            state.running = true;
+            state.started += 1;
+            let number = state.started;
+            drop(state);
+            let result = self.file.sync_data();
+            state = self.syncs.lock();
+            state.running = false;
+            match &result {
+                Ok(()) => state.finished = number,
+                Err(err) => state.failure = Some(err.to_string()),
+            }
+            self.synced.notify_all();
+            return result.context(|| format!("syncing {}", self.path.display()));
         }
     }
 

@@ -154,10 +154,14 @@ impl<'db> Transaction<'db> {
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
         let shared = &self.db.shared;
         shared.check_usable()?;
+        // Liveness is checked under the meta lock, which a commit freeing
+        // this grain holds while clearing it: checked before, a grain freed
+        // meanwhile would be claimed, and a later checkpoint would free
+        // whatever blob had reused its grains by then.
+        let mut meta = shared.meta.lock();
         if !shared.is_live(id)? {
             return Err(Error::NotAllocated(id));
         }
-        let mut meta = shared.meta.lock();
         if meta.archived_set.contains_key(&id) || meta.claimed.contains(&id) {
             return Err(Error::AlreadyArchived(id));
         }
@@ -170,6 +174,14 @@ impl<'db> Transaction<'db> {
     /// Sets the embedded header (a root pointer for structures built on
     /// top) to `header`, which must be a committed blob or one written by
     /// this transaction.
+    ///
+    /// Of the committed transactions that set it, the one with the highest
+    /// sequence wins, whatever order their commits return in: that is the
+    /// order the commit log, a replica and a reopened database apply them
+    /// in. A transaction's sequence is fixed by its first
+    /// [`write`](Self::write) (or by [`commit`](Self::commit) if it writes
+    /// nothing), so of two overlapping transactions that both set the
+    /// header, the one that started writing later wins.
     pub fn set_embedded_header(&mut self, header: Option<GrainId>) -> Result<()> {
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
@@ -262,13 +274,9 @@ impl<'db> Transaction<'db> {
             .write_chunk(&scratch)
             .context(|| "writing the commit record to the WAL".to_string())?;
         for stratum in &self.direct {
-            if let Err(err) = stratum.file.sync_data() {
+            if let Err(err) = stratum.sync() {
                 // After a failed fsync the kernel may have dropped other
                 // writers' pages too: nothing more may be acknowledged.
-                let err = Error::Io {
-                    context: format!("syncing {}", stratum.path.display()),
-                    source: err,
-                };
                 shared.poison(&err);
                 return Err(err);
             }

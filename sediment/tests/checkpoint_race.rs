@@ -7,31 +7,14 @@
 
 mod common;
 
-use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{blob, FileHooks, Gate, HookedFs, ReleaseOnDrop};
+use common::{blob, HeldStratumSync, HookedFs, ReleaseOnDrop};
 use okaywal::fs::{CrashFileSystem, PowerLoss};
 use sediment::{BasinStats, Config, Database, GrainId, SequenceId, Transaction};
 
 const DIR: &str = "/db";
-
-/// Holds the first stratum sync after `gate.arm()`; fails it if `fail`.
-#[derive(Debug, Default)]
-struct HeldStratumSync {
-    gate: Gate,
-    fail: AtomicBool,
-}
-
-impl FileHooks for HeldStratumSync {
-    fn before_sync(&self, name: &str) -> io::Result<()> {
-        if name.starts_with("stratum-") && self.gate.pass() && self.fail.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected stratum sync failure"));
-        }
-        Ok(())
-    }
-}
 
 fn open_hooked(fs: &CrashFileSystem, hooks: &Arc<HeldStratumSync>) -> Database {
     Config::for_directory(DIR)

@@ -717,3 +717,69 @@ fn shutdown_does_not_wait_for_a_transaction_open_on_another_handle() {
     assert!(reopened.verify().is_ok());
     reopened.shutdown().unwrap();
 }
+
+/// `archive` racing a commit that frees the same grain: the archive must
+/// either fail or win, never claim a grain already freed. A stale claim
+/// would commit an archive of grains that a later blob reuses, and the
+/// next checkpoint would free that blob, which nobody archived.
+#[test]
+fn archive_racing_the_checkpoint_that_frees_the_grain_never_frees_a_later_blob() {
+    let _watchdog = Watchdog::new("archive_racing_the_checkpoint", LIMIT);
+    let db = Database::in_memory();
+    let started = std::time::Instant::now();
+    let mut stale_claims_tried = 0;
+    for round in 0..5_000_u32 {
+        if started.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        let data = round.to_le_bytes().repeat(25);
+        let mut tx = db.begin_transaction().unwrap();
+        let grain = tx.write(&data).unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(grain).unwrap();
+        let archived = tx.commit().unwrap();
+        let claimed = std::thread::scope(|s| {
+            let freeing = s.spawn(|| {
+                let mut tx = db.begin_transaction().unwrap();
+                tx.checkpoint_to(archived).unwrap();
+                tx.commit().unwrap();
+            });
+            let mut claimed = None;
+            loop {
+                let mut tx = db.begin_transaction().unwrap();
+                match tx.archive(grain) {
+                    Ok(()) => {
+                        claimed = Some(tx.commit().unwrap());
+                        break;
+                    }
+                    Err(Error::AlreadyArchived(_)) => {}
+                    Err(Error::NotAllocated(_)) => break,
+                    Err(other) => panic!("round {round}: archive failed: {other}"),
+                }
+            }
+            freeing.join().unwrap();
+            claimed
+        });
+        let Some(claimed) = claimed else { continue };
+        stale_claims_tried += 1;
+        // Show the harm: the stale archive frees whatever reuses the grain.
+        let fresh = vec![0xAB; data.len()];
+        let mut tx = db.begin_transaction().unwrap();
+        let reused = tx.write(&fresh).unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.checkpoint_to(claimed).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(
+            db.get(reused).unwrap().as_deref(),
+            Some(&fresh[..]),
+            "round {round}: {grain} was archived again after being freed (sequence \
+             {claimed}); the blob {reused} written next was freed with it"
+        );
+    }
+    // Before the free the grain is archived, after it the grain is not
+    // allocated (nothing else writes meanwhile): no archive can succeed.
+    assert_eq!(stale_claims_tried, 0, "archives of a freed grain accepted");
+    db.verify().unwrap();
+}

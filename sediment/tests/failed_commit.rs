@@ -3,6 +3,13 @@
 //! process does after the failure may make such a transaction read back
 //! wrong bytes.
 
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{HeldStratumSync, HookedFs, ReleaseOnDrop};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
 use sediment::{Config, Database};
 
@@ -55,6 +62,59 @@ fn a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes() {
     match db.get(id) {
         Ok(None) => {}
         Ok(Some(bytes)) => assert!(bytes == first, "{id} reads back bytes it never held"),
+        Err(err) => panic!("{id} is damaged: {err}"),
+    }
+    db.verify().unwrap();
+    db.shutdown().unwrap();
+}
+
+/// Linux reports a failed writeback to one `fdatasync` of a file
+/// description and may drop the pages it could not write. Blobs written
+/// straight into a stratum share its file description, so once a sync of
+/// it fails, a commit whose blob sits there must not be acknowledged, even
+/// if its own sync then reports success.
+#[test]
+fn a_commit_is_refused_once_a_sync_of_its_stratum_failed() {
+    let fs = CrashFileSystem::new();
+    let hooks = Arc::new(HeldStratumSync::default());
+    let db = Config::for_directory(DIR)
+        .file_system(HookedFs {
+            inner: fs.clone(),
+            hooks: hooks.clone(),
+        })
+        .open()
+        .unwrap();
+    // Large enough to be written straight into the same stratum.
+    let mut failing = db.begin_transaction().unwrap();
+    failing.write(&[0x11; 100_000]).unwrap();
+    let mut waiting = db.begin_transaction().unwrap();
+    let id = waiting.write(&[0x22; 100_000]).unwrap();
+
+    hooks.fail.store(true, Ordering::SeqCst);
+    hooks.gate.arm();
+    let _release = ReleaseOnDrop(&hooks.gate);
+    std::thread::scope(|s| {
+        let failed = s.spawn(move || failing.commit());
+        hooks.gate.wait_entered();
+        // The first sync is held, about to fail; the second commit reaches
+        // its own sync meanwhile.
+        let waited = s.spawn(move || waiting.commit());
+        std::thread::sleep(Duration::from_millis(200));
+        hooks.gate.release();
+        assert!(failed.join().unwrap().is_err(), "the failed sync's commit");
+        let waited = waited.join().unwrap();
+        assert!(
+            waited.is_err(),
+            "acknowledged ({waited:?}) after a sync of its stratum failed"
+        );
+    });
+    assert!(db.begin_transaction().and_then(|tx| tx.commit()).is_err());
+    drop(db);
+
+    let db = open(&fs).unwrap();
+    match db.get(id) {
+        Ok(None) => {}
+        Ok(Some(bytes)) => assert!(bytes == [0x22; 100_000], "{id} reads back other bytes"),
         Err(err) => panic!("{id} is damaged: {err}"),
     }
     db.verify().unwrap();

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::{assert_blob, blob};
 use sediment::format::{grain_size, placement, GRAIN_HEADER_SIZE, MAX_FORMAT_BLOB_BYTES};
-use sediment::{Config, Database, Error, GrainId, DEFAULT_DIRECT_WRITE_BYTES};
+use sediment::{Config, Database, Error, GrainId, SequenceId, DEFAULT_DIRECT_WRITE_BYTES};
 
 /// 0, 1, and around every boundary where the grain count or the basin
 /// changes for basins 0..=12, plus around the direct-write threshold and
@@ -285,6 +285,36 @@ fn embedded_header_round_trips_across_reopen() {
         let db = header_after_reopen(dir.path(), shutdown, db);
         assert_eq!(db.embedded_header(), None, "shutdown={shutdown}");
         db.verify().unwrap();
+        db.shutdown().unwrap();
+    }
+}
+
+/// Commits can return out of sequence order; the header the database
+/// reports must be the one that a reopen (which applies records in
+/// sequence order) and the commit log agree on: the highest sequence's.
+#[test]
+fn embedded_header_of_the_higher_sequence_wins_whatever_order_commits_return() {
+    for shutdown in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::recover(dir.path()).unwrap();
+        let mut first = db.begin_transaction().unwrap();
+        let x = first.write(b"x").unwrap();
+        let mut second = db.begin_transaction().unwrap();
+        let y = second.write(b"y").unwrap();
+        second.set_embedded_header(Some(y)).unwrap();
+        let second_sequence = second.commit().unwrap();
+        first.set_embedded_header(Some(x)).unwrap();
+        let first_sequence = first.commit().unwrap();
+        assert!(first_sequence < second_sequence);
+        assert_eq!(db.embedded_header(), Some(y), "before reopening");
+        let last_change = db
+            .commit_log(SequenceId(0))
+            .unwrap()
+            .filter_map(|record| record.embedded_header)
+            .last();
+        assert_eq!(last_change, Some(Some(y)), "the commit log's order");
+        let db = header_after_reopen(dir.path(), shutdown, db);
+        assert_eq!(db.embedded_header(), Some(y), "shutdown={shutdown}");
         db.shutdown().unwrap();
     }
 }

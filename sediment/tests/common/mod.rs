@@ -267,6 +267,25 @@ impl Drop for ReleaseOnDrop<'_> {
     }
 }
 
+/// Holds the first stratum sync after `gate.arm()`; fails it if `fail`.
+#[derive(Debug, Default)]
+pub struct HeldStratumSync {
+    pub gate: Gate,
+    pub fail: std::sync::atomic::AtomicBool,
+}
+
+impl FileHooks for HeldStratumSync {
+    fn before_sync(&self, name: &str) -> std::io::Result<()> {
+        if name.starts_with("stratum-")
+            && self.gate.pass()
+            && self.fail.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(std::io::Error::other("injected stratum sync failure"));
+        }
+        Ok(())
+    }
+}
+
 /// A file system that passes everything on to `inner`, calling `hooks`
 /// first for writes and syncs (to slow them down or hold them).
 #[derive(Debug)]
