@@ -324,7 +324,12 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
     }
     store.next_slot = 1 - store.next_slot;
     store.index = index.clone();
-    store.commit_log.trim(index.checkpointed_to)?;
+    // Records may carry a `checkpoint_to` whose transaction still waits
+    // for its commit to return (this checkpoint's sync made it durable);
+    // until it does, readers are told the older value and must still find
+    // every record above it. The rest goes at a later checkpoint.
+    let applied = shared.meta.lock().checkpointed_to;
+    store.commit_log.trim(index.checkpointed_to.min(applied))?;
     drop(store);
 
     // Now that the strata hold these entries: their blobs are read from the

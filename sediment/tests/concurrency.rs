@@ -783,3 +783,82 @@ fn archive_racing_the_checkpoint_that_frees_the_grain_never_frees_a_later_blob()
     assert_eq!(stale_claims_tried, 0, "archives of a freed grain accepted");
     db.verify().unwrap();
 }
+
+/// A WAL checkpoint can carry a transaction's record (with its
+/// `checkpoint_to`) into the commit log while that transaction still waits
+/// for its own sync. Until the commit returns, the database still reports
+/// the older `checkpointed_to`, so the commit log files must still hold
+/// every record above it: a replica reading meanwhile must see no gap.
+#[test]
+fn commit_log_has_no_gap_while_a_checkpointing_commit_waits_for_its_sync() {
+    let _watchdog = Watchdog::new("commit_log_has_no_gap", LIMIT);
+    let (db, control) = slow_sync_db();
+    // More than one commit log file (they rotate at 1 MiB) of records.
+    let mut last = SequenceId(0);
+    let mut archived = None;
+    for round in 0..80 {
+        let mut tx = db.begin_transaction().unwrap();
+        for _ in 0..1000 {
+            let id = tx.write(b"").unwrap();
+            if round == 0 && archived.is_none() {
+                archived = Some(id);
+            }
+        }
+        last = tx.commit().unwrap();
+    }
+    let mut tx = db.begin_transaction().unwrap();
+    tx.archive(archived.unwrap()).unwrap();
+    let archiving = tx.commit().unwrap();
+    assert!(archiving > last);
+    db.wal().checkpoint_active().unwrap();
+    let all = |db: &Database| -> Vec<u64> {
+        db.commit_log(SequenceId(0))
+            .unwrap()
+            .map(|r| r.sequence.0)
+            .collect()
+    };
+    let before = all(&db);
+    assert_eq!(before.len() as u64, archiving.0, "{before:?}");
+
+    // The checkpointing transaction fills its WAL segment, the next one
+    // seals it, and its commit's sync is slow: the maintenance thread
+    // checkpoints the segment while the commit waits.
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut freeing = db.begin_transaction().unwrap();
+        freeing.write(&blob(3, 40 << 10)).unwrap();
+        freeing.checkpoint_to(archiving).unwrap();
+        let mut next = db.begin_transaction().unwrap();
+        next.write(b"seals the segment").unwrap();
+        control.slow_committer_syncs.store(true, Ordering::SeqCst);
+        let done = &done;
+        let committing = s.spawn(move || {
+            let sequence = freeing.commit().unwrap();
+            done.store(true, Ordering::SeqCst);
+            sequence
+        });
+        let mut seen_in_the_window = None;
+        while !done.load(Ordering::SeqCst) {
+            let checkpointed = db.stats().unwrap().wal_checkpointed_entry;
+            if checkpointed > archiving.0 && db.checkpointed_to() < archiving {
+                seen_in_the_window = Some(all(&db));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sequence = committing.join().unwrap();
+        control.slow_committer_syncs.store(false, Ordering::SeqCst);
+        next.commit().unwrap();
+        let seen = seen_in_the_window.expect(
+            "the WAL checkpoint did not run while the commit waited (the test proved nothing)",
+        );
+        let expected: Vec<u64> = (1..=archiving.0).collect();
+        let seen: Vec<u64> = seen.into_iter().filter(|s| *s <= archiving.0).collect();
+        assert_eq!(
+            seen, expected,
+            "records missing while sequence {} waited for its sync",
+            sequence.0
+        );
+    });
+    assert_eq!(db.checkpointed_to(), archiving);
+}
