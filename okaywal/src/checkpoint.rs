@@ -240,6 +240,11 @@ pub(crate) fn checkpoint(
 ) -> io::Result<()> {
     crate::trace::span!(INFO, "checkpoint", segment = segment.id, last_entry_id = ?last_entry_id);
     let inner = &log.inner;
+    // After a failed sync (or recycle) nothing more is moved to the
+    // manager: the segments stay, in order, for the next open to replay.
+    if let Some(err) = inner.group.failure() {
+        return Err(err);
+    }
     // Rolled-back records may still be unsynced, and a sync leader may
     // still be writing records it took from the buffer after this segment
     // was chosen: the segment must be whole and durable before it is read
@@ -307,12 +312,23 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                     state.recycling.push((segment, recycled));
                 }
                 Err(err) => {
-                    // The entries are safe in the manager's store; the
-                    // file is left as it is and replayed at the next open.
-                    state.checkpoint_error = Some(format!(
-                        "segment {} was checkpointed but could not be recycled: {err}",
+                    // The entries are safe in the manager's store, but the
+                    // file keeps its name and the next open replays them.
+                    // Checkpointing a later segment would let that replay
+                    // come after newer entries the manager already holds,
+                    // and a failed directory sync is a failed sync: the log
+                    // stops until it is reopened.
+                    let message = format!(
+                        "segment {} was checkpointed but could not be recycled (it is replayed                          at the next open): {err}",
                         segment.id
-                    ));
+                    );
+                    state.checkpoint_error = Some(message.clone());
+                    // Failed before the state is released, so that no
+                    // waiter in `checkpoint_active` sees the segment gone
+                    // without seeing the failure.
+                    inner.group.fail(message.clone());
+                    drop(state);
+                    inner.poison(io::Error::new(err.kind(), message));
                 }
             }
         }
@@ -410,11 +426,11 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
             .next()
             .is_some_and(|first| *first <= target)
             || state.checkpointing.is_some_and(|id| id <= target);
-        if !pending {
-            return Ok(());
-        }
         if let Some(err) = inner.group.failure() {
             return Err(err);
+        }
+        if !pending {
+            return Ok(());
         }
         if state.checkpoint_attempts > attempts_before && state.checkpointing.is_none() {
             if let Some(err) = &state.checkpoint_error {

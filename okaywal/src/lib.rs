@@ -112,6 +112,7 @@ mod reader;
 mod recovery;
 mod segment;
 mod stats;
+mod sync_ledger;
 mod tail;
 mod trace;
 mod writer;

@@ -23,6 +23,7 @@ use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, FoundSegment, SegmentReader};
 use crate::segment::{FileName, Segment, SegmentState, LOCK_FILE};
 use crate::stats::{Counters, LogStats};
+use crate::sync_ledger::SyncLedger;
 use crate::tail::LogEntries;
 use crate::writer::EntryWriter;
 use crate::{checkpoint, EntryId};
@@ -85,6 +86,8 @@ pub(crate) struct Inner {
     /// Signalled when a full active segment's last open entry finishes.
     pub drained: Condvar,
     pub group: GroupCommit,
+    /// Every `fdatasync` of a segment file goes through it.
+    pub ledger: SyncLedger,
     pub maintenance: Mutex<Option<JoinHandle<()>>>,
     pub maintenance_thread: Mutex<Option<ThreadId>>,
     pub counters: Counters,
@@ -219,7 +222,12 @@ impl Inner {
             }
         }
         let id = state.next_entry_id;
-        state.next_entry_id += 1;
+        state.next_entry_id = id.checked_add(1).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "every entry id up to u64::MAX has been used",
+            )
+        })?;
         state.open_ids.insert(id);
         let active = state.active;
         let segment = state.live(active)?;
@@ -740,7 +748,9 @@ impl Inner {
             let needed = *written > segment.synced_to.load(Ordering::Acquire)
                 || *complete > segment.marked_to.load(Ordering::Acquire);
             if needed {
-                segment.file.sync_data().map_err(|e| self.poison(e))?;
+                self.ledger
+                    .run(|| segment.file.sync_data())
+                    .map_err(|e| self.poison(e))?;
             }
             synced.push(needed);
         }
@@ -889,8 +899,11 @@ impl Inner {
     pub fn create_spare(&self) -> io::Result<Spare> {
         let number = {
             let mut state = self.state.lock();
-            state.next_spare_number += 1;
-            state.next_spare_number - 1
+            let number = state.next_spare_number;
+            // Only a stray file name gets here near u64::MAX; a wrapped
+            // number that exists fails `CreateNew` below, harmlessly.
+            state.next_spare_number = number.wrapping_add(1);
+            number
         };
         let path = FileName::Spare(number).path_in(self.directory());
         let file = self.fs.open(&path, OpenMode::CreateNew)?;
@@ -992,7 +1005,7 @@ impl WriteAheadLog {
                     reusable.push(file.path_in(&directory));
                 }
                 Some(file @ FileName::Spare(n)) => {
-                    next_spare_number = next_spare_number.max(n + 1);
+                    next_spare_number = next_spare_number.max(n.saturating_add(1));
                     reusable.push(file.path_in(&directory));
                 }
                 None => {}
@@ -1022,6 +1035,10 @@ impl WriteAheadLog {
         reusable.extend(found.reusable);
         if !found.dropped.is_empty() {
             for (path, highest) in found.dropped {
+                // Its records are salted with its id: reused under that id
+                // (the next one, if nothing of it was read), they would
+                // verify again. Ids past it make every new salt differ.
+                max_id = max_id.max(highest);
                 let recycled = FileName::Recycled(highest).path_in(&directory);
                 fs.rename(&path, &recycled)?;
                 reusable.push(recycled);
@@ -1048,6 +1065,8 @@ impl WriteAheadLog {
                 // live until the background thread got to it, a shutdown
                 // right after open kept it, and the next open replayed it.
                 let highest = scan.max_entry_id.unwrap_or(id).max(id);
+                // As for dropped segments: no new segment may take its id.
+                max_id = max_id.max(highest);
                 let recycled = FileName::Recycled(highest).path_in(&directory);
                 drop(file);
                 fs.rename(&path, &recycled)?;
@@ -1098,7 +1117,18 @@ impl WriteAheadLog {
             }
         }
 
-        let next_entry_id = (max_id + 1).max(minimum_next_entry_id);
+        let next_entry_id = max_id
+            .checked_add(1)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: a file name or record there claims entry id {max_id}, which                          leaves no id for new entries",
+                        directory.display()
+                    ),
+                )
+            })?
+            .max(minimum_next_entry_id);
         // Every entry below the first live segment was in a segment that
         // an earlier run checkpointed and recycled.
         let recycled_through = live
@@ -1134,6 +1164,7 @@ impl WriteAheadLog {
             checkpointed: Condvar::new(),
             drained: Condvar::new(),
             group: GroupCommit::default(),
+            ledger: SyncLedger::default(),
             maintenance: Mutex::new(None),
             maintenance_thread: Mutex::new(None),
             counters: Counters::default(),

@@ -39,9 +39,6 @@ pub(crate) struct SegmentScan {
     pub stopped: Option<(u64, String)>,
     /// Entries that were rolled back or never finished.
     pub discarded: usize,
-    /// The highest durable mark of any valid record: above zero, some sync
-    /// of this segment had completed before that record was written.
-    pub max_durable_mark: u64,
     /// Bytes that were durable once and no longer verify (damage, not a
     /// torn tail): the offset and what is wrong, the first one found.
     pub damage: Option<(u64, String)>,
@@ -328,7 +325,6 @@ impl SegmentScanner {
             };
             let record_end = offset + header.record_len();
             scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
-            scan.max_durable_mark = scan.max_durable_mark.max(header.durable_mark);
             // Any record's mark, not only the entry's own commit record's,
             // proves what lies below it was written before a sync that
             // completed: a committed entry's bad chunk below it was damaged
@@ -584,11 +580,14 @@ pub(crate) fn find_segments(
         if previous_id != previous.id || previous.scan.end >= previous_end {
             continue;
         }
-        let synced_since = segment.scan.max_durable_mark > 0;
-        if !synced_since || mode == RecoveryMode::PointInTime {
-            // The crash cut the earlier segment's tail before any sync of
-            // this one: nothing here was acknowledged as durable, and
-            // keeping it would keep entries logged after lost ones.
+        // This segment has its `wal-` name, which it only gets in a sync
+        // pass that synced the earlier segment whole first (FORMAT.md,
+        // "Durability order"): the earlier segment lost records that were
+        // durable, which is damage, not a crash's torn tail. Its own
+        // records may all carry mark 0 (its first commit's sync is its
+        // first sync) and still be acknowledged.
+        if mode == RecoveryMode::PointInTime {
+            // Keeping it would keep entries logged after lost ones.
             keep = i;
             break;
         }

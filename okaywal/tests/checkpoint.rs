@@ -631,15 +631,12 @@ fn checkpoint_active_returns_once_the_segment_is_renamed_as_recycled() {
     // the rename is part of the checkpoint. It is made slower than the
     // waiter's idle wake-up, which the waiter must not take for the end.
     let disk = okaywal::fs::CrashFileSystem::new();
-    let fs = common::hooks::BeforeRename {
-        inner: disk.clone(),
-        hook: Arc::new(|to: &Path| {
-            let name = to.file_name().unwrap().to_string_lossy();
-            if name.starts_with("wal-recycled") {
-                std::thread::sleep(Duration::from_millis(400));
-            }
-        }),
-    };
+    let fs = common::hooks::Hooked::renames(&disk, |to: &Path| {
+        let name = to.file_name().unwrap().to_string_lossy();
+        if name.starts_with("wal-recycled") {
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    });
     let log = Configuration::default_for("/log")
         .file_system(fs)
         .open(okaywal::LogVoid)

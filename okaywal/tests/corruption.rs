@@ -9,7 +9,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use common::{check_exactly_once, Model, Recorder, Rng, Seen};
-use okaywal::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
+use okaywal::format::{
+    encode_chunk, RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE,
+};
 use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
 use okaywal::{Configuration, RecoveryMode, WriteAheadLog};
 
@@ -591,4 +593,196 @@ fn records_left_in_an_unnamed_segment_file_never_come_back() {
     assert!(seen.recovered[0].1 == vec![vec![9; 1000]], "its bytes");
     drop(seen);
     log.shutdown().unwrap();
+}
+
+/// A segment the manager abandons whose walk found no record (its first
+/// record never reached the disk) still holds records salted with its id
+/// further on. The next segment must not take that id in that file, or
+/// those records verify again behind the new ones.
+#[test]
+fn an_abandoned_segment_s_id_is_never_reused_for_its_file() {
+    let fs = CrashFileSystem::new();
+    let dir = Path::new("/abandoned");
+    fs.create_dir_all(dir).unwrap();
+    let id = 5_u64;
+    // Segment 5: a hole where its first record should be, then entry 6.
+    let mut image = SegmentHeader {
+        first_entry_id: id,
+        previous: None,
+        version_info: b"old".to_vec(),
+    }
+    .encode();
+    image.resize(HEADER_SIZE as usize + 200, 0);
+    let stale = b"STALE, never acknowledged";
+    let record = |kind, length| RecordHeader {
+        kind,
+        entry_id: id + 1,
+        length,
+        durable_mark: 0,
+    };
+    encode_chunk(
+        &mut image,
+        &record(RecordKind::Chunk, stale.len() as u32),
+        id,
+        stale,
+        crc32fast::hash(stale),
+    );
+    image.extend_from_slice(&record(RecordKind::Commit, 1).encode(id));
+    image.resize(16 << 10, 0);
+    let file = fs.open(&dir.join("wal-5"), OpenMode::CreateNew).unwrap();
+    file.write_all_at(&image, 0).unwrap();
+    file.sync_data().unwrap();
+    fs.sync_dir(dir).unwrap();
+
+    let config = || {
+        Configuration::default_for(dir)
+            .file_system(fs.clone())
+            .preallocate_bytes(16 << 10)
+            .checkpoint_after_bytes(1 << 30)
+    };
+    let abandoning = Recorder {
+        abandon: Some(b"old".to_vec()),
+        ..Recorder::default()
+    };
+    let log = config().open(abandoning).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    assert!(entry.id().0 > id, "id {} reused", entry.id());
+    // Chunk (25 + 146 + 4) and commit (25) records: 200 bytes, ending
+    // where the stale records begin, were the file reused as segment 5.
+    entry.write_chunk(&[1_u8; 146]).unwrap();
+    let new = entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+
+    let recorder = Recorder::new();
+    let log = config().open(recorder.clone()).unwrap();
+    let recovered = recorder.seen().recovered.clone();
+    log.shutdown().unwrap();
+    let ids: Vec<u64> = recovered.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![new.0], "recovered {recovered:?}");
+}
+
+/// A segment found under its `wal-` name got it in a sync pass that synced
+/// the segment before it whole. Damage to that segment's last record is
+/// then damage, not a torn tail: the next segment's entries must not be
+/// dropped silently, even when all its records carry durable mark 0 (as
+/// the records of a segment's first commit do, acknowledged by that
+/// segment's first sync).
+#[test]
+fn damage_to_a_segment_s_tail_never_silently_drops_the_next_segment() {
+    let fs = CrashFileSystem::new();
+    let dir = Path::new("/tail");
+    let config = || {
+        Configuration::default_for(dir)
+            .file_system(fs.clone())
+            .preallocate_bytes(16 << 10)
+            .checkpoint_after_bytes(1 << 30)
+    };
+    let log = config().open(Recorder::refusing()).unwrap();
+    for byte in 1..=5_u8 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&[byte; 100]).unwrap();
+        entry.commit().unwrap();
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    // Each entry: a chunk record (header, 100 bytes, CRC) and a commit record.
+    let first_end = HEADER_SIZE + 5 * (2 * RECORD_HEADER_SIZE as u64 + 100 + 4);
+    // Segment 6, started after segment 1 was closed at `first_end`, with
+    // one entry written before its first sync.
+    let mut image = SegmentHeader {
+        first_entry_id: 6,
+        previous: Some((1, first_end)),
+        version_info: Vec::new(),
+    }
+    .encode();
+    let data = [6_u8; 100];
+    let record = |kind, length| RecordHeader {
+        kind,
+        entry_id: 6,
+        length,
+        durable_mark: 0,
+    };
+    encode_chunk(
+        &mut image,
+        &record(RecordKind::Chunk, data.len() as u32),
+        6,
+        &data,
+        crc32fast::hash(&data),
+    );
+    image.extend_from_slice(&record(RecordKind::Commit, 1).encode(6));
+    image.resize(16 << 10, 0);
+    let second = fs.open(&dir.join("wal-6"), OpenMode::CreateNew).unwrap();
+    second.write_all_at(&image, 0).unwrap();
+    second.sync_data().unwrap();
+    fs.sync_dir(dir).unwrap();
+    drop(second);
+    let intact = Recorder::refusing();
+    drop(config().open(intact.clone()).unwrap());
+    assert_eq!(intact.seen().recovered_ids(), vec![1, 2, 3, 4, 5, 6]);
+
+    // Flip a byte of the first segment's last record.
+    let first = dir.join("wal-1");
+    let mut bytes = fs.contents(&first).unwrap();
+    bytes[first_end as usize - 10] ^= 0xff;
+    assert!(fs.set_contents(&first, bytes));
+
+    let err = open_error(config().open(Recorder::refusing()));
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    let skipping = Recorder::refusing();
+    drop(
+        config()
+            .recovery_mode(RecoveryMode::SkipCorrupted)
+            .open(skipping.clone())
+            .unwrap(),
+    );
+    assert_eq!(skipping.seen().recovered_ids(), vec![1, 2, 3, 4, 6]);
+    let cutting = Recorder::refusing();
+    drop(
+        config()
+            .recovery_mode(RecoveryMode::PointInTime)
+            .open(cutting.clone())
+            .unwrap(),
+    );
+    assert_eq!(cutting.seen().recovered_ids(), vec![1, 2, 3, 4]);
+}
+
+/// A stray file name with the largest id leaves no id for new entries:
+/// opening fails with a clear error instead of wrapping around to ids (and
+/// segment names) already in use.
+#[test]
+fn a_file_name_claiming_the_last_entry_id_is_refused_at_open() {
+    let fs = CrashFileSystem::new();
+    let dir = Path::new("/overflow");
+    let config = || {
+        Configuration::default_for(dir)
+            .file_system(fs.clone())
+            .preallocate_bytes(16 << 10)
+            .checkpoint_after_bytes(1 << 30)
+    };
+    let log = config().open(Recorder::refusing()).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"acknowledged").unwrap();
+    let id = entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    let stray = dir.join(format!("wal-recycled-{}", u64::MAX));
+    fs.open(&stray, OpenMode::CreateNew).unwrap();
+
+    let err = open_error(config().open(Recorder::refusing()));
+    assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains(&u64::MAX.to_string()), "{err}");
+    fs.remove_file(&stray).unwrap();
+    let recorder = Recorder::refusing();
+    let log = config().open(recorder.clone()).unwrap();
+    assert_eq!(recorder.seen().recovered_ids(), vec![id.0]);
+    log.shutdown().unwrap();
+}
+
+/// The error of an open that must fail (without printing the whole log).
+fn open_error(opened: io::Result<WriteAheadLog>) -> io::Error {
+    match opened {
+        Ok(_) => panic!("the log opened"),
+        Err(err) => err,
+    }
 }

@@ -7,8 +7,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::hooks::{Gate, Hooked, OpenOnDrop};
 use common::{Model, Recorder, Rng, ALL_OPERATIONS};
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
 use okaywal::{Configuration, WriteAheadLog};
@@ -408,4 +411,121 @@ fn a_read_error_during_recovery_is_reported() {
         }
         reopen_and_check(&fs, &model, &what);
     }
+}
+
+/// Linux reports a failed writeback to one `fdatasync` of a file
+/// description and may drop the pages. A large entry's writer syncs on
+/// its own; if its sync overlaps a sync that fails, its own success proves
+/// nothing, and its commit must fail too.
+#[test]
+fn a_sync_overlapping_a_failed_one_acknowledges_nothing() {
+    let fs = CrashFileSystem::new();
+    let gate = Arc::new(Gate::default());
+    let held = gate.clone();
+    let hooked = Hooked {
+        inner: fs.clone(),
+        before_rename: Arc::new(|_| Ok(())),
+        before_sync: Arc::new(move |_| {
+            if std::thread::current().name() == Some("big") {
+                held.hold();
+            }
+            Ok(())
+        }),
+    };
+    let log = Configuration::default_for(DIR)
+        .file_system(hooked)
+        .preallocate_bytes(PREALLOCATE)
+        .checkpoint_after_bytes(1 << 30)
+        .open(okaywal::LogVoid)
+        .unwrap();
+    let _open = OpenOnDrop(&gate);
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"names the segment").unwrap();
+    entry.commit().unwrap();
+
+    let big_log = log.clone();
+    let big = std::thread::Builder::new()
+        .name("big".into())
+        .spawn(move || {
+            let mut entry = big_log.begin_entry()?;
+            entry.write_chunk(&vec![7_u8; 300 << 10])?;
+            entry.commit()
+        })
+        .unwrap();
+    // The large entry's own sync has started; the next one fails.
+    gate.wait_held();
+    fs.inject(
+        Operation::Sync,
+        fs.operation_count(Operation::Sync),
+        FaultKind::Error(io::ErrorKind::Other),
+    );
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"small").unwrap();
+    assert!(entry.commit().is_err(), "the failed sync's commit");
+    assert!(log.begin_entry().is_err(), "the log is poisoned");
+    gate.open();
+    let result = big.join().unwrap();
+    assert!(
+        result.is_err(),
+        "acknowledged ({result:?}) by a sync that overlapped a failed one"
+    );
+}
+
+/// A checkpointed segment whose rename to `wal-recycled-*` fails stays
+/// under its name and is replayed at the next open. Nothing after it may
+/// reach the manager first: the log stops, and the replay comes in order.
+#[test]
+fn a_failed_recycle_rename_stops_the_log_so_the_replay_stays_in_order() {
+    let fs = CrashFileSystem::new();
+    let fail_rename = Arc::new(AtomicBool::new(false));
+    let failing = fail_rename.clone();
+    let hooked = Hooked {
+        inner: fs.clone(),
+        before_rename: Arc::new(move |to| {
+            let recycling = to
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("wal-recycled-"));
+            if recycling && failing.swap(false, Ordering::SeqCst) {
+                return Err(io::Error::other("injected rename failure"));
+            }
+            Ok(())
+        }),
+        before_sync: Arc::new(|_| Ok(())),
+    };
+    let recorder = Recorder::new();
+    let log = Configuration::default_for(DIR)
+        .file_system(hooked)
+        .preallocate_bytes(64 << 10)
+        .checkpoint_after_bytes(1 << 30)
+        .open(recorder.clone())
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"old value").unwrap();
+    let old = entry.commit().unwrap();
+    fail_rename.store(true, Ordering::SeqCst);
+    let checkpoint = log.checkpoint_active();
+    assert!(
+        checkpoint.is_err(),
+        "checkpoint_active returned {checkpoint:?}"
+    );
+    assert!(
+        log.begin_entry().is_err(),
+        "the log goes on after the failure"
+    );
+    assert_eq!(recorder.seen().checkpointed_ids(), vec![old.0]);
+    drop(log);
+
+    let again = Recorder::new();
+    let log = config(&fs).open(again.clone()).unwrap();
+    assert_eq!(
+        again.seen().recovered_ids(),
+        vec![old.0],
+        "replayed once more"
+    );
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"new value").unwrap();
+    let new = entry.commit().unwrap();
+    assert!(new > old);
+    log.checkpoint_active().unwrap();
+    log.shutdown().unwrap();
 }

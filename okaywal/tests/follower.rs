@@ -14,7 +14,7 @@ use okaywal::{Configuration, EntryId, LogVoid, WriteAheadLog};
 mod common;
 
 use common::follow::{follow, ChunkRecorder as Recorder, WaitsForReader};
-use common::hooks::BeforeRename;
+use common::hooks::Hooked;
 use common::{jitter_budget, test_seed};
 
 const DIR: &str = "/log";
@@ -25,21 +25,18 @@ fn gated_renames(
     disk: &CrashFileSystem,
     gate: &Arc<AtomicBool>,
     blocked: &Arc<AtomicBool>,
-) -> BeforeRename {
+) -> Hooked {
     let (gate, blocked) = (gate.clone(), blocked.clone());
-    BeforeRename {
-        inner: disk.clone(),
-        hook: Arc::new(move |to: &Path| {
-            let name = to.file_name().unwrap().to_str().unwrap();
-            let names_segment = name
-                .strip_prefix("wal-")
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
-            while names_segment && gate.load(Ordering::SeqCst) {
-                blocked.store(true, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }),
-    }
+    Hooked::renames(disk, move |to: &Path| {
+        let name = to.file_name().unwrap().to_str().unwrap();
+        let names_segment = name
+            .strip_prefix("wal-")
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        while names_segment && gate.load(Ordering::SeqCst) {
+            blocked.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
 }
 
 /// What a crash of the process (not of the machine) leaves: every file's

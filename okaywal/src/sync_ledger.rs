@@ -1,0 +1,116 @@
+//! Which `fdatasync`s of segment files overlap, and whether one failed.
+//!
+//! Linux reports a failed writeback once per open file description, to the
+//! first `fdatasync` that looks after it happened, and may mark the pages
+//! it could not write clean: their data is gone from the disk's point of
+//! view. Syncs of one segment can overlap (large entries sync on their
+//! own, the checkpoint thread syncs too), so a sync that succeeds may only
+//! mean that another one, still on its way back, took the error that
+//! covered the first one's pages. A sync's success therefore counts only
+//! once every sync that started before it ended has ended without
+//! failing, and after any failure no sync counts again: the log must be
+//! reopened (the lesson of PostgreSQL's fsync bug of 2018).
+
+use std::collections::BTreeSet;
+use std::io;
+
+use parking_lot::{Condvar, Mutex};
+
+#[derive(Debug, Default)]
+pub(crate) struct SyncLedger {
+    state: Mutex<LedgerState>,
+    ended: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    /// The ticket of the next sync to start.
+    next: u64,
+    /// Tickets of the syncs that have started and not ended.
+    running: BTreeSet<u64>,
+    /// Why a sync failed, once one has.
+    failure: Option<String>,
+}
+
+impl SyncLedger {
+    /// Runs `sync` (an `fdatasync`), and succeeds only if it succeeded and
+    /// no sync that overlapped it failed.
+    pub fn run(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        let ticket = {
+            let mut state = self.state.lock();
+            if let Some(failure) = &state.failure {
+                return Err(earlier(failure));
+            }
+            let ticket = state.next;
+            state.next += 1;
+            state.running.insert(ticket);
+            ticket
+        };
+        let result = sync();
+        let mut state = self.state.lock();
+        state.running.remove(&ticket);
+        if let Err(err) = &result {
+            state.failure.get_or_insert_with(|| err.to_string());
+        }
+        self.ended.notify_all();
+        result?;
+        // Every sync that started before this one ended may have taken the
+        // error that covered this one's pages: wait for their outcome.
+        let horizon = state.next;
+        while state.failure.is_none() && state.running.first().is_some_and(|t| *t < horizon) {
+            self.ended.wait(&mut state);
+        }
+        match &state.failure {
+            Some(failure) => Err(earlier(failure)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn earlier(failure: &str) -> io::Error {
+    io::Error::other(format!(
+        "an fdatasync of the log failed ({failure}); writes it may have covered can be lost, so \
+         no later sync counts until the log is reopened"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_success_overlapping_a_failure_does_not_count() {
+        let ledger = SyncLedger::default();
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let failing = s.spawn(|| {
+                ledger.run(|| {
+                    entered.send(()).unwrap();
+                    released.recv().unwrap();
+                    Err(io::Error::other("EIO"))
+                })
+            });
+            wait_entered.recv().unwrap();
+            let succeeding = s.spawn(|| ledger.run(|| Ok(())));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!succeeding.is_finished(), "waits for the overlapping sync");
+            release.send(()).unwrap();
+            assert!(failing.join().unwrap().is_err());
+            let err = succeeding.join().unwrap().unwrap_err();
+            assert!(err.to_string().contains("EIO"), "{err}");
+        });
+        assert!(ledger.run(|| Ok(())).is_err(), "sticky after a failure");
+    }
+
+    #[test]
+    fn syncs_that_do_not_overlap_a_failure_count() {
+        let ledger = SyncLedger::default();
+        assert!(ledger.run(|| Ok(())).is_ok());
+        assert!(ledger.run(|| Ok(())).is_ok());
+        assert!(ledger.run(|| Err(io::Error::other("EIO"))).is_err());
+        assert!(ledger.run(|| Ok(())).is_err());
+    }
+}
