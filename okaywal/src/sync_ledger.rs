@@ -86,8 +86,9 @@ mod tests {
         let (entered, wait_entered) = mpsc::channel();
         let (release, released) = mpsc::channel::<()>();
         std::thread::scope(|s| {
-            let failing = s.spawn(|| {
-                ledger.run(|| {
+            let ledger = &ledger;
+            let failing = s.spawn(move || {
+                ledger.run(move || {
                     entered.send(()).unwrap();
                     released.recv().unwrap();
                     Err(io::Error::other("EIO"))
