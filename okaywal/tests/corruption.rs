@@ -634,12 +634,7 @@ fn an_abandoned_segment_s_id_is_never_reused_for_its_file() {
     file.sync_data().unwrap();
     fs.sync_dir(dir).unwrap();
 
-    let config = || {
-        Configuration::default_for(dir)
-            .file_system(fs.clone())
-            .preallocate_bytes(16 << 10)
-            .checkpoint_after_bytes(1 << 30)
-    };
+    let config = || one_segment_log(&fs, dir);
     let abandoning = Recorder {
         abandon: Some(b"old".to_vec()),
         ..Recorder::default()
@@ -672,12 +667,7 @@ fn an_abandoned_segment_s_id_is_never_reused_for_its_file() {
 fn damage_to_a_segment_s_tail_never_silently_drops_the_next_segment() {
     let fs = CrashFileSystem::new();
     let dir = Path::new("/tail");
-    let config = || {
-        Configuration::default_for(dir)
-            .file_system(fs.clone())
-            .preallocate_bytes(16 << 10)
-            .checkpoint_after_bytes(1 << 30)
-    };
+    let config = || one_segment_log(&fs, dir);
     let log = config().open(Recorder::refusing()).unwrap();
     for byte in 1..=5_u8 {
         let mut entry = log.begin_entry().unwrap();
@@ -754,12 +744,7 @@ fn damage_to_a_segment_s_tail_never_silently_drops_the_next_segment() {
 fn a_file_name_claiming_the_last_entry_id_is_refused_at_open() {
     let fs = CrashFileSystem::new();
     let dir = Path::new("/overflow");
-    let config = || {
-        Configuration::default_for(dir)
-            .file_system(fs.clone())
-            .preallocate_bytes(16 << 10)
-            .checkpoint_after_bytes(1 << 30)
-    };
+    let config = || one_segment_log(&fs, dir);
     let log = config().open(Recorder::refusing()).unwrap();
     let mut entry = log.begin_entry().unwrap();
     entry.write_chunk(b"acknowledged").unwrap();
@@ -785,4 +770,12 @@ fn open_error(opened: io::Result<WriteAheadLog>) -> io::Error {
         Ok(_) => panic!("the log opened"),
         Err(err) => err,
     }
+}
+
+/// A log in `dir` whose segments (16 KiB) are never checkpointed for size.
+fn one_segment_log(fs: &CrashFileSystem, dir: &Path) -> Configuration {
+    Configuration::default_for(dir)
+        .file_system(fs.clone())
+        .preallocate_bytes(16 << 10)
+        .checkpoint_after_bytes(1 << 30)
 }
