@@ -786,8 +786,10 @@ impl Database {
         })
     }
 
-    /// The embedded header (a root pointer for structures built on top),
-    /// as of the last commit.
+    /// The embedded header (a root pointer for structures built on top):
+    /// the one set by the committed transaction with the highest sequence
+    /// among those that set it (see
+    /// [`Transaction::set_embedded_header`](crate::Transaction::set_embedded_header)).
     #[must_use]
     pub fn embedded_header(&self) -> Option<GrainId> {
         self.shared.meta.lock().embedded_header
