@@ -1362,11 +1362,17 @@ impl Signal {
 
     /// Sleeps for `duration` unless stopped first; returns true if stopped.
     pub fn stopped_after(&self, duration: Duration) -> bool {
-        let deadline = std::time::Instant::now() + duration;
+        // A duration too long to add to the clock waits until stopped.
+        let deadline = std::time::Instant::now().checked_add(duration);
         let mut state = self.state.lock();
         while !state.1 {
-            if self.condvar.wait_until(&mut state, deadline).timed_out() {
-                break;
+            match deadline {
+                Some(deadline) => {
+                    if self.condvar.wait_until(&mut state, deadline).timed_out() {
+                        break;
+                    }
+                }
+                None => self.condvar.wait(&mut state),
             }
         }
         state.1

@@ -141,9 +141,12 @@ impl LogEntries {
     /// Returns the next entry, waiting up to `timeout` for one to become
     /// durable (or, with [`LogEntries::include_buffered`], handed to the
     /// operating system); `Ok(None)` if none did. A wait ends with an
-    /// error as soon as the log is shut down or has failed.
+    /// error as soon as the log is shut down or has failed. A timeout too
+    /// long for the clock (such as `Duration::MAX`) waits without a limit.
     pub fn next_timeout(&mut self, timeout: Duration) -> io::Result<Option<LiveEntry>> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to add to the clock (`Duration::MAX`, say)
+        // waits without a deadline.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if let Some(entry) = self.ready.pop_front() {
                 return Ok(Some(entry));
@@ -161,7 +164,14 @@ impl LogEntries {
             // A shut-down or failed log wakes readers too: the refill
             // then returns its error.
             while self.progress() == before && inner.check_usable(&state).is_ok() {
-                if inner.synced.wait_until(&mut state, deadline).timed_out() {
+                let timed_out = match deadline {
+                    Some(deadline) => inner.synced.wait_until(&mut state, deadline).timed_out(),
+                    None => {
+                        inner.synced.wait(&mut state);
+                        false
+                    }
+                };
+                if timed_out {
                     drop(state);
                     self.refill()?;
                     return Ok(self.ready.pop_front());
