@@ -332,9 +332,7 @@ impl Inner {
     /// The chunk's data counts as in flight until [`Inner::data_written`].
     pub fn reserve(&self, segment: u64, len: u64) -> io::Result<(u64, u64)> {
         let mut state = self.state.lock();
-        if let Some(err) = self.group.failure() {
-            return Err(err);
-        }
+        self.check_usable(&state)?;
         let active = state.active;
         let checkpoint_after = self.config.checkpoint_after_bytes;
         let seg = state.live(segment)?;
@@ -371,9 +369,7 @@ impl Inner {
         crc: u32,
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
-        if let Some(err) = self.group.failure() {
-            return Err(err);
-        }
+        self.check_usable(&state)?;
         let active = state.active;
         let seg = state.live(segment.id)?;
         let mark = seg.segment.marked_to.load(Ordering::Acquire);
@@ -440,6 +436,13 @@ impl Inner {
         finishes_entry: bool,
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
+        // After `shutdown` no chunk or commit is taken any more (its sync
+        // has run, and it promised that later calls fail); a rollback
+        // still finishes its entry.
+        let refused = match header.kind {
+            RecordKind::Rollback => None,
+            _ => self.check_usable(&state).err(),
+        };
         if finishes_entry {
             if header.kind == RecordKind::Rollback
                 && state.open_ids.first() == Some(&header.entry_id)
@@ -457,7 +460,7 @@ impl Inner {
                 self.drained.notify_all();
             }
         }
-        if let Some(err) = self.group.failure() {
+        if let Some(err) = self.group.failure().or(refused) {
             return Err(err);
         }
         let offset = seg.reserved_end;
@@ -1232,7 +1235,9 @@ impl WriteAheadLog {
     }
 
     /// Stops the background thread after its current checkpoint and syncs
-    /// what has been written. Later calls on any clone of this log fail.
+    /// what has been written. Later calls on any clone of this log fail,
+    /// and so do chunk writes and commits of entries begun before (such an
+    /// entry is never recovered; rolling it back still succeeds).
     /// Segments not yet checkpointed are replayed at the next open.
     pub fn shutdown(&self) -> io::Result<()> {
         checkpoint::shutdown(self)
