@@ -1139,6 +1139,14 @@ impl WriteAheadLog {
             .next()
             .map_or(next_entry_id, |first| *first)
             .saturating_sub(1);
+        // What `sync` reports before the first new commit: the entries
+        // recovered were committed (and are durable) before any call, and
+        // with none live, every entry an earlier run checkpointed is.
+        let last_committed_id = live
+            .values()
+            .filter_map(|segment| segment.highest_committed_id)
+            .max()
+            .unwrap_or(recycled_through);
         let inner = Arc::new(Inner {
             config,
             fs,
@@ -1171,7 +1179,7 @@ impl WriteAheadLog {
             maintenance: Mutex::new(None),
             maintenance_thread: Mutex::new(None),
             counters: Counters::default(),
-            last_committed_id: AtomicU64::new(0),
+            last_committed_id: AtomicU64::new(last_committed_id),
             synced: Condvar::new(),
             buffered_followers: 0.into(),
             unblocking_rollbacks: AtomicU64::new(0),
@@ -1244,7 +1252,10 @@ impl WriteAheadLog {
     }
 
     /// Returns once every entry committed before this call (buffered ones
-    /// included) is durable, with the highest such entry id.
+    /// included) is durable, with the highest such entry id. Entries of
+    /// earlier runs count: after a reopen it is at least the highest
+    /// recovered entry (or, with every segment checkpointed, the id through
+    /// which earlier runs checkpointed).
     pub fn sync(&self) -> io::Result<EntryId> {
         let inner = &self.inner;
         let last = inner.last_committed_id.load(Ordering::Acquire);
