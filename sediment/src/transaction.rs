@@ -183,6 +183,7 @@ impl<'db> Transaction<'db> {
     /// nothing), so of two overlapping transactions that both set the
     /// header, the one that started writing later wins.
     pub fn set_embedded_header(&mut self, header: Option<GrainId>) -> Result<()> {
+        self.db.shared.check_usable()?;
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
             if !written_here && !self.db.shared.is_live(id)? {
@@ -202,6 +203,7 @@ impl<'db> Transaction<'db> {
     /// moment, this one stops just below the grains that one is freeing
     /// (see [`Database::checkpointed_to`](crate::Database::checkpointed_to)).
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
+        self.db.shared.check_usable()?;
         let meta = self.db.shared.meta.lock();
         let through = meta.finished_through();
         if sequence.0 > through {
