@@ -90,3 +90,83 @@ fn calls_after_shutdown_fail_cleanly() {
     assert_eq!(*manager.recovered.lock().unwrap(), vec![kept_id.0]);
     log.shutdown().unwrap();
 }
+
+/// Every entry handed to it: recovered or checkpointed.
+#[derive(Debug, Clone, Default)]
+struct Seen(Arc<Mutex<std::collections::BTreeSet<u64>>>);
+
+impl LogManager for Seen {
+    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
+        if entry.read_all_chunks()?.is_some() {
+            self.0.lock().unwrap().insert(entry.id().0);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _last_checkpointed_id: EntryId,
+        entries: &mut SegmentReader,
+        _wal: &WriteAheadLog,
+    ) -> io::Result<()> {
+        while let Some(mut entry) = entries.read_entry()? {
+            if entry.read_all_chunks()?.is_some() {
+                self.0.lock().unwrap().insert(entry.id().0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Shutting the log down while other threads commit: every thread ends,
+/// and every commit that returned `Ok` is recovered at the next open.
+#[test]
+fn a_shutdown_racing_committers_keeps_every_acknowledged_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Seen::default();
+    let log = WriteAheadLog::recover(dir.path(), seen.clone()).unwrap();
+    let acknowledged = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8_u8)
+            .map(|t| {
+                let log = &log;
+                scope.spawn(move || {
+                    let mut acknowledged = Vec::new();
+                    for i in 0_u32.. {
+                        let Ok(mut entry) = log.begin_entry() else {
+                            break;
+                        };
+                        let data = vec![t; 1 + (i as usize * 7919) % 200_000];
+                        if entry.write_chunk(&data).is_err() {
+                            break;
+                        }
+                        let result = if i % 2 == 0 {
+                            entry.commit()
+                        } else {
+                            entry.commit_buffered()
+                        };
+                        if let Ok(id) = result {
+                            acknowledged.push(id.0);
+                        }
+                    }
+                    acknowledged
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = log.shutdown();
+        threads
+            .into_iter()
+            .flat_map(|thread| thread.join().unwrap())
+            .collect::<Vec<u64>>()
+    });
+    drop(log);
+    assert!(!acknowledged.is_empty());
+    // Checkpointed before the shutdown, or recovered after it.
+    let log = WriteAheadLog::recover(dir.path(), seen.clone()).unwrap();
+    let seen = seen.0.lock().unwrap();
+    for id in &acknowledged {
+        assert!(seen.contains(id), "acknowledged entry {id} was lost");
+    }
+    drop(seen);
+    log.shutdown().unwrap();
+}
