@@ -115,7 +115,6 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let strata: Vec<_> = (0..BASINS)
         .flat_map(|b| shared.basins[b].strata.read().clone())
         .collect();
-    let pending = shared.pending.read().clone();
     let mut work = Vec::new();
     for stratum in &strata {
         report.strata_checked += 1;
@@ -142,6 +141,15 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 }
             }
         }
+        // The live bitmaps and the blobs still in the WAL are read together
+        // under the `pending` lock, under which a commit makes its blobs
+        // live and pending at once: a blob committed while `verify` runs
+        // is then checked where its bytes are (only in the WAL, at first).
+        let pending = shared.pending.read();
+        // Grains freed (and maybe reused) after this are not damage.
+        let epoch = stratum
+            .reuse_epoch
+            .load(std::sync::atomic::Ordering::Acquire);
         let bits = stratum.bits.read();
         match newest(first, second, |h| h.generation) {
             Ok((_, header)) => {
@@ -201,15 +209,15 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             };
-            work.push((stratum.clone(), id));
+            work.push((stratum.clone(), id, pending.get(&id).copied(), epoch));
         }
     }
 
     let total = work.len() as u64;
-    for (done, (stratum, id)) in work.into_iter().enumerate() {
+    for (done, (stratum, id, in_wal, epoch)) in work.into_iter().enumerate() {
         progress(done as u64, total);
         report.grains_checked += 1;
-        if let Some(p) = pending.get(&id) {
+        if let Some(p) = in_wal {
             let result = db.wal.read_at(p.position).and_then(|mut chunk| {
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
@@ -255,7 +263,17 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 }
             }
         }
-        check_grain(&bytes[..filled], id, &location, &mut report);
+        let mut found = VerifyReport::default();
+        check_grain(&bytes[..filled], id, &location, &mut found);
+        // A blob freed since its grains were listed may have had them
+        // reused by a write in progress: only a blob still live counts.
+        if stratum
+            .reuse_epoch
+            .load(std::sync::atomic::Ordering::Acquire)
+            == epoch
+        {
+            report.problems.extend(found.problems);
+        }
     }
     progress(total, total);
 
