@@ -134,8 +134,9 @@ pub(crate) struct State {
     pub checkpoint_requested: bool,
     /// The id of the segment being checkpointed right now.
     pub checkpointing: Option<u64>,
-    /// Entries begun and not yet committed or rolled back.
-    pub open_ids: std::collections::BTreeSet<u64>,
+    /// Entries begun and not yet committed or rolled back, with the thread
+    /// that began each.
+    pub open_ids: BTreeMap<u64, ThreadId>,
     /// Commit records written but perhaps not yet durable: entry id →
     /// (segment, offset just past the record). Pruned after every sync.
     pub pending_commits: BTreeMap<u64, (u64, u64)>,
@@ -149,6 +150,23 @@ pub(crate) struct State {
     /// segments whose bookkeeping they are still looking at.
     #[cfg(test)]
     pub checkpoints_paused: bool,
+}
+
+/// True if the calling thread began an entry, still open, in the oldest
+/// live segment (whose checkpoint every later one waits for). An entry
+/// lives in the segment with the highest id not above its own: each
+/// segment is named for the next entry id when it becomes active.
+fn holds_oldest_segment(state: &State) -> bool {
+    let mut ids = state.segments.keys();
+    let Some(&oldest) = ids.next() else {
+        return false;
+    };
+    let next = ids.next().copied().unwrap_or(u64::MAX);
+    let me = std::thread::current().id();
+    state
+        .open_ids
+        .range(oldest..next)
+        .any(|(_, thread)| *thread == me)
 }
 
 impl State {
@@ -200,8 +218,12 @@ impl Inner {
         // filling the disk with segments (a write stall).
         // A failing checkpoint reports its error instead (through
         // `checkpoint_active`); stalling then would only hang the writers.
+        // So would waiting on an entry this thread holds open in the oldest
+        // segment: checkpoints go in order, and none can run before it
+        // finishes.
         while state.segments.len() > MAX_UNCHECKPOINTED
             && state.checkpoint_error.is_none()
+            && !holds_oldest_segment(&state)
             && *self.maintenance_thread.lock() != Some(std::thread::current().id())
         {
             self.checkpointed
@@ -228,7 +250,7 @@ impl Inner {
                 "every entry id up to u64::MAX has been used",
             )
         })?;
-        state.open_ids.insert(id);
+        state.open_ids.insert(id, std::thread::current().id());
         let active = state.active;
         let segment = state.live(active)?;
         segment.open_entries += 1;
@@ -445,7 +467,7 @@ impl Inner {
         };
         if finishes_entry {
             if header.kind == RecordKind::Rollback
-                && state.open_ids.first() == Some(&header.entry_id)
+                && state.open_ids.keys().next() == Some(&header.entry_id)
             {
                 self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
                 self.synced.notify_all();
@@ -576,7 +598,7 @@ impl Inner {
     pub fn complete(&self, segment: u64, offset: Option<u64>, finished_entry: Option<u64>) {
         let mut state = self.state.lock();
         if let Some(id) = finished_entry {
-            if state.open_ids.first() == Some(&id) {
+            if state.open_ids.keys().next() == Some(&id) {
                 self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
                 self.synced.notify_all();
             }
@@ -1164,7 +1186,7 @@ impl WriteAheadLog {
                 checkpoint_attempts: 0,
                 checkpoint_requested: false,
                 checkpointing: None,
-                open_ids: std::collections::BTreeSet::new(),
+                open_ids: BTreeMap::new(),
                 pending_commits: BTreeMap::new(),
                 recycled_through,
                 #[cfg(test)]

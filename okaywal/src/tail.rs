@@ -229,7 +229,7 @@ impl LogEntries {
             };
             // Every entry up to here is finished, and every commit among
             // them readable: the reader may move past all of them.
-            let blocked = [state.open_ids.first(), pending]
+            let blocked = [state.open_ids.keys().next(), pending]
                 .into_iter()
                 .flatten()
                 .min()
