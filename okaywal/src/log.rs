@@ -878,7 +878,25 @@ impl Inner {
         // The chunk may still be in the write buffer: put it in the file.
         self.flush_segment(position.file_id)?;
         let (segment, limit) = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
+            // Another thread (a sync leader, or a writer flushing a full
+            // buffer) may have taken the record from the write buffer and
+            // not written it yet: wait for it to land. Such writes are in
+            // flight only briefly.
+            let header_end = position.offset.saturating_add(RECORD_HEADER_SIZE as u64);
+            while state.segments.get(&position.file_id).is_some_and(|seg| {
+                position.offset >= HEADER_SIZE
+                    && header_end <= seg.reserved_end
+                    && seg.written_to() < header_end
+            }) {
+                if let Some(err) = self.group.failure() {
+                    return Err(err);
+                }
+                state.progress_waiters += 1;
+                self.progress
+                    .wait_for(&mut state, Duration::from_millis(10));
+                state.progress_waiters -= 1;
+            }
             let seg = state.segments.get(&position.file_id).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::NotFound,
