@@ -263,3 +263,48 @@ fn archives_survive_reopening_and_are_freed_afterwards() {
         db.shutdown().unwrap();
     }
 }
+
+/// A transaction left open while the same thread commits many others (far
+/// more WAL segments' worth) neither blocks them nor is lost: it commits
+/// last, and everything reads back.
+#[test]
+fn a_long_open_transaction_does_not_block_its_own_thread() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let db = Config::for_directory("/long")
+            .file_system(okaywal::fs::MemoryFileSystem::new())
+            .wal(|wal| {
+                wal.preallocate_bytes(16 << 10)
+                    .checkpoint_after_bytes(16 << 10)
+            })
+            .open()
+            .unwrap();
+        let mut long = db.begin_transaction().unwrap();
+        let first = long.write(b"written first, committed last").unwrap();
+        let mut written = Vec::new();
+        for i in 0..200_u32 {
+            let mut tx = db.begin_transaction().unwrap();
+            let data = vec![i as u8; 3000];
+            written.push((tx.write(&data).unwrap(), data));
+            tx.commit().unwrap();
+        }
+        long.commit().unwrap();
+        db.wal().checkpoint_active().unwrap();
+        assert_eq!(
+            db.get(first).unwrap().as_deref(),
+            Some(&b"written first, committed last"[..])
+        );
+        for (id, data) in &written {
+            assert_eq!(db.get(*id).unwrap().as_ref(), Some(data));
+        }
+        db.verify().unwrap();
+        db.shutdown().unwrap();
+        done.send(()).unwrap();
+    });
+    assert!(
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .is_ok(),
+        "the thread holding a transaction open stalled (or failed)"
+    );
+}
