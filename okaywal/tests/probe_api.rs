@@ -471,3 +471,84 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
     assert!(log.begin_entry().is_err());
     log.shutdown().unwrap();
 }
+
+/// A manager may use the log it is handed in `checkpoint_to`: read the
+/// checkpointed chunks back with `read_at`, sync, write an entry of its
+/// own and follow the live log, without hanging the checkpoint.
+#[test]
+fn a_manager_may_use_the_log_inside_checkpoint_to() {
+    #[derive(Debug, Clone, Default)]
+    struct UsesTheLog {
+        read_back: Seen,
+        markers: Arc<Mutex<Vec<u64>>>,
+    }
+    impl LogManager for UsesTheLog {
+        fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            _last: EntryId,
+            entries: &mut SegmentReader,
+            wal: &WriteAheadLog,
+        ) -> io::Result<()> {
+            while let Some(mut entry) = entries.read_entry()? {
+                let mut chunks = Vec::new();
+                while let ReadChunkResult::Chunk(chunk) = entry.read_chunk()? {
+                    let mut reader = wal.read_at(chunk.position())?;
+                    let mut data = Vec::new();
+                    reader.read_to_end(&mut data)?;
+                    assert!(reader.crc_is_valid()?);
+                    chunks.push(data);
+                }
+                self.read_back.lock().unwrap().push((entry.id().0, chunks));
+            }
+            wal.sync()?;
+            let _ = wal.entries_from(EntryId(0)).next_timeout(Duration::ZERO);
+            let mut marker = wal.begin_entry()?;
+            marker.write_chunk(b"marker")?;
+            self.markers.lock().unwrap().push(marker.commit()?.0);
+            Ok(())
+        }
+    }
+
+    let (done, finished) = std::sync::mpsc::channel();
+    let manager = UsesTheLog::default();
+    let seen = manager.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let log = Configuration::default_for(&path)
+            .preallocate_bytes(16 * 1024)
+            .checkpoint_after_bytes(16 * 1024)
+            .open(manager)
+            .unwrap();
+        let mut committed = Vec::new();
+        for i in 0..40_u32 {
+            let mut entry = log.begin_entry().unwrap();
+            let data = vec![i as u8; 1000 + i as usize];
+            entry.write_chunk(&data).unwrap();
+            committed.push((entry.commit().unwrap().0, vec![data]));
+        }
+        log.checkpoint_active().unwrap();
+        log.shutdown().unwrap();
+        done.send(committed).unwrap();
+    });
+    let committed = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a checkpoint that used the log hung");
+    let read_back = seen.read_back.lock().unwrap();
+    let markers = seen.markers.lock().unwrap();
+    for entry in &committed {
+        assert!(read_back.contains(entry), "entry {} not read back", entry.0);
+    }
+    for (id, chunks) in read_back.iter() {
+        assert!(
+            committed.iter().any(|(c, _)| c == id) || markers.contains(id),
+            "unknown entry {id}"
+        );
+        if markers.contains(id) {
+            assert_eq!(chunks, &vec![b"marker".to_vec()]);
+        }
+    }
+}
