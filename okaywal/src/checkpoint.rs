@@ -35,9 +35,15 @@ pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Re
     Ok(())
 }
 
+/// The shortest pause of the background sync thread: a zero (or tiny)
+/// `max_unsynced` would otherwise keep a core busy polling for the whole
+/// life of the log.
+pub(crate) const MIN_SYNC_INTERVAL: Duration = Duration::from_millis(1);
+
 /// Syncs buffered commits at least every `interval` (see
 /// `Configuration::max_unsynced`), until the log is dropped or shut down.
 fn sync_periodically(weak: &Weak<Inner>, signal: &crate::log::Signal, interval: Duration) {
+    let interval = interval.max(MIN_SYNC_INTERVAL);
     loop {
         if signal.stopped_after(interval) {
             return;

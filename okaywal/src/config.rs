@@ -227,7 +227,9 @@ impl Configuration {
     /// Bounds how long buffered commits stay unsynced: a background thread
     /// syncs the log at least this often while any wait. Without it,
     /// buffered commits become durable with the next durable commit or
-    /// [`WriteAheadLog::sync`].
+    /// [`WriteAheadLog::sync`]. Intervals under 1 ms count as 1 ms (the
+    /// thread would otherwise poll without pause); to make every commit
+    /// durable, use [`EntryWriter::commit`](crate::EntryWriter::commit).
     #[must_use]
     pub fn max_unsynced(mut self, interval: std::time::Duration) -> Self {
         self.max_unsynced = Some(interval);
