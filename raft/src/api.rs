@@ -13,6 +13,7 @@ use axum::{Json, Router};
 use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -243,6 +244,17 @@ fn json_error(e: JsonRejection) -> Response {
     error(e.status(), e.body_text())
 }
 
+/// Parses a JSON request body whatever its `Content-Type` says: `curl -d`
+/// labels it `application/x-www-form-urlencoded`, and other clients send
+/// none. Malformed JSON gets 400, JSON of the wrong shape 422.
+#[allow(clippy::result_large_err)] // built on the error path only
+fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Response> {
+    let bytes = body.map_err(|e| error(e.status(), e.body_text()))?;
+    Json::<T>::from_bytes(&bytes)
+        .map(|Json(value)| value)
+        .map_err(json_error)
+}
+
 /// The 413 answer, naming the limit and, below the format's own, why.
 fn too_large(limit: usize) -> Response {
     let why = if limit < MAX_VALUE_BYTES {
@@ -280,10 +292,10 @@ fn check_addr(addr: &str) -> Result<(), String> {
     }
 }
 
-async fn init(State(app): State<App>, body: Result<Json<InitRequest>, JsonRejection>) -> Response {
-    let Json(request) = match body {
-        Ok(body) => body,
-        Err(e) => return json_error(e),
+async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    let request = match json_body::<InitRequest>(body) {
+        Ok(request) => request,
+        Err(response) => return response,
     };
     for addr in request.members.values() {
         if let Err(message) = check_addr(addr) {
@@ -305,13 +317,10 @@ async fn init(State(app): State<App>, body: Result<Json<InitRequest>, JsonReject
     }
 }
 
-async fn add_learner(
-    State(app): State<App>,
-    body: Result<Json<AddLearnerRequest>, JsonRejection>,
-) -> Response {
-    let Json(request) = match body {
-        Ok(body) => body,
-        Err(e) => return json_error(e),
+async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    let request = match json_body::<AddLearnerRequest>(body) {
+        Ok(request) => request,
+        Err(response) => return response,
     };
     if let Err(message) = check_addr(&request.addr) {
         return error(StatusCode::BAD_REQUEST, message);
@@ -328,11 +337,11 @@ async fn add_learner(
 
 async fn change_membership(
     State(app): State<App>,
-    body: Result<Json<ChangeMembershipRequest>, JsonRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let Json(request) = match body {
-        Ok(body) => body,
-        Err(e) => return json_error(e),
+    let request = match json_body::<ChangeMembershipRequest>(body) {
+        Ok(request) => request,
+        Err(response) => return response,
     };
     match app.raft.change_membership(request.members, false).await {
         Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
