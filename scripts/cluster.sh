@@ -19,9 +19,41 @@ cleanup() {
 trap cleanup EXIT
 
 cargo build --quiet -p sediment-raft
-BIN=target/debug/sediment-raft
+# Where cargo put it: CARGO_TARGET_DIR or a configured target-dir moves it
+# out of ./target.
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
+  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+BIN="${TARGET_DIR:-target}/debug/sediment-raft"
 
 addr() { echo "127.0.0.1:$((BASE_PORT + $1))"; }
+
+# wait_for WHAT SECONDS COMMAND...: runs COMMAND until it succeeds; gives up
+# (with the end of every node's log) after SECONDS or once a node process
+# that should be running has died, instead of waiting forever.
+wait_for() {
+  local what=$1 deadline=$((SECONDS + $2)) pid
+  shift 2
+  until "$@"; do
+    for pid in "${PIDS[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        echo "a node process ($pid) died while waiting for $what" >&2
+        tail -n 5 "$DATA"/node-*.log >&2
+        exit 1
+      fi
+    done
+    if ((SECONDS >= deadline)); then
+      echo "gave up waiting for $what after $2 s" >&2
+      tail -n 5 "$DATA"/node-*.log >&2
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+# Each probe is bounded too: something else may hold a node's port.
+up() { curl -sf -m 2 "http://$(addr "$1")/cluster/metrics" >/dev/null; }
+leader_seen_by() {
+  curl -s -m 2 "http://$(addr "$1")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p'
+}
 
 for id in 1 2 3; do
   "$BIN" node --id "$id" --listen "$(addr "$id")" --dir "$DATA/node-$id" \
@@ -29,7 +61,7 @@ for id in 1 2 3; do
   PIDS[id]=$!
 done
 for id in 1 2 3; do
-  until curl -sf "http://$(addr "$id")/cluster/metrics" >/dev/null; do sleep 0.1; done
+  wait_for "node $id to serve" 60 up "$id"
 done
 echo "3 nodes up in $DATA"
 
@@ -40,10 +72,11 @@ run curl -s -X POST "http://$(addr 1)/cluster/init" -H 'content-type: applicatio
   -d "{\"members\": {\"1\": \"$(addr 1)\", \"2\": \"$(addr 2)\", \"3\": \"$(addr 3)\"}}"
 
 leader=""
-until [ -n "$leader" ] && [ "$leader" != null ]; do
-  sleep 0.1
-  leader=$(curl -s "http://$(addr 1)/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p')
-done
+has_leader() {
+  leader=$(leader_seen_by 1)
+  [ -n "$leader" ] && [ "$leader" != null ]
+}
+wait_for "a leader" 60 has_leader
 echo "leader: node $leader"
 follower=$(( leader % 3 + 1 ))
 
@@ -63,11 +96,13 @@ echo
 echo "killing the leader (node $leader) with SIGKILL"
 kill -9 "${PIDS[leader]}"
 { wait "${PIDS[leader]}"; } 2>/dev/null || true
+unset 'PIDS[leader]'
 new=""
-until [ -n "$new" ] && [ "$new" != null ] && [ "$new" != "$leader" ]; do
-  sleep 0.1
-  new=$(curl -s "http://$(addr "$follower")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p')
-done
+has_new_leader() {
+  new=$(leader_seen_by "$follower")
+  [ -n "$new" ] && [ "$new" != null ] && [ "$new" != "$leader" ]
+}
+wait_for "a new leader" 60 has_new_leader
 echo "new leader: node $new"
 run curl -s "http://$(addr "$new")/kv/greeting"
 run curl -s -X PUT "http://$(addr "$new")/kv/after-failover" --data-binary 'still here'
@@ -76,7 +111,10 @@ echo "restarting node $leader"
 "$BIN" node --id "$leader" --listen "$(addr "$leader")" --dir "$DATA/node-$leader" \
   --heartbeat-ms 100 2>>"$DATA/node-$leader.log" &
 PIDS[leader]=$!
-until [ "$(curl -s "http://$(addr "$leader")/kv/after-failover?consistency=local")" = "still here" ]; do sleep 0.1; done
+caught_up() {
+  [ "$(curl -s -m 2 "http://$(addr "$leader")/kv/after-failover?consistency=local")" = "still here" ]
+}
+wait_for "node $leader to catch up" 60 caught_up
 run curl -s "http://$(addr "$leader")/kv/after-failover?consistency=local"
 run curl -s "http://$(addr "$leader")/cluster/metrics"
 

@@ -1,0 +1,149 @@
+//! `scripts/cluster.sh` runs to the end wherever cargo puts its build
+//! (`CARGO_TARGET_DIR`), and stops instead of waiting forever when a node
+//! cannot run.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory cargo built this test's `sediment-raft` in (the one above
+/// its profile directory).
+fn target_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_sediment-raft"));
+    bin.parent()
+        .and_then(Path::parent)
+        .expect("the binary is in <target>/<profile>/")
+        .to_path_buf()
+}
+
+/// A base port whose next three ports are free now.
+fn free_base_port() -> u16 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let seed = u64::from(std::process::id()) ^ u64::from(now);
+    for attempt in 0..200_u64 {
+        let base = 30_000 + ((seed.wrapping_mul(7919) + attempt * 613) % 25_000) as u16;
+        if (1..=3).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no three consecutive free ports");
+}
+
+/// Stops (SIGKILL, by pid) every `sediment-raft` process whose command
+/// line names a path under `dir`; returns how many there were.
+fn kill_nodes_under(dir: &Path) -> usize {
+    let needle = dir.to_str().expect("a UTF-8 temporary path");
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        let mut args = cmdline.split('\0');
+        let is_node = args
+            .next()
+            .is_some_and(|bin| bin.ends_with("sediment-raft"));
+        if is_node && cmdline.contains(needle) {
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &pid.to_string()])
+                .status();
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// Runs the script with its temporary files under a directory of our own;
+/// returns (exit code, stdout, stderr). Fails after `limit`, and if the
+/// script leaves a node process running; either way every node it started
+/// is stopped.
+fn run_script(envs: &[(&str, &str)], limit: Duration) -> (i32, String, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let out_path = tmp.path().join("stdout");
+    let err_path = tmp.path().join("stderr");
+    let mut child: Child = Command::new("bash")
+        .arg(root.join("scripts/cluster.sh"))
+        .envs(envs.iter().copied())
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .expect("bash runs");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the script") {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let left = kill_nodes_under(tmp.path());
+    let read = |path: &Path| String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
+    let (out, err) = (read(&out_path), read(&err_path));
+    let Some(status) = status else {
+        panic!("scripts/cluster.sh still running after {limit:?}; stdout:\n{out}\nstderr:\n{err}");
+    };
+    assert_eq!(left, 0, "the script left {left} node process(es) running");
+    (status.code().unwrap_or(-1), out, err)
+}
+
+#[test]
+fn cluster_script_runs_with_a_cargo_target_dir() {
+    let target = target_dir();
+    let base = free_base_port().to_string();
+    let (code, out, err) = run_script(
+        &[
+            ("CARGO_TARGET_DIR", target.to_str().unwrap()),
+            ("BASE_PORT", &base),
+        ],
+        Duration::from_secs(90),
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for expected in [
+        "3 nodes up in ",
+        "{\"initialized\":true}",
+        "hello, raft",
+        "HTTP/1.1 307 Temporary Redirect",
+        "new leader: node ",
+        "still here",
+        "stopped",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn cluster_script_gives_up_when_a_node_cannot_start() {
+    // Something else already listens on node 1's port: that node exits at
+    // once, and the script must say so rather than wait for it forever.
+    let base = free_base_port();
+    let _taken = TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let target = target_dir();
+    let base = base.to_string();
+    let (code, out, err) = run_script(
+        &[
+            ("CARGO_TARGET_DIR", target.to_str().unwrap()),
+            ("BASE_PORT", &base),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_ne!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains("died"), "stderr:\n{err}");
+    assert!(err.contains("Address already in use"), "stderr:\n{err}");
+}
