@@ -7,6 +7,7 @@ use sediment::{CommitRecord, GrainId, SequenceId};
 use serde::Serialize;
 
 use crate::error::{describe_io, is_corruption, one_line, CliError};
+use crate::headers;
 use crate::progress::{busy, count_bar};
 use crate::store::{self, parse_sequence, run_then_shutdown, Create};
 use crate::wal::{self, HeaderInfo, WalName};
@@ -419,9 +420,20 @@ pub fn verify(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     store::prepare(db_path, Create::Never)?;
+    // Opening repairs a bad header copy from its twin: look first.
+    let bad_copies: Vec<JsonProblem> = headers::bad_copies(db_path)
+        .into_iter()
+        .map(|bad| JsonProblem {
+            location: bad.location,
+            grain: None,
+            description: bad.description,
+        })
+        .collect();
     let db = match store::recover(db_path) {
         Ok(db) => db,
-        Err(err) if is_corruption(&err) => return open_failure_as_problem(&err, json, out),
+        Err(err) if is_corruption(&err) => {
+            return open_failure_as_problem(&err, bad_copies, json, out)
+        }
         Err(err) => return Err(err.into()),
     };
     let bar = if progress {
@@ -437,20 +449,18 @@ pub fn verify(
     // Shut down even when problems were found, but report them first.
     let shutdown = busy("checkpointing the store", || db.shutdown());
     let report = result?;
+    let mut problems = bad_copies;
+    problems.extend(report.problems.iter().map(|p| JsonProblem {
+        location: p.location.clone(),
+        grain: p.grain.map(|g| g.to_string()),
+        description: one_line(&p.description),
+    }));
     let report = JsonVerify {
-        ok: report.is_ok(),
+        ok: problems.is_empty(),
         grains_checked: report.grains_checked,
         strata_checked: report.strata_checked,
         commit_records_checked: report.commit_records_checked,
-        problems: report
-            .problems
-            .iter()
-            .map(|p| JsonProblem {
-                location: p.location.clone(),
-                grain: p.grain.map(|g| g.to_string()),
-                description: one_line(&p.description),
-            })
-            .collect(),
+        problems,
     };
     print_verify(&report, json, out)?;
     match shutdown {
@@ -471,6 +481,7 @@ pub fn verify(
 /// damaged is a verification problem (exit 1), reported with its location.
 fn open_failure_as_problem(
     err: &sediment::Error,
+    mut problems: Vec<JsonProblem>,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -486,16 +497,17 @@ fn open_failure_as_problem(
         ),
         other => ("store".to_string(), one_line(&other.to_string())),
     };
+    problems.push(JsonProblem {
+        location,
+        grain: None,
+        description: format!("the store cannot be opened: {description}"),
+    });
     let report = JsonVerify {
         ok: false,
         grains_checked: 0,
         strata_checked: 0,
         commit_records_checked: 0,
-        problems: vec![JsonProblem {
-            location,
-            grain: None,
-            description: format!("the store cannot be opened: {description}"),
-        }],
+        problems,
     };
     print_verify(&report, json, out)?;
     Err(CliError::problems())

@@ -20,6 +20,7 @@
 
 mod blobs;
 mod error;
+mod headers;
 mod inspect;
 mod progress;
 mod store;

@@ -472,6 +472,56 @@ fn get_of_a_damaged_large_blob_writes_nothing_to_stdout() {
     );
 }
 
+/// Every header is stored twice, and opening a store rewrites a copy that
+/// does not verify from its twin. `verify` still reports the bad copy it
+/// found (exit 1, with the file and the copy); once repaired, the next
+/// `verify` finds nothing wrong.
+#[test]
+fn verify_reports_a_damaged_header_copy() {
+    let (_temp, db, ids) = store_with(&[b"two copies of every header"]);
+    let id: GrainId = ids[0].parse().unwrap();
+    let stratum = format!("stratum-{}-{}", id.basin(), id.stratum());
+    let slot = sediment::format::stratum_slot_size(id.basin());
+    let index_slot = sediment::format::INDEX_SLOT_SIZE;
+    // (file, offset, bytes written there, copy, what the problem says)
+    let cases: [(&str, u64, Vec<u8>, u32, &str); 4] = [
+        (&stratum, 40, vec![0x5A], 0, "checksum"),
+        (&stratum, slot + 40, vec![0x5A], 1, "checksum"),
+        (&stratum, 0, vec![0; 4096], 0, "magic"),
+        ("index", index_slot + 20, vec![0x5A], 1, "checksum"),
+    ];
+    for (name, at, bytes, copy, says) in cases {
+        let path = db.join(name);
+        let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&bytes, at).unwrap();
+        file.sync_all().unwrap();
+        drop(file);
+
+        let run = sediment(&[&"verify", &db]);
+        assert_eq!(run.code, 1, "{name}@{at}: {}\n{}", run.stdout, run.stderr);
+        let problem = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("problem:"))
+            .unwrap_or_else(|| panic!("{name}@{at}: no problem line in {}", run.stdout));
+        assert!(
+            problem.contains(name)
+                && problem.contains(&format!("header copy {copy}"))
+                && problem.contains(says),
+            "{name}@{at}: {problem}"
+        );
+        assert!(run.stdout.contains("1 problem"), "{}", run.stdout);
+
+        let run = ok(sediment(&[&"verify", &db, &"--json"]));
+        let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(json["ok"], true, "{name}@{at}: not repaired: {json}");
+        assert_eq!(
+            ok(sediment(&[&"get", &db, &ids[0]])).stdout,
+            "two copies of every header"
+        );
+    }
+}
+
 #[test]
 fn a_damaged_index_is_a_clear_error() {
     let (_temp, db, ids) = store_with(&[b"x"]);
