@@ -165,13 +165,26 @@ pub fn get(
         };
         let result = copy_blob(db, id, &mut reader, &mut sink);
         if result.is_err() {
-            if let Some(path) = output {
-                drop(sink);
-                let _ = fs::remove_file(path);
+            if let Sink::File(file, path) = sink {
+                discard_partial(file, path);
             }
         }
         result
     })
+}
+
+/// After a failed `get -o PATH`: removes the partly written file, so no
+/// partial blob is left behind. Only a regular file is removed; through a
+/// symbolic link the target is emptied and the link kept, and a device or
+/// pipe (`-o /dev/stdout`, `-o /dev/null`) is left alone.
+fn discard_partial(file: File, path: &Path) {
+    let is_regular = |m: io::Result<fs::Metadata>| m.is_ok_and(|m| m.file_type().is_file());
+    if is_regular(fs::symlink_metadata(path)) {
+        drop(file);
+        let _ = fs::remove_file(path);
+    } else if is_regular(file.metadata()) {
+        let _ = file.set_len(0);
+    }
 }
 
 fn copy_blob(

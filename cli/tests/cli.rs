@@ -449,6 +449,51 @@ fn verify_finds_a_damaged_grain() {
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "healthy");
 }
 
+/// A failed `get -o` removes the partial file it wrote, but nothing the path
+/// only leads to: a symbolic link stays (its target emptied), and a device
+/// is left alone (`-o /dev/stdout` must never delete `/dev/stdout`).
+#[test]
+fn a_failed_get_removes_only_a_regular_output_file() {
+    let needle = b"THIS BLOB WILL BE DAMAGED AS WELL 0123456789";
+    let (temp, db, ids) = store_with(&[needle]);
+    damage(&db, needle);
+
+    let to_device = temp.path().join("to-null");
+    std::os::unix::fs::symlink("/dev/null", &to_device).unwrap();
+    assert_error(
+        &sediment(&[&"get", &db, &ids[0], &"-o", &to_device]),
+        3,
+        "checksum",
+    );
+    assert!(
+        fs::symlink_metadata(&to_device).is_ok(),
+        "the link to /dev/null was deleted"
+    );
+
+    let target = temp.path().join("target.txt");
+    fs::write(&target, b"old contents").unwrap();
+    let link = temp.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert_error(
+        &sediment(&[&"get", &db, &ids[0], &"-o", &link]),
+        3,
+        "checksum",
+    );
+    assert!(
+        fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()),
+        "the link was deleted"
+    );
+    assert_eq!(fs::read(&target).unwrap(), b"", "a partial blob was left");
+
+    let plain = temp.path().join("plain");
+    assert_error(
+        &sediment(&[&"get", &db, &ids[0], &"-o", &plain]),
+        3,
+        "checksum",
+    );
+    assert!(!plain.exists(), "a failed get leaves no partial file");
+}
+
 /// A damaged blob larger than one read: `get` to standard output writes
 /// none of it (a pipeline that ignores the exit status must not receive
 /// the first megabytes of a blob whose checksum fails at its end).
