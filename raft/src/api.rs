@@ -204,6 +204,26 @@ async fn empty_key() -> Response {
     error(StatusCode::BAD_REQUEST, "the key is empty")
 }
 
+/// Any path the API does not have (404, with a JSON body like every other
+/// error).
+async fn no_such_path(uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no such endpoint: {} (the API has /kv/{{key}} and /cluster/...)",
+            uri.path()
+        ),
+    )
+}
+
+/// A method a path does not take (405, with a JSON body).
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
+}
+
 /// Percent-encodes a key for a redirect URL.
 fn urlencode(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -400,6 +420,8 @@ pub fn routes(app: App) -> Router {
         .route("/cluster/change-membership", post(change_membership))
         .route("/cluster/snapshot", post(snapshot))
         .route("/cluster/metrics", get(metrics))
+        .method_not_allowed_fallback(wrong_method)
+        .fallback(no_such_path)
         .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))
         .with_state(app)
 }

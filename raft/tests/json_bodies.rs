@@ -1,7 +1,8 @@
 //! The `/cluster/...` endpoints take their JSON body whatever the request's
 //! `Content-Type` says: `curl -d '{...}'` labels it
 //! `application/x-www-form-urlencoded`, and a client that sends a string
-//! body labels it nothing. Bad JSON still gets a 4xx.
+//! body labels it nothing. Bad JSON still gets a 4xx, and so do wrong
+//! methods and paths, each with a JSON error message.
 
 mod common;
 
@@ -84,4 +85,39 @@ async fn cluster_endpoints_accept_json_without_a_json_content_type() {
         .await
         .unwrap();
     assert_eq!(put.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_and_paths_get_a_json_error() {
+    let cluster = Cluster::start(&[1], &["--heartbeat-ms", "100"]);
+    cluster.wait_up(&[1]).await;
+    let node = &cluster.nodes[&1];
+    let client = &cluster.client;
+    for (request, expected) in [
+        (client.post(node.url("/kv/a")).body("x"), 405),
+        (client.put(node.url("/cluster/init")).body("{}"), 405),
+        (client.get(node.url("/cluster/add-learner")), 405),
+        (client.delete(node.url("/cluster/metrics")), 405),
+        (client.get(node.url("/nothing/here")), 404),
+        (client.get(node.url("/")), 404),
+    ] {
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, expected, "{text}");
+        let body: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {text:?}"));
+        assert!(
+            body["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{body}"
+        );
+    }
+    // The Raft RPC paths still answer the peers' POSTs.
+    let rpc = client
+        .post(node.url("/raft/vote"))
+        .body(vec![0_u8; 3])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rpc.status(), 400, "an undecodable vote is refused, not 404");
 }
