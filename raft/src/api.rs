@@ -13,8 +13,8 @@ use axum::{Json, Router};
 use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
 use crate::batch::WriteBatcher;
@@ -244,8 +244,10 @@ pub struct InitRequest {
     pub members: BTreeMap<NodeId, String>,
 }
 
-/// The body of `POST /cluster/add-learner`.
-#[derive(Debug, Serialize, Deserialize)]
+/// The body of `POST /cluster/add-learner`: `{"id": 4, "addr":
+/// "127.0.0.1:21004"}` (`node_id` is accepted for `id`), or the pair
+/// `[4, "127.0.0.1:21004"]` that openraft's examples send.
+#[derive(Debug, Serialize)]
 pub struct AddLearnerRequest {
     /// The new node's id.
     pub id: NodeId,
@@ -253,11 +255,77 @@ pub struct AddLearnerRequest {
     pub addr: String,
 }
 
-/// The body of `POST /cluster/change-membership`.
-#[derive(Debug, Serialize, Deserialize)]
+impl<'de> Deserialize<'de> for AddLearnerRequest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Object {
+            #[serde(alias = "node_id")]
+            id: NodeId,
+            addr: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Shape {
+            Object(Object),
+            Pair(NodeId, String),
+        }
+        // Malformed JSON fails here, with the parser's own error (400).
+        let value = serde_json::Value::deserialize(deserializer)?;
+        match Shape::deserialize(value) {
+            Ok(Shape::Object(Object { id, addr }) | Shape::Pair(id, addr)) => Ok(Self { id, addr }),
+            Err(_) => Err(D::Error::custom(
+                r#"expected {"id": 4, "addr": "127.0.0.1:21004"} or [4, "127.0.0.1:21004"]"#,
+            )),
+        }
+    }
+}
+
+/// The body of `POST /cluster/change-membership`: `{"members": [1, 2, 3]}`,
+/// the bare list `[1, 2, 3]` that openraft's examples send, or `{"members":
+/// {"1": "127.0.0.1:21001", ...}}` as for `/cluster/init` (the ids count;
+/// every one must already be a member or a learner).
+#[derive(Debug, Serialize)]
 pub struct ChangeMembershipRequest {
     /// The ids of the voters after the change.
     pub members: BTreeSet<NodeId>,
+}
+
+impl<'de> Deserialize<'de> for ChangeMembershipRequest {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Members {
+            Ids(BTreeSet<NodeId>),
+            // Buffered map keys stay strings: parsed below.
+            Map(BTreeMap<String, serde_json::Value>),
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Shape {
+            Object { members: Members },
+            Bare(BTreeSet<NodeId>),
+        }
+        let expected = || {
+            D::Error::custom(
+                r#"expected {"members": [1, 2, 3]}, [1, 2, 3] or {"members": {"1": "host:port", ...}}"#,
+            )
+        };
+        // Malformed JSON fails here, with the parser's own error (400).
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let members = match Shape::deserialize(value).map_err(|_| expected())? {
+            Shape::Object {
+                members: Members::Ids(ids),
+            }
+            | Shape::Bare(ids) => ids,
+            Shape::Object {
+                members: Members::Map(map),
+            } => map
+                .keys()
+                .map(|key| key.parse::<NodeId>().map_err(|_| expected()))
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(Self { members })
+    }
 }
 
 fn json_error(e: JsonRejection) -> Response {

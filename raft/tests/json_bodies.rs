@@ -121,3 +121,91 @@ async fn wrong_methods_and_paths_get_a_json_error() {
         .unwrap();
     assert_eq!(rpc.status(), 400, "an undecodable vote is refused, not 404");
 }
+
+/// `add-learner` and `change-membership` also take the shapes openraft's
+/// examples send (`[id, "addr"]`, `[1, 2]`), `node_id` for `id`, and a
+/// members map as `/cluster/init` takes; anything else is a 422 that says
+/// what is expected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_bodies_in_other_common_shapes() {
+    let cluster = Cluster::start(&[1, 2], &["--heartbeat-ms", "100"]);
+    cluster.wait_up(&[1, 2]).await;
+    let (one, two) = (&cluster.nodes[&1], &cluster.nodes[&2]);
+    let post = |path: &str, body: Value| cluster.client.post(one.url(path)).json(&body).send();
+    let voters = || async {
+        let m = cluster.metrics(1).await.unwrap();
+        m["membership"]["voters"].clone()
+    };
+
+    let init = post(
+        "/cluster/init",
+        serde_json::json!({ "members": { "1": one.addr } }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(init.status(), 200);
+    cluster.wait_for_leader(None, Duration::from_secs(15)).await;
+
+    for (path, body, expect_voters) in [
+        (
+            "/cluster/add-learner",
+            serde_json::json!([2, two.addr]),
+            None,
+        ),
+        (
+            "/cluster/change-membership",
+            serde_json::json!([1, 2]),
+            Some(serde_json::json!([1, 2])),
+        ),
+        (
+            "/cluster/change-membership",
+            serde_json::json!({ "members": { "1": one.addr } }),
+            Some(serde_json::json!([1])),
+        ),
+        (
+            "/cluster/add-learner",
+            serde_json::json!({ "node_id": 2, "addr": two.addr }),
+            None,
+        ),
+        (
+            "/cluster/change-membership",
+            serde_json::json!({ "members": [1, 2] }),
+            Some(serde_json::json!([1, 2])),
+        ),
+    ] {
+        let response = post(path, body.clone()).await.unwrap();
+        let status = response.status();
+        assert_eq!(
+            status,
+            200,
+            "{path} {body}: {}",
+            response.text().await.unwrap()
+        );
+        if let Some(expected) = expect_voters {
+            assert_eq!(voters().await, expected, "after {path} {body}");
+        }
+    }
+
+    for (path, body) in [
+        ("/cluster/add-learner", serde_json::json!({ "idx": 4 })),
+        ("/cluster/add-learner", serde_json::json!([4])),
+        (
+            "/cluster/change-membership",
+            serde_json::json!({ "members": 3 }),
+        ),
+        (
+            "/cluster/change-membership",
+            serde_json::json!({ "members": { "x": "127.0.0.1:1" } }),
+        ),
+    ] {
+        let response = post(path, body.clone()).await.unwrap();
+        assert_eq!(response.status(), 422, "{path} {body}");
+        let error: Value = response.json().await.unwrap();
+        assert!(
+            error["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("expected")),
+            "{path} {body}: {error}"
+        );
+    }
+}
