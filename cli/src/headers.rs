@@ -79,8 +79,8 @@ fn check_pair<T>(
                 out.push(BadCopy {
                     location: format!("{} (header copy {slot})", path.display()),
                     description: format!(
-                        "{what}: {error} (opening the store rewrote it from the other copy, \
-                         which is intact)"
+                        "{what}: {error} (damaged, or torn by a write a crash cut short; \
+                         opening the store rewrote it from the other copy, which is intact)"
                     ),
                 });
             }
