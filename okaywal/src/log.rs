@@ -577,17 +577,28 @@ impl Inner {
     pub fn settle_segment(&self, segment: u64) -> io::Result<()> {
         self.flush_segment(segment)?;
         let mut state = self.state.lock();
-        while state
-            .segments
-            .get(&segment)
-            .is_some_and(|seg| !seg.in_flight.is_empty() || !seg.data_in_flight.is_empty())
-        {
+        self.wait_for_progress_while(&mut state, |state| {
+            state
+                .segments
+                .get(&segment)
+                .is_some_and(|seg| !seg.in_flight.is_empty() || !seg.data_in_flight.is_empty())
+        })
+    }
+
+    /// Waits, with `state` released meanwhile, until `busy` is false: for
+    /// writes in flight to land. Fails once a sync has failed (the writes
+    /// waited for may never land).
+    fn wait_for_progress_while(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        busy: impl Fn(&State) -> bool,
+    ) -> io::Result<()> {
+        while busy(state) {
             if let Some(err) = self.group.failure() {
                 return Err(err);
             }
             state.progress_waiters += 1;
-            self.progress
-                .wait_for(&mut state, Duration::from_millis(10));
+            self.progress.wait_for(state, Duration::from_millis(10));
             state.progress_waiters -= 1;
         }
         Ok(())
@@ -701,7 +712,7 @@ impl Inner {
         segment: u64,
         end: u64,
     ) -> io::Result<()> {
-        loop {
+        self.wait_for_progress_while(state, |state| {
             let written = state
                 .segments
                 .get(&segment)
@@ -713,16 +724,8 @@ impl Inner {
                 .segments
                 .range(..segment)
                 .all(|(_, seg)| seg.open_entries > 0 || seg.in_flight.is_empty());
-            if written >= end && earlier_complete {
-                return Ok(());
-            }
-            if let Some(err) = self.group.failure() {
-                return Err(err);
-            }
-            state.progress_waiters += 1;
-            self.progress.wait_for(state, Duration::from_millis(10));
-            state.progress_waiters -= 1;
-        }
+            !(written >= end && earlier_complete)
+        })
     }
 
     /// One sync, run by a group-commit leader: waits briefly for writes
@@ -884,19 +887,13 @@ impl Inner {
             // not written it yet: wait for it to land. Such writes are in
             // flight only briefly.
             let header_end = position.offset.saturating_add(RECORD_HEADER_SIZE as u64);
-            while state.segments.get(&position.file_id).is_some_and(|seg| {
-                position.offset >= HEADER_SIZE
-                    && header_end <= seg.reserved_end
-                    && seg.written_to() < header_end
-            }) {
-                if let Some(err) = self.group.failure() {
-                    return Err(err);
-                }
-                state.progress_waiters += 1;
-                self.progress
-                    .wait_for(&mut state, Duration::from_millis(10));
-                state.progress_waiters -= 1;
-            }
+            self.wait_for_progress_while(&mut state, |state| {
+                state.segments.get(&position.file_id).is_some_and(|seg| {
+                    position.offset >= HEADER_SIZE
+                        && header_end <= seg.reserved_end
+                        && seg.written_to() < header_end
+                })
+            })?;
             let seg = state.segments.get(&position.file_id).ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::NotFound,
