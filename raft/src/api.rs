@@ -17,7 +17,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
-use crate::batch::WriteBatcher;
+use crate::batch::{WriteBatcher, Written};
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
 
@@ -36,6 +36,9 @@ pub struct App {
     /// The largest value a `PUT` may carry on this node (see
     /// [`crate::node::NodeConfig::max_value_bytes`]).
     pub max_value_bytes: usize,
+    /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
+    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
+    pub write_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for App {
@@ -112,20 +115,39 @@ async fn put_value(
         return too_large(app.max_value_bytes);
     }
     let uri = format!("/kv/{}", urlencode(&key));
-    match app
-        .writes
-        .write(Request::Put {
-            key,
-            value: value.to_vec(),
-        })
-        .await
-    {
+    let request = Request::Put {
+        key,
+        value: value.to_vec(),
+    };
+    match propose(&app, request, &uri).await {
         Ok(written) => Json(json!({
             "log_index": written.log_index,
             "replaced": written.existed,
         }))
         .into_response(),
-        Err(e) => write_error(*e, &uri),
+        Err(response) => response,
+    }
+}
+
+/// Proposes a write and waits for it to be committed and applied, at most
+/// the node's write timeout: without a quorum (a majority of the nodes
+/// down or cut off) the leader would otherwise keep the client waiting
+/// for as long as the outage lasts. A write that timed out may still be
+/// committed once a quorum is back, as with any request whose answer was
+/// lost.
+async fn propose(app: &App, request: Request, uri: &str) -> Result<Written, Response> {
+    match tokio::time::timeout(app.write_timeout, app.writes.write(request)).await {
+        Ok(Ok(written)) => Ok(written),
+        Ok(Err(e)) => Err(write_error(*e, uri)),
+        Err(_) => Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the write was not committed within {} ms: no quorum of the cluster answered \
+                 (are most of the nodes down or unreachable?); it may still be committed once \
+                 they are back",
+                app.write_timeout.as_millis()
+            ),
+        )),
     }
 }
 
@@ -138,13 +160,13 @@ async fn delete_value(
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let uri = format!("/kv/{}", urlencode(&key));
-    match app.writes.write(Request::Delete { key }).await {
+    match propose(&app, Request::Delete { key }, &uri).await {
         Ok(written) => Json(json!({
             "log_index": written.log_index,
             "existed": written.existed,
         }))
         .into_response(),
-        Err(e) => write_error(*e, &uri),
+        Err(response) => response,
     }
 }
 

@@ -77,6 +77,17 @@ impl NodeConfig {
         by_heartbeat.min(crate::types::MAX_VALUE_BYTES)
     }
 
+    /// How long a write waits for a quorum before the client is told it
+    /// was not committed in time (503): 60 heartbeat intervals, 30 s at
+    /// the default 500 ms. That is several elections' worth (a new leader
+    /// is chosen after 4–8 intervals without one), so a write caught by a
+    /// leader change still completes, while a write that no majority can
+    /// commit does not hang its client for as long as the outage lasts.
+    #[must_use]
+    pub fn write_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.heartbeat_ms.saturating_mul(60))
+    }
+
     fn raft_config(&self) -> Result<openraft::Config> {
         let config = openraft::Config {
             cluster_name: "sediment-raft".into(),
@@ -146,6 +157,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         state_machine: state_machine.clone(),
         writes: WriteBatcher::start(raft.clone()),
         max_value_bytes: config.max_value_bytes(),
+        write_timeout: config.write_timeout(),
     };
     let router = api::routes(app).merge(network::routes(raft.clone()));
     let listener = TcpListener::bind(config.listen)
