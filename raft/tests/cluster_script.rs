@@ -21,14 +21,17 @@ fn target_dir() -> Option<PathBuf> {
     Some(profile.parent()?.to_path_buf())
 }
 
-/// A base port whose next three ports are free now.
+/// A base port whose next three ports are free now. The ports lie below
+/// Linux's ephemeral range (32768 and up), so that the outgoing
+/// connections of other tests and nodes running meanwhile cannot take one
+/// between this check and the script's use of it.
 fn free_base_port() -> u16 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let seed = u64::from(std::process::id()) ^ u64::from(now);
     for attempt in 0..200_u64 {
-        let base = 30_000 + ((seed.wrapping_mul(7919) + attempt * 613) % 25_000) as u16;
+        let base = 20_000 + ((seed.wrapping_mul(7919) + attempt * 613) % 12_000) as u16;
         if (1..=3).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return base;
         }
@@ -136,8 +139,13 @@ fn cluster_script_runs_with_a_cargo_target_dir() {
 fn cluster_script_gives_up_when_a_node_cannot_start() {
     // Something else already listens on node 1's port: that node exits at
     // once, and the script must say so rather than wait for it forever.
-    let base = free_base_port();
-    let _taken = TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let (base, _taken) = (0..50)
+        .find_map(|_| {
+            let base = free_base_port();
+            let taken = TcpListener::bind(("127.0.0.1", base + 1)).ok()?;
+            Some((base, taken))
+        })
+        .expect("a free base port whose first node port can be held");
     let Some(target) = target_dir() else { return };
     let base = base.to_string();
     let (code, out, err) = run_script(
