@@ -5,6 +5,7 @@
 #
 #   scripts/cluster.sh            # ports 21001-21003, data in a temp dir
 #   BASE_PORT=22000 scripts/cluster.sh
+#   SEDIMENT_RAFT_BIN=target/release/sediment-raft scripts/cluster.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,12 +19,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --quiet -p sediment-raft
-# Where cargo put it: CARGO_TARGET_DIR or a configured target-dir moves it
-# out of ./target.
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
-  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-BIN="${TARGET_DIR:-target}/debug/sediment-raft"
+# SEDIMENT_RAFT_BIN names a binary built already (the tests pass their
+# own); otherwise the script builds one.
+if [ -n "${SEDIMENT_RAFT_BIN:-}" ]; then
+  BIN=$SEDIMENT_RAFT_BIN
+else
+  cargo build --quiet -p sediment-raft
+  # Where cargo put it: CARGO_TARGET_DIR or a configured target-dir moves
+  # it out of ./target.
+  TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  BIN="${TARGET_DIR:-target}/debug/sediment-raft"
+fi
 
 addr() { echo "127.0.0.1:$((BASE_PORT + $1))"; }
 
