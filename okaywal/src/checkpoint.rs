@@ -270,6 +270,7 @@ pub(crate) fn checkpoint(
         written: limit,
         complete: limit,
         name,
+        end_mark: None,
     }])?;
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());

@@ -315,6 +315,9 @@ impl Inner {
         let old = state.active;
         let old_state = state.live(old)?;
         old_state.sealed = true;
+        if previous.is_none() && old != 0 {
+            *old_state.segment.end_mark_due.lock() = true;
+        }
         if old_state.ready_for_checkpoint() {
             self.signal.wake();
         }
@@ -326,6 +329,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: false.into(),
+            end_mark_due: Mutex::new(false),
             version_info: self.config.version_info.clone(),
         });
         state
@@ -768,6 +772,7 @@ impl Inner {
             segment,
             written,
             complete,
+            end_mark,
             ..
         } in targets
         {
@@ -781,6 +786,11 @@ impl Inner {
                     .map_err(|e| self.poison(e))?;
             }
             synced.push(needed);
+            if let Some(end) = end_mark {
+                // Durable below `end` now (synced here or before).
+                self.write_end_mark(segment, *end)
+                    .map_err(|e| self.poison(e))?;
+            }
         }
         if synced.contains(&true) {
             Counters::add(&self.counters.syncs, 1);
@@ -807,6 +817,30 @@ impl Inner {
         }
         self.prune_pending_commits();
         self.synced.notify_all();
+        Ok(())
+    }
+
+    /// Writes and syncs a closed segment's end mark at `end`, every byte
+    /// below which is durable: a padding record with no filler whose
+    /// durable mark is `end` (FORMAT.md, "End marks"). Recovery then knows
+    /// that damage anywhere below it is damage, not a torn tail, although
+    /// the next segment's header could not say where this one ends.
+    fn write_end_mark(&self, segment: &Segment, end: u64) -> io::Result<()> {
+        let mut due = segment.end_mark_due.lock();
+        if !*due {
+            // Another sync pass wrote it.
+            return Ok(());
+        }
+        let mark = RecordHeader {
+            kind: RecordKind::Padding,
+            entry_id: segment.id,
+            length: 0,
+            durable_mark: end,
+        }
+        .encode(segment.id);
+        segment.file.write_all_at(&mark, end)?;
+        self.ledger.run(|| segment.file.sync_data())?;
+        *due = false;
         Ok(())
     }
 
@@ -974,6 +1008,10 @@ pub(crate) struct SyncTarget {
     /// The segment still has its spare name: rename it and sync the
     /// directory after syncing the data.
     pub name: bool,
+    /// The segment is closed and owes an end mark (see
+    /// [`Segment::end_mark_due`]): write it at this offset once the
+    /// segment is durable below it.
+    pub end_mark: Option<u64>,
 }
 
 /// The segments the next sync must cover, in id order. A segment after
@@ -985,6 +1023,12 @@ fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<SyncTarget> {
         let written = seg.written_to();
         let complete = seg.complete_to();
         let name = !seg.segment.name_durable.load(Ordering::Acquire);
+        let end_mark = (seg.sealed
+            && seg.open_entries == 0
+            && seg.in_flight.is_empty()
+            && seg.data_in_flight.is_empty()
+            && *seg.segment.end_mark_due.lock())
+        .then_some(seg.reserved_end);
         // A segment whose mark lags its complete bytes is synced again even
         // with no new records: a closed segment must be durable to its end,
         // large chunks' data (and an abandoned chunk's trailer) included,
@@ -993,12 +1037,14 @@ fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<SyncTarget> {
             || complete > seg.segment.marked_to.load(Ordering::Acquire)
             || name
             || !seg.buffered.is_empty()
+            || end_mark.is_some()
         {
             targets.push(SyncTarget {
                 segment: seg.segment.clone(),
                 written,
                 complete,
                 name,
+                end_mark,
             });
         }
         if seg.closed_with_writes_in_flight() {
@@ -1127,6 +1173,7 @@ impl WriteAheadLog {
                 synced_to: scan.end.into(),
                 marked_to: scan.end.into(),
                 name_durable: true.into(),
+                end_mark_due: Mutex::new(false),
                 version_info: Arc::new(info.version_info.clone()),
             });
             let mut state = SegmentState::new(segment, scan.end);
@@ -1371,6 +1418,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
+            end_mark_due: Mutex::new(false),
             version_info: Arc::default(),
         });
         state.segments.insert(0, SegmentState::new(placeholder, 0));

@@ -42,13 +42,38 @@ pub(crate) struct SegmentScan {
     /// Bytes that were durable once and no longer verify (damage, not a
     /// torn tail): the offset and what is wrong, the first one found.
     pub damage: Option<(u64, String)>,
+    /// The first entry (in file order) whose commit record verifies but
+    /// whose chunks do not: a crash's torn write or damage, which only
+    /// what else is durable can tell apart (see [`find_segments`]).
+    pub failed_commit: Option<FailedCommit>,
+}
+
+/// A commit record whose entry is not complete: a chunk failed its CRC, or
+/// fewer chunks precede it than it counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailedCommit {
+    /// The offset of the commit record.
+    pub commit: u64,
+    /// The offset of the first bad chunk (the commit record's own when a
+    /// chunk is missing).
+    pub at: u64,
+    /// What is wrong.
+    pub reason: String,
 }
 
 impl SegmentScan {
-    /// Keeps only what precedes `offset` (point-in-time recovery).
+    /// Keeps only what precedes `offset` (point-in-time recovery, or the
+    /// end an earlier recovery decided on).
     pub fn truncate(&mut self, offset: u64) {
         self.committed.retain(|_, (_, commit)| *commit < offset);
         self.end = self.end.min(offset);
+        if self
+            .failed_commit
+            .as_ref()
+            .is_some_and(|failed| failed.commit >= offset)
+        {
+            self.failed_commit = None;
+        }
     }
 }
 
@@ -401,13 +426,33 @@ impl SegmentScanner {
                             *suspect = Some(found);
                         }
                     }
-                    if valid
-                        && chunks.len() == header.length as usize
-                        && !scan.committed.contains_key(&header.entry_id)
-                    {
+                    let duplicate = scan.committed.contains_key(&header.entry_id);
+                    if valid && chunks.len() == header.length as usize && !duplicate {
                         scan.committed.insert(header.entry_id, (chunks, offset));
                     } else {
                         scan.discarded += 1;
+                        if !duplicate && scan.failed_commit.is_none() {
+                            scan.failed_commit = Some(match bad.first() {
+                                Some(first_bad) => FailedCommit {
+                                    commit: offset,
+                                    at: first_bad.offset,
+                                    reason: format!(
+                                        "chunk of committed entry {} failed its CRC",
+                                        header.entry_id
+                                    ),
+                                },
+                                None => FailedCommit {
+                                    commit: offset,
+                                    at: offset,
+                                    reason: format!(
+                                        "committed entry {} has {} of its {} chunks",
+                                        header.entry_id,
+                                        chunks.len(),
+                                        header.length
+                                    ),
+                                },
+                            });
+                        }
                     }
                 }
                 RecordKind::Rollback => {
@@ -546,6 +591,7 @@ pub(crate) fn find_segments(
         });
     }
 
+    judge_failed_commits(&mut found.segments);
     let mut keep = found.segments.len();
     for (i, segment) in found.segments.iter_mut().enumerate() {
         if let Some((offset, reason)) = segment.scan.damage.clone() {
@@ -610,6 +656,51 @@ pub(crate) fn find_segments(
         found.dropped.push((dropped.path, highest));
     }
     Ok(found)
+}
+
+/// Decides what a commit record whose entry is incomplete means, from what
+/// the segment after it proves (FORMAT.md, "Reading a segment" and "Across
+/// segments"). Such an entry is damage when anything durable shows it was
+/// complete once; otherwise it is a crash's torn write, and then no entry
+/// committed after it in the segment may be kept either: every
+/// acknowledged commit had a sync cover all that precedes its commit
+/// record.
+///
+/// The next segment records where this one ended (`previous_end`): that
+/// is where an earlier open (or the writer, at a segment switch) found it
+/// to end, and everything below it was synced before the next segment got
+/// its name. An incomplete entry committed below it is damage; what lies
+/// past it was cut off then and stays cut off. Otherwise (no next segment,
+/// or one that started while entries were still open here) the segment
+/// ends at the incomplete entry's commit record, unless a durable mark
+/// past its bad chunk (an end mark, say) already made it damage.
+fn judge_failed_commits(segments: &mut [FoundSegment]) {
+    for i in 0..segments.len() {
+        let (before, after) = segments.split_at_mut(i + 1);
+        let segment = &mut before[i];
+        let recorded_end = after
+            .first()
+            .and_then(|next| next.header.previous)
+            .filter(|(previous_id, _)| *previous_id == segment.id)
+            .map(|(_, previous_end)| previous_end);
+        if let Some(previous_end) = recorded_end {
+            segment.scan.truncate(previous_end);
+            if let Some(failed) = segment.scan.failed_commit.take() {
+                segment.scan.damage.get_or_insert((
+                    failed.at,
+                    format!(
+                        "{}, although segment {} records that this one held durable records \
+                         up to offset {previous_end}",
+                        failed.reason, after[0].id
+                    ),
+                ));
+            }
+        } else if segment.scan.damage.is_none() {
+            if let Some(failed) = segment.scan.failed_commit.take() {
+                segment.scan.truncate(failed.commit);
+            }
+        }
+    }
 }
 
 /// Chunks up to this size are read together with their header, through

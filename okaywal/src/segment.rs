@@ -34,6 +34,12 @@ pub(crate) struct Segment {
     pub marked_to: AtomicU64,
     /// The directory entry naming this file is durable.
     pub name_durable: AtomicBool,
+    /// The next segment started while entries were still open here, so
+    /// its header could not record where this one ends: once closed, this
+    /// segment gets an end mark (see [`EndMark`]). True until it is
+    /// written. The lock also keeps two sync passes from writing it at
+    /// once, and a checkpoint from recycling the file under a late write.
+    pub end_mark_due: Mutex<bool>,
     /// The version information in the segment's header.
     pub version_info: Arc<Vec<u8>>,
 }
@@ -231,6 +237,7 @@ mod tests {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
+            end_mark_due: Mutex::new(false),
             version_info: Arc::default(),
         });
         let mut state = SegmentState::new(segment, 0);

@@ -280,7 +280,16 @@ impl LogEntries {
             // reader stays where it is, and every retry reports the same.
             if !skip_damage {
                 let scan = scanner.scan_mut();
-                if let Some((offset, reason)) = scan.damage.as_ref().or(scan.stopped.as_ref()) {
+                let failed = scan
+                    .failed_commit
+                    .as_ref()
+                    .map(|failed| (failed.at, failed.reason.clone()));
+                if let Some((offset, reason)) = scan
+                    .damage
+                    .clone()
+                    .or_else(|| scan.stopped.clone())
+                    .or(failed)
+                {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!(
