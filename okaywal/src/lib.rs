@@ -105,6 +105,7 @@ mod config;
 pub mod format;
 pub mod fs;
 mod group_commit;
+mod legacy;
 mod log;
 mod manager;
 mod position;
