@@ -133,13 +133,14 @@ pub(crate) enum HeaderKind {
 /// Classifies the first bytes of a file (up to this format's header size;
 /// fewer only if the file is shorter).
 pub(crate) fn classify(bytes: &[u8]) -> HeaderKind {
-    if bytes.starts_with(&MAGIC) {
+    // (A file cut inside the magic counts too.)
+    if bytes.starts_with(&MAGIC) || (!bytes.is_empty() && MAGIC.starts_with(bytes)) {
         return HeaderKind::Ours;
     }
     if bytes.iter().all(|&b| b == 0) {
         return HeaderKind::Unwritten;
     }
-    if bytes.starts_with(&LEGACY_MAGIC[..3]) {
+    if bytes.starts_with(&LEGACY_MAGIC[..3]) || LEGACY_MAGIC[..3].starts_with(bytes) {
         match bytes.get(3) {
             None | Some(0) => {}
             Some(version) => {
@@ -204,25 +205,34 @@ pub(crate) struct LegacySegment {
     pub header: LegacyHeader,
 }
 
-/// Called for a `wal-{id}` file whose header is not a valid one of this
-/// format: `None` if the header is this crate's own (or unwritten), the
-/// 0.2/0.3 segment if it is one, and an error naming the file if it is
-/// neither.
+/// For a `wal-{id}` file whose header is not a valid one of this format:
+/// the 0.2/0.3 segment, if `header_bytes` (its first bytes) are that
+/// format's header.
 pub(crate) fn recognise(
     id: u64,
     path: &Path,
-    file: Arc<dyn FileHandle>,
+    file: &Arc<dyn FileHandle>,
     header_bytes: &[u8],
-) -> io::Result<Option<LegacySegment>> {
+) -> Option<LegacySegment> {
     match classify(header_bytes) {
-        HeaderKind::Unwritten | HeaderKind::Ours => Ok(None),
-        HeaderKind::Legacy(header) => Ok(Some(LegacySegment {
+        HeaderKind::Legacy(header) => Some(LegacySegment {
             id,
             path: path.to_path_buf(),
-            file,
+            file: file.clone(),
             header,
-        })),
+        }),
+        _ => None,
+    }
+}
+
+/// For a `wal-{id}` file whose header is not a valid one of this format
+/// and holds no records of it: an error naming the file unless its first
+/// bytes are this format's magic or zeros (a header that never became
+/// durable) or a 0.2/0.3 header. Such a file is never reused.
+pub(crate) fn refuse_foreign(path: &Path, header_bytes: &[u8]) -> io::Result<()> {
+    match classify(header_bytes) {
         HeaderKind::Foreign(what) => Err(foreign_file_error(path, &what)),
+        _ => Ok(()),
     }
 }
 
@@ -898,6 +908,7 @@ mod tests {
         let mut ours = MAGIC.to_vec();
         ours.resize(512, 0xAB);
         assert_eq!(classify(&ours), HeaderKind::Ours);
+        assert_eq!(classify(b"OKAY"), HeaderKind::Ours, "cut inside the magic");
         assert_eq!(
             classify(b"okw\0\x03abcrest"),
             HeaderKind::Legacy(LegacyHeader {
@@ -906,7 +917,7 @@ mod tests {
             })
         );
         // Cut inside the header: a 0.3 file that holds nothing.
-        for short in [&b"okw"[..], b"okw\0", b"okw\0\x05ab"] {
+        for short in [&b"o"[..], b"ok", b"okw", b"okw\0", b"okw\0\x05ab"] {
             assert_eq!(
                 classify(short),
                 HeaderKind::Legacy(LegacyHeader {
@@ -923,7 +934,7 @@ mod tests {
         for foreign in [
             &b"SQLite format 3\0"[..],
             b"\x01",
-            b"OKAYWA",
+            b"OKAYWA-",
             b"\0\0\0\0\0\0\0\x01",
         ] {
             match classify(foreign) {
@@ -1033,9 +1044,6 @@ mod tests {
             let ids: Vec<u64> = match classify(&bytes[..len.min(512)]) {
                 HeaderKind::Legacy(_) => read_back(bytes, 1).into_iter().map(|e| e.0).collect(),
                 HeaderKind::Unwritten => Vec::new(),
-                // "o" and "ok" are not taken for a 0.3 header (0.3 writes
-                // its header into a preallocated file).
-                HeaderKind::Foreign(_) if (1..3).contains(&len) => Vec::new(),
                 other => panic!("{len}: {other:?}"),
             };
             let expected = (1..=6_u64)

@@ -504,6 +504,11 @@ pub(crate) fn find_segments(
         let header = match SegmentHeader::decode(&header_bytes) {
             Ok(header) if header.first_entry_id == id => header,
             result => {
+                // A segment written by okaywal 0.2/0.3 (`crate::legacy`).
+                if let Some(legacy) = crate::legacy::recognise(id, &path, &file, &header_bytes) {
+                    found.legacy.push(legacy);
+                    continue;
+                }
                 // A header that never became durable means nothing in the
                 // file was ever acknowledged (the file is named only after
                 // its header is synced), unless records of this segment
@@ -527,12 +532,8 @@ pub(crate) fn find_segments(
                         path.display()
                     )));
                 }
-                // An okaywal 0.2/0.3 segment is read as such; a header of
-                // neither format (not unwritten either) is an error.
-                if let Some(legacy) = crate::legacy::recognise(id, &path, file, &header_bytes)? {
-                    found.legacy.push(legacy);
-                    continue;
-                }
+                // A file whose header is of neither format is refused.
+                crate::legacy::refuse_foreign(&path, &header_bytes)?;
                 found.reusable.push(path);
                 continue;
             }
