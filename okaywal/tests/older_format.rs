@@ -461,11 +461,11 @@ fn entries_okaywal_0_3_never_checkpointed_are_replayed_checkpointed_and_not_repl
     open_continue_and_reopen(&ours, &expected, rolled_back);
 
     // The manager saw every 0.3 segment with its version info.
-    let probe = Collect::default();
+    let watcher = Collect::default();
     let dir = tmp.path().join("segments");
     copy_dir(&original, &dir);
-    let log = config(&dir).open(probe.clone()).unwrap();
-    let seen = probe.seen.lock();
+    let log = config(&dir).open(watcher.clone()).unwrap();
+    let seen = watcher.seen.lock();
     assert_eq!(seen.segments.len(), segments);
     assert!(seen
         .segments
