@@ -90,6 +90,21 @@
 //! are at `DEBUG` level, the others at `INFO`. Without the feature the
 //! crate does not depend on `tracing`.
 //!
+//! # Switching from okaywal 0.2 or 0.3
+//!
+//! The API has the shape okaywal 0.3 users know, and a directory holding a
+//! live 0.2/0.3 log opens as it is: [`WriteAheadLog::recover`] reads the
+//! segments that version had not checkpointed yet, hands their committed
+//! entries to [`LogManager::recover`] (in id order, before any entry of
+//! this format), checkpoints them through [`LogManager::checkpoint_to`]
+//! before it returns, and then recycles their files; new entry ids are
+//! above every id the old log used. From then on the directory holds this
+//! crate's format, which okaywal 0.3 cannot read. A file named like a
+//! segment (`wal-{id}`, `wal-{id}-cp`) whose header belongs to neither
+//! format makes the open fail with an `InvalidData` error naming it; it
+//! is never reused or overwritten. `FORMAT.md` ("Logs written by okaywal
+//! 0.2 and 0.3") has the details.
+//!
 //! # Layout
 //!
 //! Segment files `wal-{first entry id}` are preallocated, written with
@@ -105,6 +120,7 @@ mod config;
 pub mod format;
 pub mod fs;
 mod group_commit;
+mod legacy;
 mod log;
 mod manager;
 mod position;

@@ -102,6 +102,9 @@ pub(crate) struct Inner {
     pub unblocking_rollbacks: AtomicU64,
     /// Held while segments are renamed and the directory synced.
     pub naming: Mutex<()>,
+    /// Segments in the okaywal 0.2/0.3 format being checkpointed while
+    /// the log opens, for `read_at` (see `crate::legacy`).
+    pub legacy_files: Mutex<BTreeMap<u64, crate::legacy::OpenLegacyFile>>,
     /// Keeps other processes out of the directory while anything (a
     /// handle, the maintenance thread, a reader) can still write to it.
     pub _lock: LockGuard,
@@ -912,6 +915,10 @@ impl Inner {
     }
 
     pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        let legacy = self.legacy_files.lock().get(&position.file_id).cloned();
+        if let Some(legacy) = legacy {
+            return crate::legacy::read_at(&legacy, position);
+        }
         // The chunk may still be in the write buffer: put it in the file.
         self.flush_segment(position.file_id)?;
         let (segment, limit) = {
@@ -1078,6 +1085,7 @@ impl WriteAheadLog {
         let mut reusable = Vec::new();
         let mut max_id = 0_u64;
         let mut next_spare_number = 0;
+        let mut legacy_checkpointed = Vec::new();
         for name in fs.list_files(&directory)? {
             match FileName::parse(&name) {
                 Some(FileName::Segment(id)) => {
@@ -1094,12 +1102,15 @@ impl WriteAheadLog {
                     next_spare_number = next_spare_number.max(n.saturating_add(1));
                     reusable.push(file.path_in(&directory));
                 }
-                None => {}
+                // A segment okaywal 0.2/0.3 had checkpointed.
+                None => legacy_checkpointed.extend(
+                    crate::legacy::checkpointed_name(&name).map(|id| (id, directory.join(&name))),
+                ),
             }
         }
         segments.sort_unstable();
 
-        let found = find_segments(
+        let mut found = find_segments(
             &*fs,
             &directory,
             &segments,
@@ -1107,6 +1118,15 @@ impl WriteAheadLog {
             config.recovery_mode,
         )?;
         max_id = max_id.max(found.max_id);
+        legacy_checkpointed.sort_unstable();
+        let mut legacy = crate::legacy::LegacyLog::read(
+            &*fs,
+            std::mem::take(&mut found.legacy),
+            legacy_checkpointed,
+            config.buffer_bytes,
+            config.recovery_mode,
+        )?;
+        max_id = max_id.max(legacy.max_id());
         for path in &reusable {
             // A spare or recycled file that a crash caught after it became
             // a segment but before its rename holds records salted with that
@@ -1131,6 +1151,9 @@ impl WriteAheadLog {
             }
             fs.sync_dir(&directory)?;
         }
+        // Entries of okaywal 0.2/0.3 segments come first: their ids are
+        // below every id of this format's segments.
+        legacy.recover(&mut *manager)?;
         let mut live = BTreeMap::new();
         let mut abandoned = false;
         for found in found.segments {
@@ -1268,6 +1291,7 @@ impl WriteAheadLog {
             buffered_followers: 0.into(),
             unblocking_rollbacks: AtomicU64::new(0),
             naming: Mutex::new(()),
+            legacy_files: Mutex::new(BTreeMap::new()),
             _lock: lock,
         });
         // The first active segment: a reused file if any, else a new one.
@@ -1293,6 +1317,9 @@ impl WriteAheadLog {
             })),
             inner,
         };
+        // Segments in the okaywal 0.2/0.3 format are checkpointed (and
+        // recycled) now: the log writes only this crate's format.
+        legacy.checkpoint_and_recycle(&log, &mut *manager)?;
         checkpoint::start(&log, manager)?;
         Ok(log)
     }

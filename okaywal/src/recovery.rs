@@ -513,6 +513,8 @@ pub(crate) struct Found {
     pub segments: Vec<FoundSegment>,
     /// Files that hold nothing to replay and may be reused.
     pub reusable: Vec<PathBuf>,
+    /// Segments written by okaywal 0.2 or 0.3 (see `crate::legacy`).
+    pub legacy: Vec<crate::legacy::LegacySegment>,
     /// Segments recovery decided not to replay (a suffix cut off after
     /// lost or damaged records), with the highest entry id each held: they
     /// must be renamed away before the log goes on, or the next open would
@@ -547,6 +549,11 @@ pub(crate) fn find_segments(
         let header = match SegmentHeader::decode(&header_bytes) {
             Ok(header) if header.first_entry_id == id => header,
             result => {
+                // A segment written by okaywal 0.2/0.3 (`crate::legacy`).
+                if let Some(legacy) = crate::legacy::recognise(id, &path, &file, &header_bytes) {
+                    found.legacy.push(legacy);
+                    continue;
+                }
                 // A header that never became durable means nothing in the
                 // file was ever acknowledged (the file is named only after
                 // its header is synced), unless records of this segment
@@ -570,6 +577,8 @@ pub(crate) fn find_segments(
                         path.display()
                     )));
                 }
+                // A file whose header is of neither format is refused.
+                crate::legacy::refuse_foreign(&path, &header_bytes)?;
                 found.reusable.push(path);
                 continue;
             }
@@ -805,6 +814,8 @@ pub struct SegmentReader {
     unscanned: Option<(u64, usize, bool)>,
     window: ReadWindow,
     _segment: Option<Arc<Segment>>,
+    /// The segment is in the okaywal 0.2/0.3 format (`crate::legacy`).
+    legacy: bool,
 }
 
 impl SegmentReader {
@@ -830,6 +841,24 @@ impl SegmentReader {
             entries: entries.into_iter(),
             unscanned: None,
             _segment: segment,
+            legacy: false,
+        }
+    }
+
+    /// A reader over the committed entries of a segment in the okaywal
+    /// 0.2/0.3 format, whose walk ended at `end`.
+    pub(crate) fn legacy(
+        segment_id: u64,
+        version_info: &[u8],
+        file: Arc<dyn FileHandle>,
+        entries: BTreeMap<u64, Vec<ChunkLocation>>,
+        end: u64,
+    ) -> Self {
+        Self {
+            window: ReadWindow::new(end),
+            entries: entries.into_iter(),
+            legacy: true,
+            ..Self::new(segment_id, version_info, file, BTreeMap::new(), None)
         }
     }
 
@@ -903,6 +932,7 @@ impl SegmentReader {
             window: &mut self.window,
             chunks,
             next: 0,
+            legacy: self.legacy,
         }))
     }
 }
@@ -917,6 +947,7 @@ pub struct Entry<'a> {
     window: &'a mut ReadWindow,
     chunks: Vec<ChunkLocation>,
     next: usize,
+    legacy: bool,
 }
 
 /// The result of [`Entry::read_chunk`].
@@ -957,6 +988,23 @@ impl<'a> Entry<'a> {
             return Ok(ReadChunkResult::EndOfEntry);
         };
         self.next += 1;
+        if self.legacy {
+            let position = LogPosition {
+                file_id: self.segment_id,
+                offset: location.offset,
+            };
+            let len = crate::legacy::CHUNK_OVERHEAD + location.length as usize;
+            let bytes = self.window.get(&**self.file, location.offset, len)?;
+            return Ok(
+                match crate::legacy::chunk_reader(self.file.clone(), position, bytes) {
+                    Some(reader) => ReadChunkResult::Chunk(EntryChunk {
+                        reader,
+                        _entry: PhantomData,
+                    }),
+                    None => ReadChunkResult::AbortedEntry,
+                },
+            );
+        }
         // A small chunk comes whole (header, data, trailer) out of the
         // window; a large one's header is read alone and its data streamed.
         let small = location.length as usize <= PREFETCH_CHUNK_BYTES;

@@ -1,6 +1,6 @@
 //! The `tracing` feature's spans, seen by a subscriber that records every
-//! span's name and fields: `cargo test -p okaywal --features tracing --test
-//! tracing`.
+//! span's name and fields: `cargo test -p okaywal@0.1.0 --features tracing
+//! --test tracing`.
 #![cfg(feature = "tracing")]
 
 use std::collections::BTreeMap;
