@@ -1,8 +1,8 @@
-//! Black-box probes of the public API as the issues name it: every call
-//! the way an outsider reading only the issue text would make it, and the
-//! edges such a reader would try (garbage positions, empty entries and
-//! chunks, misdeclared streamed chunks, a manager failing recovery, exact
-//! stats of a scripted workload, extreme settings).
+//! The public API used from the outside, call by call as its
+//! documentation describes it, and the edges a user may run into (garbage
+//! positions, empty entries and chunks, misdeclared streamed chunks, a
+//! manager failing recovery, exact stats of a scripted workload, extreme
+//! settings).
 
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use okaywal::{
 type Seen = Arc<Mutex<Vec<(u64, Vec<Vec<u8>>)>>>;
 
 /// Records recovered and checkpointed entries, reading chunks through
-/// `read_chunk` and `Read` as the issue describes.
+/// `read_chunk` and `Read` as the documentation describes.
 #[derive(Debug, Clone, Default)]
 struct Collect {
     recovered: Seen,
@@ -83,14 +83,14 @@ fn read_back(log: &WriteAheadLog, record: &ChunkRecord) -> io::Result<Vec<u8>> {
 }
 
 #[test]
-fn the_api_named_in_the_issue_round_trips() {
+fn the_public_api_round_trips() {
     let dir = tempfile::tempdir().unwrap();
     let config = || {
         Configuration::default_for(dir.path())
             .preallocate_bytes(64 * 1024)
             .checkpoint_after_bytes(64 * 1024)
             .buffer_bytes(4096)
-            .version_info(b"probe v1".to_vec())
+            .version_info(b"api v1".to_vec())
             .recovery_mode(RecoveryMode::ErrorOnCorruption)
             .max_unsynced(Duration::from_millis(20))
     };
@@ -180,7 +180,7 @@ fn the_api_named_in_the_issue_round_trips() {
         .lock()
         .unwrap()
         .iter()
-        .all(|s| s.version_info() == b"probe v1"));
+        .all(|s| s.version_info() == b"api v1"));
     log.checkpoint_active().unwrap();
     assert_eq!(*manager.checkpointed.lock().unwrap(), expected);
     // The recycled positions are gone.

@@ -1,6 +1,6 @@
-//! Black-box probes of the public API as the issue names it: reads of
-//! uncommitted blobs, and streaming reads from the WAL and from the
-//! strata.
+//! The public API used from the outside: reads of uncommitted blobs,
+//! streaming reads from the WAL and from the strata, other files in the
+//! directory, extreme arguments, and long-open transactions.
 
 use std::io::Read;
 
