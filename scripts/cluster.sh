@@ -56,7 +56,7 @@ wait_for() {
     sleep 0.1
   done
 }
-# Each probe is bounded too: something else may hold a node's port.
+# Each check is bounded too: something else may hold a node's port.
 up() { curl -sf -m 2 "http://$(addr "$1")/cluster/metrics" >/dev/null; }
 leader_seen_by() {
   curl -s -m 2 "http://$(addr "$1")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p'

@@ -607,3 +607,10 @@ mod tests {
         db.verify().unwrap();
     }
 }
+
+// The Rust examples in the workspace's README.md run as doctests here (this
+// crate depends on both libraries and is not published), so they stay in
+// step with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadmeDoctests;

@@ -145,3 +145,9 @@ pub use recovery::{Entry, EntryChunk, ReadChunkResult, SegmentReader};
 pub use stats::LogStats;
 pub use tail::{LiveEntry, LogEntries};
 pub use writer::{ChunkRecord, ChunkWriter, Durability, EntryWriter};
+
+// The example in README.md runs as a doctest, so it stays in step with the
+// API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

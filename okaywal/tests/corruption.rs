@@ -335,8 +335,9 @@ fn damage_anywhere_in_the_last_entry_loses_only_that_entry() {
 /// CRCs, commit record), flipped: the later entries were synced after it,
 /// so this is damage, never a torn tail. Chunk data matters most: each
 /// commit record carries a durable mark from before its own chunks, so
-/// only the later records prove the chunks were durable (before session
-/// 15, 304 of these 354 flips, the data ones, dropped the entry silently).
+/// only the later records prove the chunks were durable (a walk that
+/// trusted only an entry's own commit record would drop the entry silently
+/// for 304 of these 354 flips, the data ones).
 #[test]
 fn damage_in_an_earlier_entry_is_refused_by_default_and_never_yields_wrong_bytes() {
     let base = build_base();

@@ -397,7 +397,8 @@ fn power_cut_with_jittered_io() {
 /// segment's header records where the abandoned one ended, and after a
 /// power loss recovery must still walk the whole abandoned record (which
 /// reaches past the preallocated file) instead of calling the segment cut
-/// short and refusing to open. Found by `power_cut_with_jittered_io`.
+/// short and refusing to open. `power_cut_with_jittered_io` reaches this
+/// state too.
 #[test]
 fn an_abandoned_chunk_at_the_end_of_a_segment_does_not_block_reopening() {
     for policy in policies(5) {

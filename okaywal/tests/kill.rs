@@ -233,7 +233,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
                 "seed {seed}: rolled-back entry {id} was checkpointed"
             );
         }
-        // New entries continue after everything seen so far. (The probe
+        // New entries continue after everything seen so far. (This entry
         // writes a chunk: an id that left nothing at all on disk may be
         // handed out again after a reopen.)
         let mut entry = log.begin_entry().unwrap();
@@ -243,7 +243,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
             entry.id().0
         );
         highest_id = entry.id().0;
-        entry.write_chunk(b"probe").unwrap();
+        entry.write_chunk(b"next").unwrap();
         entry.rollback().unwrap();
         log.shutdown().unwrap();
     }

@@ -85,7 +85,7 @@ fn log_opens_after_process_crash_reopen_two_commits_and_power_loss() {
 /// reach the page cache; the power goes out at the sync of entry 3's
 /// commit, which therefore fails. `seed` picks which unsynced writes the
 /// power loss keeps. Returns whether the power loss kept records of the
-/// segment but not its header (before the fix, seed 0 did).
+/// segment but not its header.
 fn crash_while_the_first_segment_records_are_unsynced(fs: &CrashFileSystem, seed: u64) -> bool {
     let log = config(fs).open(LogVoid).unwrap();
     assert_eq!(commit(&log, b"entry one", true), 1);

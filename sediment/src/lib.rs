@@ -91,3 +91,9 @@ pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
 pub use verify::{Problem, VerifyReport};
+
+// The example in README.md runs as a doctest, so it stays in step with the
+// API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

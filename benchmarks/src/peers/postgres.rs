@@ -39,7 +39,7 @@ pub fn connect() -> Result<Client, String> {
 }
 
 /// Checks that the server answers; the error says why it is skipped.
-pub fn probe() -> Result<String, String> {
+pub fn server_info() -> Result<String, String> {
     let mut client = connect()?;
     let row = client.query_one("SHOW server_version", &[]).map_err(err)?;
     let version: String = row.get(0);

@@ -94,7 +94,7 @@ pub fn select(all: &[&'static str], options: &Options) -> (Vec<&'static str>, Ve
             continue;
         }
         if system == "postgresql" {
-            match postgres_probe() {
+            match postgres_server_info() {
                 Ok(version) => notes.push(format!("postgresql: {version}")),
                 Err(why) => {
                     eprintln!("PostgreSQL skipped: {why}");
@@ -109,12 +109,12 @@ pub fn select(all: &[&'static str], options: &Options) -> (Vec<&'static str>, Ve
 }
 
 #[cfg(feature = "postgres")]
-fn postgres_probe() -> Result<String, String> {
-    peers::postgres::probe()
+fn postgres_server_info() -> Result<String, String> {
+    peers::postgres::server_info()
 }
 
 #[cfg(not(feature = "postgres"))]
-fn postgres_probe() -> Result<String, String> {
+fn postgres_server_info() -> Result<String, String> {
     Err(peers::not_available("postgresql"))
 }
 
