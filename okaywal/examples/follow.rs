@@ -2,7 +2,7 @@
 //! replica tails its leader, and reports what following cost.
 //!
 //! ```text
-//! cargo run --release -p okaywal@0.1.0 --example follow -- [ENTRIES_PER_WRITER] [--no-reader]
+//! cargo run --release -p okaywal --example follow -- [ENTRIES_PER_WRITER] [--no-reader]
 //! ```
 //!
 //! Four writers commit 256-byte entries; the reader takes each one with

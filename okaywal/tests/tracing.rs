@@ -1,5 +1,5 @@
 //! The `tracing` feature's spans, seen by a subscriber that records every
-//! span's name and fields: `cargo test -p okaywal@0.1.0 --features tracing
+//! span's name and fields: `cargo test -p okaywal --features tracing
 //! --test tracing`.
 #![cfg(feature = "tracing")]
 

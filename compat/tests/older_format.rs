@@ -3,6 +3,7 @@
 //! every entry 0.3.1's own recovery recovers is replayed, checkpointed
 //! and never replayed again, and ids go on above the old log's. A `wal-`
 //! file of neither format makes the open fail and stays as it was.
+#![cfg(feature = "okaywal-0.3")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
