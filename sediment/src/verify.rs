@@ -262,17 +262,16 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                     && bytes.len() >= 9
                     && grain_crc(p.sequence, &bytes[9..]) == p.crc)
             });
-            if let Some(problem) = expected.mismatch(
-                &stratum,
-                id,
-                (p.sequence, p.length, p.crc),
-                format!("WAL {}", p.position),
-                "the WAL",
-            ) {
-                report.problems.push(problem);
-            }
             match result {
-                Ok(true) => {}
+                // Damage is reported once: the record is compared with
+                // blobs that pass their own checksum.
+                Ok(true) => report.problems.extend(expected.mismatch(
+                    &stratum,
+                    id,
+                    (p.sequence, p.length, p.crc),
+                    format!("WAL {}", p.position),
+                    "the WAL",
+                )),
                 Ok(false) => report.problems.push(problem(
                     format!("WAL {}", p.position),
                     Some(id),
@@ -311,7 +310,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
         let mut found = VerifyReport::default();
         check_grain(&bytes[..filled], id, &location, &mut found);
-        if let Some(header) = GrainHeader::decode(&bytes[..filled]) {
+        let header = GrainHeader::decode(&bytes[..filled]);
+        if let (true, Some(header)) = (found.problems.is_empty(), header) {
             found.problems.extend(expected.mismatch(
                 &stratum,
                 id,
