@@ -941,7 +941,11 @@ impl Database {
         })
     }
 
-    /// Checks every header, allocation, grain checksum and commit record.
+    /// Checks every header, allocation, grain checksum and commit record,
+    /// and that each blob a commit record (after the last `checkpoint_to`)
+    /// lists as written, and no later record frees, is allocated and holds
+    /// the length and CRC the record lists. Damaged commit log bytes are
+    /// problems too (see [`VerifyReport::commit_log_damage`]).
     /// Returns `Ok(report)` when nothing is wrong and
     /// [`Error::Verification`] listing each problem (with its grain, file
     /// and offset) otherwise.
