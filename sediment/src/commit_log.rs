@@ -498,9 +498,13 @@ impl CommitLogFiles {
         let firsts: Vec<u64> = self.files.keys().copied().collect();
         for (at, &first) in firsts.iter().enumerate() {
             let next_first = firsts.get(at + 1).copied();
-            if let Some(damage) =
-                self.read_file(first, next_first, since, last_written, &mut contents.records)?
-            {
+            if let Some(damage) = self.read_file(
+                first,
+                next_first,
+                since,
+                last_written,
+                &mut contents.records,
+            )? {
                 self.damaged.insert(first);
                 contents.damage.push(damage);
             }

@@ -928,7 +928,9 @@ impl Database {
             .min_by_key(|damage| damage.first)
             .map(|mut damage| {
                 // Records at or below the checkpoint are dropped, not lost.
-                damage.first = damage.first.max(SequenceId(checkpointed_to.saturating_add(1)));
+                damage.first = damage
+                    .first
+                    .max(SequenceId(checkpointed_to.saturating_add(1)));
                 damage
             });
         if let Some(damage) = &damage {
@@ -1298,7 +1300,12 @@ mod tests {
         // Claimed archived before the blob there was written: not provable.
         assert!(!provable_after_damage(&db, kept, SequenceId(1), through));
         // Archived after the damage's end: not in doubt, left alone.
-        assert!(provable_after_damage(&db, newer, SequenceId(through.0), through));
+        assert!(provable_after_damage(
+            &db,
+            newer,
+            SequenceId(through.0),
+            through
+        ));
         assert_eq!(db.get(newer).unwrap().as_deref(), Some(&b"abcdefghij"[..]));
     }
 }

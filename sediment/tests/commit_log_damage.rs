@@ -169,7 +169,11 @@ fn copy_store(from: &Path) -> tempfile::TempDir {
 /// Every blob reads back exactly, and the embedded header is the last one
 /// set.
 fn check_blobs(db: &Database, fixture: &Fixture, more: &[(GrainId, Vec<u8>)], context: &str) {
-    for (id, data) in fixture.blobs.iter().chain(more.iter().map(|(id, d)| (id, d))) {
+    for (id, data) in fixture
+        .blobs
+        .iter()
+        .chain(more.iter().map(|(id, d)| (id, d)))
+    {
         assert_blob(db, *id, data, context);
     }
     assert_eq!(db.embedded_header(), fixture.header, "{context}");
@@ -269,7 +273,10 @@ fn check_archived(db: &Database, fixture: &Fixture, damage: &CommitLogDamage, co
         let mut tx = db.begin_transaction().unwrap();
         let again = tx.archive(grain);
         if damage.first <= by && by <= damage.last {
-            assert!(again.is_ok(), "{context}: archiving {grain} again: {again:?}");
+            assert!(
+                again.is_ok(),
+                "{context}: archiving {grain} again: {again:?}"
+            );
         } else {
             assert!(
                 matches!(again, Err(Error::AlreadyArchived(_))),
@@ -397,7 +404,11 @@ fn a_checkpoint_past_the_damage_drops_it_and_verify_passes_again() {
     // Blobs nobody archived read back; archived ones are freed or intact,
     // never wrong.
     for (grain, bytes) in fixture.blobs.iter().chain([(&id, &data)]) {
-        if fixture.archived.iter().any(|(archived, _)| archived == grain) {
+        if fixture
+            .archived
+            .iter()
+            .any(|(archived, _)| archived == grain)
+        {
             if let Some(stored) = db.get(*grain).unwrap() {
                 assert_eq!(&stored, bytes, "archived blob {grain}");
             }
@@ -432,10 +443,7 @@ fn a_commit_log_file_cut_short_is_damage_that_stays_reported() {
 
     // The file left behind was filled up to the length the index gave it,
     // so its missing records stay visible as damage.
-    assert_eq!(
-        std::fs::metadata(&path).unwrap().len(),
-        bytes.len() as u64
-    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes.len() as u64);
     let db = open(copy.path());
     check_blobs(&db, &fixture, &[(id, data)], "cut short, reopened");
     let again = check_log(&db, &fixture, "commits-1", frame, "cut short, reopened");
@@ -467,7 +475,12 @@ fn bytes_past_the_valid_end_of_the_current_file_are_not_read() {
     db.shutdown().unwrap();
 
     let db = open(copy.path());
-    check_blobs(&db, &fixture, &[(id, data)], "garbage past the end, reopened");
+    check_blobs(
+        &db,
+        &fixture,
+        &[(id, data)],
+        "garbage past the end, reopened",
+    );
     db.verify().unwrap();
     assert_eq!(read_log(&db, 0).1, None);
     db.shutdown().unwrap();

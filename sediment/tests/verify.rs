@@ -691,10 +691,7 @@ fn verify_reports_a_blob_a_commit_record_lists_that_the_strata_lost() {
     assert_eq!(report.problems.len(), 1, "{report}");
     let problem = &report.problems[0];
     assert_eq!(problem.grain, Some(lost.0), "{report}");
-    assert!(
-        problem.description.contains("not allocated"),
-        "{report}"
-    );
+    assert!(problem.description.contains("not allocated"), "{report}");
     assert!(report.commit_log_damage.is_empty());
     db.shutdown().unwrap();
 }
@@ -730,10 +727,10 @@ fn verify_reports_a_blob_whose_header_differs_from_its_commit_record() {
     assert_eq!(report.problems.len(), 1, "{report}");
     let problem = &report.problems[0];
     assert_eq!(problem.grain, Some(id), "{report}");
-    assert_eq!(problem.location, format!("{} offset {offset}", path.display()));
-    assert!(
-        problem.description.contains("commit record"),
-        "{report}"
+    assert_eq!(
+        problem.location,
+        format!("{} offset {offset}", path.display())
     );
+    assert!(problem.description.contains("commit record"), "{report}");
     db.shutdown().unwrap();
 }
