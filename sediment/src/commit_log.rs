@@ -739,6 +739,118 @@ mod tests {
     }
 
     #[test]
+    fn damage_hides_the_rest_of_its_file_and_reading_resumes_at_the_next() {
+        let (fs, dir, mut log) = empty_log();
+        let mut expected = Vec::new();
+        for sequence in 1..=3000_u64 {
+            let (record, payload) = record(sequence, 100);
+            log.append(sequence, &payload).unwrap();
+            expected.push(record);
+        }
+        log.sync().unwrap();
+        let firsts: Vec<u64> = log.files.keys().copied().collect();
+        assert!(firsts.len() >= 3, "{firsts:?}");
+        let (middle, next) = (firsts[1], firsts[2]);
+        // A byte in the payload of the middle file's third record.
+        let frame = FRAME_HEADER as u64 + record(middle, 100).1.len() as u64;
+        let file = fs
+            .open(&file_path(dir, middle), OpenMode::ReadWrite)
+            .unwrap();
+        let mut byte = [0_u8];
+        file.read_exact_at(&mut byte, 2 * frame + 20).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x10], 2 * frame + 20)
+            .unwrap();
+
+        let (current, end) = log.position();
+        let contents = log.read(0, 3000).unwrap();
+        assert_eq!(
+            contents.damage,
+            vec![CommitLogDamage {
+                path: file_path(dir, middle),
+                offset: 2 * frame,
+                first: SequenceId(middle + 2),
+                last: SequenceId(next - 1),
+                what: "checksum mismatch".into(),
+            }]
+        );
+        let readable: Vec<CommitRecord> = expected
+            .iter()
+            .filter(|r| r.sequence.0 < middle + 2 || r.sequence.0 >= next)
+            .cloned()
+            .collect();
+        assert_eq!(contents.records, readable);
+        // The same after reopening; a damaged current file is left for a new
+        // one at the next append, cut to its valid length.
+        let names = fs.list_files(dir).unwrap();
+        let mut reopened = CommitLogFiles::open(dir, fs.clone(), &names, current, end).unwrap();
+        assert_eq!(reopened.read(0, 3000).unwrap().damage, contents.damage);
+        let last_file = fs
+            .open(&file_path(dir, current), OpenMode::ReadWrite)
+            .unwrap();
+        last_file.write_all_at(&[0xFF; 3], 5).unwrap();
+        last_file.write_all_at(&[0xEE; 10], end).unwrap();
+        let damage = reopened.read(0, 3000).unwrap().damage;
+        assert_eq!(damage.len(), 2);
+        assert_eq!(
+            (damage[1].offset, damage[1].first),
+            (0, SequenceId(current))
+        );
+        assert_eq!(damage[1].last, SequenceId(3000));
+        let (record, payload) = record(3001, 1);
+        reopened.append(3001, &payload).unwrap();
+        reopened.sync().unwrap();
+        assert_eq!(
+            reopened.position(),
+            (3001, (FRAME_HEADER + payload.len()) as u64)
+        );
+        assert_eq!(
+            last_file.len().unwrap(),
+            end,
+            "bytes past the valid end are cut"
+        );
+        let contents = reopened.read(0, 3001).unwrap();
+        assert_eq!(contents.damage.len(), 2);
+        assert_eq!(contents.damage[1].last, SequenceId(3000));
+        assert_eq!(contents.records.last(), Some(&record));
+    }
+
+    #[test]
+    fn garbage_files_read_as_damage_without_panics() {
+        let (fs, dir, _) = empty_log();
+        let mut state = 0x1234_5678_9abc_def0_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..300_u64 {
+            let len = (next() % 200) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            // Some with a plausible first frame header.
+            if round % 3 == 0 && len >= 8 {
+                let payload = (len - 8) as u32;
+                bytes[..4].copy_from_slice(&payload.min((next() % 300) as u32).to_le_bytes());
+                let crc = crc32fast::hash(&bytes[8..]);
+                bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+            }
+            let first = round + 1;
+            let file = fs.open(&file_path(dir, first), OpenMode::Create).unwrap();
+            file.set_len(0).unwrap();
+            file.write_all_at(&bytes, 0).unwrap();
+            let names = fs.list_files(dir).unwrap();
+            let claimed_end = len as u64 + next() % 20;
+            let mut log =
+                CommitLogFiles::open(dir, fs.clone(), &names, first, claimed_end).unwrap();
+            let contents = log.read(0, first + 5).unwrap();
+            for damage in &contents.damage {
+                assert!(damage.first <= damage.last, "{damage}");
+            }
+            fs.remove_file(&file_path(dir, first)).unwrap();
+        }
+    }
+
+    #[test]
     fn files_rotate_trim_and_read_back() {
         let (fs, dir, mut log) = empty_log();
         let mut payload = Vec::new();
