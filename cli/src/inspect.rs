@@ -134,9 +134,8 @@ pub fn log(
                 Err(sediment::Error::CommitLogDamaged(damage)) => {
                     out.flush().map_err(CliError::output)?;
                     return Err(CliError::failure(format!(
-                        "the commit log is damaged: {damage}; the records after sequence {} \
-                         are listed by `sediment log --since {}`",
-                        damage.last,
+                        "the commit log is damaged: {damage}; `--since {}` lists the records \
+                         after them",
                         damage.last.0.saturating_add(1)
                     )));
                 }
