@@ -471,6 +471,7 @@ impl CommitLogFiles {
             let (first, next) = (pair[0], pair[1]);
             if Some(first) != current && next.saturating_sub(1) <= through {
                 self.files.remove(&first);
+                self.damaged.remove(&first);
                 let path = file_path(&self.directory, first);
                 self.fs
                     .remove_file(&path)

@@ -123,34 +123,38 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         .flat_map(|b| shared.basins[b].strata.read().clone())
         .collect();
 
-    // The commit records: each damaged stretch is a problem, and the blobs
-    // the readable records list as written are checked against the strata
-    // below (`Expected`).
+    // The commit records, read before the strata: the blobs the readable
+    // records list as written are checked against them (`Expected`). Their
+    // problems are listed after the strata's.
     let last_written = store.index.last_committed;
     let mut expected = Expected::default();
-    match store.commit_log.read(0, last_written) {
+    let log_problems = match store.commit_log.read(0, last_written) {
         Ok(contents) => {
             report.commit_records_checked = contents.records.len() as u64;
             expected = Expected::collect(db, &strata, contents.records, &contents.damage);
-            for damage in contents.damage {
-                report.problems.push(problem(
-                    format!("{} offset {}", damage.path.display(), damage.offset),
-                    None,
-                    format!(
-                        "commit record: {}; the records of sequences {} to {} cannot be read \
-                         (blobs are not affected)",
-                        damage.what, damage.first, damage.last
-                    ),
-                ));
-                report.commit_log_damage.push(damage);
-            }
+            report.commit_log_damage = contents.damage;
+            report
+                .commit_log_damage
+                .iter()
+                .map(|damage| {
+                    problem(
+                        format!("{} offset {}", damage.path.display(), damage.offset),
+                        None,
+                        format!(
+                            "commit record: {}; the records of sequences {} to {} cannot be \
+                             read (blobs are not affected)",
+                            damage.what, damage.first, damage.last
+                        ),
+                    )
+                })
+                .collect()
         }
-        Err(e) => report.problems.push(problem(
+        Err(e) => vec![problem(
             commit_log_location(&shared.directory),
             None,
             e.to_string(),
-        )),
-    }
+        )],
+    };
 
     let mut work = Vec::new();
     for stratum in &strata {
@@ -331,6 +335,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
     }
     progress(total, total);
+    report.problems.extend(log_problems);
     expected.check_allocated(db, &mut report);
     Ok(report)
 }
