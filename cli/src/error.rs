@@ -88,6 +88,7 @@ pub fn is_corruption(err: &sediment::Error) -> bool {
     match err {
         sediment::Error::Corrupt { .. }
         | sediment::Error::ChecksumMismatch { .. }
+        | sediment::Error::CommitLogDamaged(_)
         | sediment::Error::Verification(_) => true,
         sediment::Error::Io { source, .. } => source.kind() == io::ErrorKind::InvalidData,
         _ => false,
@@ -103,7 +104,7 @@ impl From<sediment::Error> for CliError {
             | Error::TooLarge { .. }
             | Error::FutureSequence { .. } => Self::input(err.to_string()),
             Error::NotAllocated(id) => Self::input(not_allocated(*id)),
-            Error::Corrupt { .. } | Error::ChecksumMismatch { .. } => {
+            Error::Corrupt { .. } | Error::ChecksumMismatch { .. } | Error::CommitLogDamaged(_) => {
                 Self::failure(format!("the store is damaged: {err}"))
             }
             _ => Self::failure(err.to_string()),

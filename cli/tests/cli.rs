@@ -868,3 +868,52 @@ fn a_store_open_in_another_process_is_refused() {
     held.shutdown().unwrap();
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "held");
 }
+
+/// A flipped byte in the commit log: every blob still reads, `log` lists
+/// the records before the damage and then fails naming it (and how to read
+/// past it), and `verify` reports it.
+#[test]
+fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
+    let (_temp, db, mut ids) = store_with(&[b"first"]);
+    for (i, bytes) in [&b"second"[..], b"third"].iter().enumerate() {
+        let file = db.with_file_name(format!("more-{i}"));
+        fs::write(&file, bytes).unwrap();
+        let run = ok(sediment(&[&"put", &db, &file]));
+        ids.push(run.stdout.trim().to_string());
+    }
+    let before = ok(sediment(&[&"log", &db])).stdout;
+    assert_eq!(before.lines().count(), 3, "{before}");
+
+    // The second record's last byte.
+    let path = db.join("commits-1");
+    let mut bytes = fs::read(&path).unwrap();
+    let first_len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+    let second_len =
+        u32::from_le_bytes(bytes[8 + first_len..12 + first_len].try_into().unwrap()) as usize;
+    let at = 8 + first_len + 8 + second_len - 1;
+    bytes[at] ^= 0x01;
+    fs::write(&path, bytes).unwrap();
+
+    for (id, expected) in ids.iter().zip(["first", "second", "third"]) {
+        assert_eq!(ok(sediment(&[&"get", &db, id])).stdout, expected);
+    }
+    let run = sediment(&[&"log", &db]);
+    assert_error(&run, 3, "commits-1 offset");
+    assert!(run.stderr.contains("--since 4"), "{}", run.stderr);
+    assert_eq!(
+        run.stdout,
+        before.lines().next().unwrap().to_string() + "\n"
+    );
+    let run = sediment(&[&"verify", &db]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let problem = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("problem:"))
+        .unwrap_or_else(|| panic!("no problem line in {}", run.stdout));
+    assert!(
+        problem.contains(&format!("commits-1 offset {}", 8 + first_len)),
+        "{problem}"
+    );
+    assert!(problem.contains("checksum mismatch"), "{problem}");
+}

@@ -626,7 +626,7 @@ impl Database {
         let (index_file, index, next_slot) = open_index(&*fs, &directory, &names)?;
         let wal_floor = index.wal_checkpointed_entry;
         let basins = open_strata(&*fs, &directory, &names, &index.strata)?;
-        let commit_log = CommitLogFiles::open(
+        let mut commit_log = CommitLogFiles::open(
             &directory,
             fs.clone(),
             &names,
@@ -641,7 +641,21 @@ impl Database {
             wal_checkpointed_entry: index.wal_checkpointed_entry,
             ..Meta::default()
         };
-        for record in commit_log.read(index.checkpointed_to.saturating_add(1))? {
+        // The commit log is read for the grains archived since the last
+        // `checkpoint_to` (everything else it holds is in the index and the
+        // strata). Damaged records are skipped; see
+        // `forget_unprovable_archives` for what that costs.
+        let contents = commit_log.read(
+            index.checkpointed_to.saturating_add(1),
+            index.last_committed,
+        )?;
+        let hidden_through = contents
+            .damage
+            .iter()
+            .map(|damage| damage.last.0)
+            .filter(|&last| last > index.checkpointed_to)
+            .max();
+        for record in contents.records {
             meta.last_committed = meta.last_committed.max(record.sequence.0);
             let sequence = record.sequence.0;
             for id in &record.archived {
@@ -684,7 +698,55 @@ impl Database {
         let wal = wal_config
             .open(Manager::new(shared.clone()))
             .context(|| "opening the write-ahead log".to_string())?;
-        Ok(Self { shared, wal })
+        let db = Self { shared, wal };
+        if let Some(through) = hidden_through {
+            db.forget_unprovable_archives(through);
+        }
+        Ok(db)
+    }
+
+    /// After damage hid the commit records of sequences up to `through`
+    /// (and after the WAL replay, so that blobs still in the WAL count): a
+    /// hidden record may have freed grains that a readable record before it
+    /// archived, and their space may hold a newer blob by now. So an
+    /// archived grain whose archiving sequence is below `through` stays
+    /// archived only if the blob there is provably the one that was
+    /// archived: live, written before the archiving sequence, and reading
+    /// back with its checksum. Any other grain is no longer taken as
+    /// archived, so no `checkpoint_to` frees it: its space is kept rather
+    /// than risk freeing a newer blob. Grains that hidden records archived
+    /// stay live and unarchived the same way (see FORMAT.md).
+    fn forget_unprovable_archives(&self, through: u64) {
+        let candidates: Vec<(GrainId, u64)> = {
+            let meta = self.shared.meta.lock();
+            meta.archived_set
+                .iter()
+                .filter(|(_, &archived_by)| archived_by < through)
+                .map(|(&id, &archived_by)| (id, archived_by))
+                .collect()
+        };
+        for (id, archived_by) in candidates {
+            let provable = match self.read(id) {
+                Ok(Some(mut reader)) => {
+                    reader.sequence().0 < archived_by
+                        && io::copy(&mut reader, &mut io::sink()).is_ok()
+                }
+                Ok(None) | Err(_) => false,
+            };
+            if provable {
+                continue;
+            }
+            let mut meta = self.shared.meta.lock();
+            if meta.archived_set.get(&id) == Some(&archived_by) {
+                meta.archived_set.remove(&id);
+            }
+            if let Some(grains) = meta.archived.get_mut(&archived_by) {
+                grains.retain(|grain| *grain != id);
+                if grains.is_empty() {
+                    meta.archived.remove(&archived_by);
+                }
+            }
+        }
     }
 
     fn check_open(&self) -> Result<()> {
@@ -817,6 +879,15 @@ impl Database {
     /// to the point through which every transaction has finished (so a
     /// reader never sees a gap that fills in later). Records at or below
     /// [`Database::checkpointed_to`] have been dropped.
+    ///
+    /// If commit log bytes are damaged, the iteration yields the records
+    /// before the damaged ones, then one [`Error::CommitLogDamaged`] naming
+    /// the file, the offset and the sequences whose records cannot be read,
+    /// and then ends: it never skips records silently. The records after
+    /// the damage are read with a new call from `damage.last + 1`; the ones
+    /// in between are lost to readers (a replica needs the state they
+    /// changed from elsewhere). The damage is reported until a
+    /// `checkpoint_to` at or past `damage.last` drops those records.
     pub fn commit_log(&self, since: SequenceId) -> Result<CommitLog> {
         self.check_open()?;
         let (recent, through, checkpointed_to) = {
@@ -833,12 +904,13 @@ impl Database {
             (recent, through, meta.checkpointed_to)
         };
         let from = since.0.max(checkpointed_to.saturating_add(1));
-        let mut records: BTreeMap<u64, CommitRecord> = self
-            .shared
-            .store
-            .lock()
-            .commit_log
-            .read(from)?
+        let contents = {
+            let mut store = self.shared.store.lock();
+            let last_written = store.index.last_committed;
+            store.commit_log.read(from, last_written)?
+        };
+        let mut records: BTreeMap<u64, CommitRecord> = contents
+            .records
             .into_iter()
             .filter(|r| r.sequence.0 <= through)
             .map(|r| (r.sequence.0, r))
@@ -848,12 +920,34 @@ impl Database {
                 records.insert(record.sequence.0, record);
             }
         }
+        // The first damage in the range asked for ends the iteration.
+        let damage = contents
+            .damage
+            .into_iter()
+            .filter(|damage| damage.last.0 >= from && damage.first.0 <= through)
+            .min_by_key(|damage| damage.first)
+            .map(|mut damage| {
+                // Records at or below the checkpoint are dropped, not lost.
+                damage.first = damage
+                    .first
+                    .max(SequenceId(checkpointed_to.saturating_add(1)));
+                damage
+            });
+        if let Some(damage) = &damage {
+            // Only the records before the damage are returned.
+            drop(records.split_off(&damage.first.0));
+        }
         Ok(CommitLog {
             records: records.into_values().collect::<Vec<_>>().into_iter(),
+            damage,
         })
     }
 
-    /// Checks every header, allocation, grain checksum and commit record.
+    /// Checks every header, allocation, grain checksum and commit record,
+    /// and that each blob a commit record (after the last `checkpoint_to`)
+    /// lists as written, and no later record frees, is allocated and holds
+    /// the length and CRC the record lists. Damaged commit log bytes are
+    /// problems too (see [`VerifyReport::commit_log_damage`]).
     /// Returns `Ok(report)` when nothing is wrong and
     /// [`Error::Verification`] listing each problem (with its grain, file
     /// and offset) otherwise.
@@ -923,17 +1017,24 @@ impl Database {
     }
 }
 
-/// The commit records returned by [`Database::commit_log`].
+/// The commit records returned by [`Database::commit_log`]: each is
+/// `Ok`, except that damaged commit log bytes end the iteration with one
+/// [`Error::CommitLogDamaged`].
 #[derive(Debug)]
 pub struct CommitLog {
     records: std::vec::IntoIter<CommitRecord>,
+    /// Reported once the records before it have been returned.
+    damage: Option<crate::commit_log::CommitLogDamage>,
 }
 
 impl Iterator for CommitLog {
-    type Item = CommitRecord;
+    type Item = Result<CommitRecord>;
 
-    fn next(&mut self) -> Option<CommitRecord> {
-        self.records.next()
+    fn next(&mut self) -> Option<Result<CommitRecord>> {
+        match self.records.next() {
+            Some(record) => Some(Ok(record)),
+            None => self.damage.take().map(|d| Err(Error::CommitLogDamaged(d))),
+        }
     }
 }
 
@@ -1126,5 +1227,85 @@ impl Read for GrainReader {
             return Err(self.checksum_error());
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What open concludes when damage hid the commit records up to
+    /// `through`: `meta` says `id` was archived by `archived_by`, as a
+    /// readable record said, but a hidden record may have freed it since.
+    fn provable_after_damage(
+        db: &Database,
+        id: GrainId,
+        archived_by: SequenceId,
+        through: SequenceId,
+    ) -> bool {
+        {
+            let mut meta = db.shared.meta.lock();
+            meta.archived_set.insert(id, archived_by.0);
+            meta.archived.entry(archived_by.0).or_default().push(id);
+        }
+        db.forget_unprovable_archives(through.0);
+        let meta = db.shared.meta.lock();
+        let listed = meta
+            .archived
+            .get(&archived_by.0)
+            .is_some_and(|grains| grains.contains(&id));
+        let archived = meta.archived_set.get(&id) == Some(&archived_by.0);
+        assert_eq!(listed, archived, "the map and the set agree");
+        archived
+    }
+
+    #[test]
+    fn archives_a_hidden_record_may_have_freed_are_kept_only_when_provable() {
+        let db = Database::in_memory();
+        let mut tx = db.begin_transaction().unwrap();
+        let first = tx.write(b"0123456789").unwrap();
+        let second = tx.write(b"9876543210").unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(first).unwrap();
+        tx.archive(second).unwrap();
+        let archived_by = tx.commit().unwrap();
+        // The free that damage would hide, then a blob of the same size in
+        // one of the freed grains.
+        let mut tx = db.begin_transaction().unwrap();
+        tx.checkpoint_to(archived_by).unwrap();
+        let freeing = tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        let newer = tx.write(b"abcdefghij").unwrap();
+        tx.commit().unwrap();
+        let left_free = match newer {
+            id if id == first => second,
+            id if id == second => first,
+            other => panic!("{other} reuses neither freed grain"),
+        };
+        // Taking them as archived would free `newer` at the next checkpoint.
+        assert!(!provable_after_damage(&db, newer, archived_by, freeing));
+        assert!(!provable_after_damage(&db, left_free, archived_by, freeing));
+
+        // A blob archived (by a sequence below the damage's end) and still
+        // there stays archived, so a later checkpoint frees it.
+        let mut tx = db.begin_transaction().unwrap();
+        let kept = tx.write(b"still archived").unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(kept).unwrap();
+        let kept_by = tx.commit().unwrap();
+        let through = SequenceId(kept_by.0 + 1);
+        assert!(provable_after_damage(&db, kept, kept_by, through));
+        // Claimed archived before the blob there was written: not provable.
+        assert!(!provable_after_damage(&db, kept, SequenceId(1), through));
+        // Archived after the damage's end: not in doubt, left alone.
+        assert!(provable_after_damage(
+            &db,
+            newer,
+            SequenceId(through.0),
+            through
+        ));
+        assert_eq!(db.get(newer).unwrap().as_deref(), Some(&b"abcdefghij"[..]));
     }
 }

@@ -3,6 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::commit_log::CommitLogDamage;
 use crate::grain_id::GrainId;
 use crate::verify::VerifyReport;
 
@@ -59,6 +60,13 @@ pub enum Error {
         /// What is wrong with it.
         what: String,
     },
+    /// [`Database::commit_log`](crate::Database::commit_log) reached
+    /// records that cannot be read because commit log bytes are damaged:
+    /// the file, the offset of the damaged frame and the sequences whose
+    /// records are lost to readers. The records before them were returned;
+    /// those after `damage.last` can be read with `commit_log(last + 1)`.
+    #[error("{0}")]
+    CommitLogDamaged(CommitLogDamage),
     /// `verify` found problems; the report lists each with its location.
     #[error("verification found problems:\n{0}")]
     Verification(VerifyReport),

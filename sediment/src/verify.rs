@@ -1,10 +1,14 @@
 //! Checking every header, allocation, grain and commit record.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::allocator::blobs;
+use crate::commit_log::{CommitLogDamage, CommitRecord};
 use crate::db::{Database, INDEX_FILE};
 use crate::error::Result;
 use crate::format::{
@@ -12,7 +16,7 @@ use crate::format::{
     INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
 };
 use crate::grain_id::GrainId;
-use crate::stratum::read_headers;
+use crate::stratum::{read_headers, Stratum};
 
 /// One thing `verify` found wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +49,9 @@ pub struct VerifyReport {
     pub strata_checked: u64,
     /// Commit records checked.
     pub commit_records_checked: u64,
+    /// Each damaged stretch of the commit log (also listed in `problems`):
+    /// where it is and which sequences' records cannot be read.
+    pub commit_log_damage: Vec<CommitLogDamage>,
 }
 
 impl VerifyReport {
@@ -81,7 +88,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let mut report = VerifyReport::default();
     // Holding the store keeps checkpoints (the only writers of headers and
     // of checkpointed grains) out while we look.
-    let store = shared.store.lock();
+    let mut store = shared.store.lock();
     let problem = |location: String, grain: Option<GrainId>, description: String| Problem {
         location,
         grain,
@@ -115,6 +122,40 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let strata: Vec<_> = (0..BASINS)
         .flat_map(|b| shared.basins[b].strata.read().clone())
         .collect();
+
+    // The commit records, read before the strata: the blobs the readable
+    // records list as written are checked against them (`Expected`). Their
+    // problems are listed after the strata's.
+    let last_written = store.index.last_committed;
+    let mut expected = Expected::default();
+    let log_problems = match store.commit_log.read(0, last_written) {
+        Ok(contents) => {
+            report.commit_records_checked = contents.records.len() as u64;
+            expected = Expected::collect(db, &strata, contents.records, &contents.damage);
+            report.commit_log_damage = contents.damage;
+            report
+                .commit_log_damage
+                .iter()
+                .map(|damage| {
+                    problem(
+                        format!("{} offset {}", damage.path.display(), damage.offset),
+                        None,
+                        format!(
+                            "commit record: {}; the records of sequences {} to {} cannot be \
+                             read (blobs are not affected)",
+                            damage.what, damage.first, damage.last
+                        ),
+                    )
+                })
+                .collect()
+        }
+        Err(e) => vec![problem(
+            commit_log_location(&shared.directory),
+            None,
+            e.to_string(),
+        )],
+    };
+
     let mut work = Vec::new();
     for stratum in &strata {
         report.strata_checked += 1;
@@ -226,7 +267,15 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                     && grain_crc(p.sequence, &bytes[9..]) == p.crc)
             });
             match result {
-                Ok(true) => {}
+                // Damage is reported once: the record is compared with
+                // blobs that pass their own checksum.
+                Ok(true) => report.problems.extend(expected.mismatch(
+                    &stratum,
+                    id,
+                    (p.sequence, p.length, p.crc),
+                    format!("WAL {}", p.position),
+                    "the WAL",
+                )),
                 Ok(false) => report.problems.push(problem(
                     format!("WAL {}", p.position),
                     Some(id),
@@ -265,6 +314,16 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
         let mut found = VerifyReport::default();
         check_grain(&bytes[..filled], id, &location, &mut found);
+        let header = GrainHeader::decode(&bytes[..filled]);
+        if let (true, Some(header)) = (found.problems.is_empty(), header) {
+            found.problems.extend(expected.mismatch(
+                &stratum,
+                id,
+                (header.sequence, header.length, header.crc),
+                location.clone(),
+                "its grain header",
+            ));
+        }
         // A blob freed since its grains were listed may have had them
         // reused by a write in progress: only a blob still live counts.
         if stratum
@@ -276,16 +335,171 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
     }
     progress(total, total);
-
-    match store.commit_log.read(0) {
-        Ok(records) => report.commit_records_checked = records.len() as u64,
-        Err(e) => report.problems.push(problem(
-            commit_log_location(&shared.directory),
-            None,
-            e.to_string(),
-        )),
-    }
+    report.problems.extend(log_problems);
+    expected.check_allocated(db, &mut report);
     Ok(report)
+}
+
+/// What a blob's grain header must hold: (sequence, length, CRC).
+type Written = (u64, u32, u32);
+
+/// The blobs that readable commit records list as written, and that no
+/// later record frees: each must be allocated and hold exactly what its
+/// record says. (Every allocated blob's own checksum is checked anyway;
+/// this ties the strata to the records replicas follow.)
+#[derive(Debug, Default)]
+struct Expected {
+    blobs: HashMap<GrainId, Written>,
+    /// Each stratum's `reuse_epoch` when the records were taken, by
+    /// (basin, number): a blob freed since (and maybe reused) was not
+    /// damaged, and a stratum whose epoch moved is not judged.
+    epochs: HashMap<(u8, u32), u64>,
+}
+
+impl Expected {
+    /// The blobs listed by `from_files` (the commit log files) and the
+    /// records still only in memory, with a sequence above the last
+    /// `checkpoint_to`. Records hidden by `damage` may have freed or
+    /// written any blob of an earlier record, so only records after every
+    /// damaged stretch are used.
+    fn collect(
+        db: &Database,
+        strata: &[Arc<Stratum>],
+        from_files: Vec<CommitRecord>,
+        damage: &[CommitLogDamage],
+    ) -> Self {
+        let meta = db.shared.meta.lock();
+        // Taken with the records under the lock under which commits free
+        // grains: a free after this point moves its stratum's epoch.
+        let epochs = strata
+            .iter()
+            .map(|s| ((s.basin, s.number), s.reuse_epoch.load(Ordering::Acquire)))
+            .collect();
+        let after = damage
+            .iter()
+            .map(|d| d.last.0)
+            .max()
+            .unwrap_or(0)
+            .max(meta.checkpointed_to);
+        let mut records: BTreeMap<u64, CommitRecord> = meta
+            .recent
+            .range(after.saturating_add(1)..)
+            .map(|(&sequence, record)| (sequence, record.clone()))
+            .collect();
+        drop(meta);
+        for record in from_files {
+            if record.sequence.0 > after {
+                records.entry(record.sequence.0).or_insert(record);
+            }
+        }
+        let mut blobs = HashMap::new();
+        for (sequence, record) in records {
+            for id in &record.freed {
+                blobs.remove(id);
+            }
+            for grain in &record.new_grains {
+                blobs.insert(grain.id, (sequence, grain.length, grain.crc));
+            }
+        }
+        Self { blobs, epochs }
+    }
+
+    /// True if no grain of `stratum` was freed since the records were taken.
+    fn unchanged(&self, stratum: &Stratum) -> bool {
+        self.epochs.get(&(stratum.basin, stratum.number))
+            == Some(&stratum.reuse_epoch.load(Ordering::Acquire))
+    }
+
+    /// A problem if blob `id`, found holding `found` at `location`, is
+    /// listed by a record with other values.
+    fn mismatch(
+        &self,
+        stratum: &Stratum,
+        id: GrainId,
+        found: Written,
+        location: String,
+        source: &str,
+    ) -> Option<Problem> {
+        let &(sequence, length, crc) = self.blobs.get(&id)?;
+        if found == (sequence, length, crc) || !self.unchanged(stratum) {
+            return None;
+        }
+        Some(Problem {
+            location,
+            grain: Some(id),
+            description: format!(
+                "the commit record of sequence {sequence} lists this blob with length {length} \
+                 and CRC {crc:#010x}, but {source} holds sequence {}, length {} and CRC {:#010x}",
+                found.0, found.1, found.2
+            ),
+        })
+    }
+
+    /// A problem for each listed blob that is not allocated.
+    fn check_allocated(&self, db: &Database, report: &mut VerifyReport) {
+        let shared = &db.shared;
+        let mut missing: Vec<(GrainId, Problem)> = Vec::new();
+        for (&id, &(sequence, length, _)) in &self.blobs {
+            let listed = format!(
+                "the commit record of sequence {sequence} lists this blob ({length} bytes) as \
+                 written and no later record frees it"
+            );
+            let stratum = match shared.stratum_of(id) {
+                Ok(Some(stratum)) => stratum,
+                Ok(None) => {
+                    let path = shared
+                        .directory
+                        .join(crate::stratum::file_name(id.basin(), id.stratum()));
+                    missing.push((
+                        id,
+                        Problem {
+                            location: path.display().to_string(),
+                            grain: Some(id),
+                            description: format!("{listed}, but its stratum file is missing"),
+                        },
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    missing.push((
+                        id,
+                        Problem {
+                            location: commit_log_location(&shared.directory),
+                            grain: Some(id),
+                            description: format!("{listed}, but it cannot name a blob: {e}"),
+                        },
+                    ));
+                    continue;
+                }
+            };
+            // Liveness and epoch together, as a commit's free changes both.
+            let live = {
+                let _pending = shared.pending.read();
+                if !self.unchanged(&stratum) {
+                    continue;
+                }
+                stratum.bits.read().is_live_blob(id.index(), id.count())
+            };
+            if !live {
+                missing.push((
+                    id,
+                    Problem {
+                        location: format!(
+                            "{} offset {}",
+                            stratum.path.display(),
+                            stratum.offset_of(id.index())
+                        ),
+                        grain: Some(id),
+                        description: format!("{listed}, but it is not allocated"),
+                    },
+                ));
+            }
+        }
+        missing.sort_by_key(|(id, _)| *id);
+        report
+            .problems
+            .extend(missing.into_iter().map(|(_, problem)| problem));
+    }
 }
 
 fn commit_log_location(directory: &Path) -> String {
