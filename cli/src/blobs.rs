@@ -265,14 +265,10 @@ pub fn checkpoint(db_path: &Path, sequence: &str, out: &mut dyn Write) -> Result
         let mut tx = db.begin_transaction()?;
         tx.checkpoint_to(SequenceId(to))?;
         let at = busy("committing", || tx.commit())?;
-        let mut freed = 0;
-        for record in db.commit_log(at)? {
-            let record = record?;
-            if record.sequence == at {
-                freed = record.freed.len();
-                break;
-            }
-        }
+        let freed = db
+            .commit_log(at)?
+            .find(|record| record.sequence == at)
+            .map_or(0, |record| record.freed.len());
         writeln!(
             out,
             "checkpointed to sequence {to} in sequence {at}: freed {freed} grain(s)"

@@ -126,21 +126,20 @@ pub fn log(
                 "sediment: note: records through sequence {checkpointed} were dropped by a checkpoint"
             );
         }
-        for record in db.commit_log(SequenceId(since))? {
-            // Damage ends the listing with an error naming the file, the
-            // offset and the sequences lost; the records before it are out.
-            let record = match record {
-                Ok(record) => record,
-                Err(sediment::Error::CommitLogDamaged(damage)) => {
-                    out.flush().map_err(CliError::output)?;
-                    return Err(CliError::failure(format!(
-                        "the commit log is damaged: {damage}; `--since {}` lists the records \
-                         after them",
-                        damage.last.0.saturating_add(1)
-                    )));
-                }
-                Err(err) => return Err(err.into()),
-            };
+        let records = match db.commit_log(SequenceId(since)) {
+            Ok(records) => records,
+            // Damage in the range fails the listing with an error naming
+            // the file, the offset and the sequences lost.
+            Err(sediment::Error::CommitLogDamaged(damage)) => {
+                return Err(CliError::failure(format!(
+                    "the commit log is damaged: {damage}; `--since {}` lists the records \
+                     after them",
+                    damage.last.0.saturating_add(1)
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        for record in records {
             if json {
                 write_json(out, &JsonRecord::from(&record))?;
             } else {

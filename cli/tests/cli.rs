@@ -869,9 +869,8 @@ fn a_store_open_in_another_process_is_refused() {
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "held");
 }
 
-/// A flipped byte in the commit log: every blob still reads, `log` lists
-/// the records before the damage and then fails naming it (and how to read
-/// past it), and `verify` reports it.
+/// A flipped byte in the commit log: every blob still reads, `log` fails
+/// naming the damage (and how to read past it), and `verify` reports it.
 #[test]
 fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
     let (_temp, db, mut ids) = store_with(&[b"first"]);
@@ -900,10 +899,7 @@ fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
     let run = sediment(&[&"log", &db]);
     assert_error(&run, 3, "commits-1 offset");
     assert!(run.stderr.contains("--since 4"), "{}", run.stderr);
-    assert_eq!(
-        run.stdout,
-        before.lines().next().unwrap().to_string() + "\n"
-    );
+    assert_eq!(run.stdout, "", "a listing whose range holds the damage fails");
     let run = sediment(&[&"verify", &db]);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     let problem = run

@@ -11,7 +11,7 @@ use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner, Spare, SyncTarget, MAX_SPARES};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
-use crate::segment::{FileName, Segment};
+use crate::segment::{EndMark, FileName, Segment};
 use crate::stats::Counters;
 use crate::{EntryId, WriteAheadLog};
 
@@ -304,6 +304,9 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             // name never became durable, this name still keeps a reopened
             // log from handing out an id the manager has already seen.
             let recycled = FileName::Recycled(highest_id).path_in(inner.directory());
+            // No sync pass may write an end mark into the file once it can
+            // be reused.
+            *segment.end_mark.lock() = EndMark::Retired;
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
                 .fs

@@ -21,7 +21,7 @@ use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::LogPosition;
 use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, FoundSegment, SegmentReader};
-use crate::segment::{FileName, Segment, SegmentState, LOCK_FILE};
+use crate::segment::{EndMark, FileName, Segment, SegmentState, LOCK_FILE};
 use crate::stats::{Counters, LogStats};
 use crate::sync_ledger::SyncLedger;
 use crate::tail::LogEntries;
@@ -319,7 +319,7 @@ impl Inner {
         let old_state = state.live(old)?;
         old_state.sealed = true;
         if previous.is_none() && old != 0 {
-            *old_state.segment.end_mark_due.lock() = true;
+            *old_state.segment.end_mark.lock() = EndMark::Due;
         }
         if old_state.ready_for_checkpoint() {
             self.signal.wake();
@@ -332,7 +332,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: false.into(),
-            end_mark_due: Mutex::new(false),
+            end_mark: Mutex::new(EndMark::NotDue),
             version_info: self.config.version_info.clone(),
         });
         state
@@ -829,21 +829,28 @@ impl Inner {
     /// that damage anywhere below it is damage, not a torn tail, although
     /// the next segment's header could not say where this one ends.
     fn write_end_mark(&self, segment: &Segment, end: u64) -> io::Result<()> {
-        let mut due = segment.end_mark_due.lock();
-        if !*due {
-            // Another sync pass wrote it.
-            return Ok(());
+        {
+            // Held for the write only: a sync pass that wants the same
+            // mark writes the same bytes, and does not wait for this
+            // pass's sync to do so.
+            let state = segment.end_mark.lock();
+            if *state != EndMark::Due {
+                return Ok(());
+            }
+            let mark = RecordHeader {
+                kind: RecordKind::Padding,
+                entry_id: segment.id,
+                length: 0,
+                durable_mark: end,
+            }
+            .encode(segment.id);
+            segment.file.write_all_at(&mark, end)?;
         }
-        let mark = RecordHeader {
-            kind: RecordKind::Padding,
-            entry_id: segment.id,
-            length: 0,
-            durable_mark: end,
-        }
-        .encode(segment.id);
-        segment.file.write_all_at(&mark, end)?;
         self.ledger.run(|| segment.file.sync_data())?;
-        *due = false;
+        let mut state = segment.end_mark.lock();
+        if *state == EndMark::Due {
+            *state = EndMark::NotDue;
+        }
         Ok(())
     }
 
@@ -1034,8 +1041,8 @@ fn sync_targets(state: &MutexGuard<'_, State>) -> Vec<SyncTarget> {
             && seg.open_entries == 0
             && seg.in_flight.is_empty()
             && seg.data_in_flight.is_empty()
-            && *seg.segment.end_mark_due.lock())
-        .then_some(seg.reserved_end);
+            && *seg.segment.end_mark.lock() == EndMark::Due)
+            .then_some(seg.reserved_end);
         // A segment whose mark lags its complete bytes is synced again even
         // with no new records: a closed segment must be durable to its end,
         // large chunks' data (and an abandoned chunk's trailer) included,
@@ -1196,7 +1203,7 @@ impl WriteAheadLog {
                 synced_to: scan.end.into(),
                 marked_to: scan.end.into(),
                 name_durable: true.into(),
-                end_mark_due: Mutex::new(false),
+                end_mark: Mutex::new(EndMark::NotDue),
                 version_info: Arc::new(info.version_info.clone()),
             });
             let mut state = SegmentState::new(segment, scan.end);
@@ -1445,7 +1452,7 @@ impl Inner {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
-            end_mark_due: Mutex::new(false),
+            end_mark: Mutex::new(EndMark::NotDue),
             version_info: Arc::default(),
         });
         state.segments.insert(0, SegmentState::new(placeholder, 0));

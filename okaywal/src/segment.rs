@@ -34,14 +34,24 @@ pub(crate) struct Segment {
     pub marked_to: AtomicU64,
     /// The directory entry naming this file is durable.
     pub name_durable: AtomicBool,
-    /// The next segment started while entries were still open here, so
-    /// its header could not record where this one ends: once closed, this
-    /// segment gets an end mark (see [`EndMark`]). True until it is
-    /// written. The lock also keeps two sync passes from writing it at
-    /// once, and a checkpoint from recycling the file under a late write.
-    pub end_mark_due: Mutex<bool>,
+    /// Whether this segment owes an end mark (FORMAT.md, "End marks"):
+    /// the next segment started while entries were still open here, so its
+    /// header could not record where this one ends. The lock is held for
+    /// the mark's write only, so that a recycled file never gets one.
+    pub end_mark: Mutex<EndMark>,
     /// The version information in the segment's header.
     pub version_info: Arc<Vec<u8>>,
+}
+
+/// Where a segment stands with its end mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndMark {
+    /// None is owed, or it is written and durable.
+    NotDue,
+    /// Owed: the next sync pass that finds the segment closed writes it.
+    Due,
+    /// The segment is being recycled: nothing may be written into it.
+    Retired,
 }
 
 /// The mutable write state of a live segment, kept under the log's lock.
@@ -237,7 +247,7 @@ mod tests {
             synced_to: 0.into(),
             marked_to: 0.into(),
             name_durable: true.into(),
-            end_mark_due: Mutex::new(false),
+            end_mark: Mutex::new(EndMark::NotDue),
             version_info: Arc::default(),
         });
         let mut state = SegmentState::new(segment, 0);

@@ -880,14 +880,15 @@ impl Database {
     /// reader never sees a gap that fills in later). Records at or below
     /// [`Database::checkpointed_to`] have been dropped.
     ///
-    /// If commit log bytes are damaged, the iteration yields the records
-    /// before the damaged ones, then one [`Error::CommitLogDamaged`] naming
-    /// the file, the offset and the sequences whose records cannot be read,
-    /// and then ends: it never skips records silently. The records after
-    /// the damage are read with a new call from `damage.last + 1`; the ones
-    /// in between are lost to readers (a replica needs the state they
-    /// changed from elsewhere). The damage is reported until a
-    /// `checkpoint_to` at or past `damage.last` drops those records.
+    /// If commit log bytes are damaged and hide records with sequences
+    /// ≥ `since`, the call fails with [`Error::CommitLogDamaged`] naming the
+    /// file, the offset and the sequences whose records cannot be read
+    /// (`first..=last`): it never skips records silently. The records after
+    /// the damage are read with a call from `last + 1`; the hidden ones are
+    /// lost to readers (a replica needs the state they changed from
+    /// elsewhere). The damage is reported until a `checkpoint_to` at or past
+    /// `last` drops those records. The blobs are not affected: the store
+    /// opens and serves them as usual.
     pub fn commit_log(&self, since: SequenceId) -> Result<CommitLog> {
         self.check_open()?;
         let (recent, through, checkpointed_to) = {
@@ -920,26 +921,23 @@ impl Database {
                 records.insert(record.sequence.0, record);
             }
         }
-        // The first damage in the range asked for ends the iteration.
+        // Damage in the range asked for is an error: the records it hid
+        // cannot be returned, and returning the others as if they were all
+        // would let a follower skip them unknowingly.
         let damage = contents
             .damage
             .into_iter()
             .filter(|damage| damage.last.0 >= from && damage.first.0 <= through)
-            .min_by_key(|damage| damage.first)
-            .map(|mut damage| {
-                // Records at or below the checkpoint are dropped, not lost.
-                damage.first = damage
-                    .first
-                    .max(SequenceId(checkpointed_to.saturating_add(1)));
-                damage
-            });
-        if let Some(damage) = &damage {
-            // Only the records before the damage are returned.
-            drop(records.split_off(&damage.first.0));
+            .min_by_key(|damage| damage.first);
+        if let Some(mut damage) = damage {
+            // Records at or below the checkpoint are dropped, not lost.
+            damage.first = damage
+                .first
+                .max(SequenceId(checkpointed_to.saturating_add(1)));
+            return Err(Error::CommitLogDamaged(damage));
         }
         Ok(CommitLog {
             records: records.into_values().collect::<Vec<_>>().into_iter(),
-            damage,
         })
     }
 
@@ -1017,24 +1015,18 @@ impl Database {
     }
 }
 
-/// The commit records returned by [`Database::commit_log`]: each is
-/// `Ok`, except that damaged commit log bytes end the iteration with one
-/// [`Error::CommitLogDamaged`].
+/// The commit records returned by [`Database::commit_log`], in sequence
+/// order.
 #[derive(Debug)]
 pub struct CommitLog {
     records: std::vec::IntoIter<CommitRecord>,
-    /// Reported once the records before it have been returned.
-    damage: Option<crate::commit_log::CommitLogDamage>,
 }
 
 impl Iterator for CommitLog {
-    type Item = Result<CommitRecord>;
+    type Item = CommitRecord;
 
-    fn next(&mut self) -> Option<Result<CommitRecord>> {
-        match self.records.next() {
-            Some(record) => Some(Ok(record)),
-            None => self.damage.take().map(|d| Err(Error::CommitLogDamaged(d))),
-        }
+    fn next(&mut self) -> Option<CommitRecord> {
+        self.records.next()
     }
 }
 

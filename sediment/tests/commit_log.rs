@@ -83,20 +83,8 @@ fn normal(record: &CommitRecord) -> CommitRecord {
     record
 }
 
-/// The sequences of the records from `since` on.
-fn sequences(db: &Database, since: SequenceId) -> Vec<SequenceId> {
-    db.commit_log(since)
-        .unwrap()
-        .map(|r| r.unwrap().sequence)
-        .collect()
-}
-
 fn log(db: &Database, since: u64) -> Vec<CommitRecord> {
-    let records: Vec<CommitRecord> = db
-        .commit_log(SequenceId(since))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let records: Vec<CommitRecord> = db.commit_log(SequenceId(since)).unwrap().collect();
     for pair in records.windows(2) {
         assert!(
             pair[0].sequence < pair[1].sequence,
@@ -254,14 +242,14 @@ fn records_after_a_running_transaction_wait_for_it() {
     let after = tx.commit().unwrap();
     // The gap at the running transaction's sequence could still fill:
     // records after it are held back.
-    let seen: Vec<SequenceId> = sequences(&db, first);
+    let seen: Vec<SequenceId> = db.commit_log(first).unwrap().map(|r| r.sequence).collect();
     assert_eq!(
         seen,
         vec![first],
         "a record after a running transaction is listed"
     );
     running.rollback().unwrap();
-    let seen: Vec<SequenceId> = sequences(&db, first);
+    let seen: Vec<SequenceId> = db.commit_log(first).unwrap().map(|r| r.sequence).collect();
     assert_eq!(seen, vec![first, after]);
 
     // When the running one commits, both appear in sequence order.
@@ -272,7 +260,7 @@ fn records_after_a_running_transaction_wait_for_it() {
     let overtaking = tx.commit().unwrap();
     let slow = running.commit().unwrap();
     assert!(slow < overtaking, "sequences follow the start of writing");
-    let seen: Vec<SequenceId> = sequences(&db, after);
+    let seen: Vec<SequenceId> = db.commit_log(after).unwrap().map(|r| r.sequence).collect();
     assert_eq!(seen, vec![after, slow, overtaking]);
 }
 
@@ -403,21 +391,13 @@ fn commit_log_files_are_trimmed_on_disk() {
         largest.1
     );
     // Only the records after the last checkpoint are listed.
-    let records: Vec<CommitRecord> = db
-        .commit_log(SequenceId(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let records: Vec<CommitRecord> = db.commit_log(SequenceId(0)).unwrap().collect();
     assert_eq!(records.len(), 1);
     assert_eq!(Some(records[0].sequence), previous_sequence);
     assert_eq!(db.stats().unwrap().commit_log_bytes, at_end.1);
     db.shutdown().unwrap();
     let db = open_small_wal(dir.path(), 256 << 10);
-    let records: Vec<CommitRecord> = db
-        .commit_log(SequenceId(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let records: Vec<CommitRecord> = db.commit_log(SequenceId(0)).unwrap().collect();
     assert_eq!(records.len(), 1);
     db.verify().unwrap();
     db.shutdown().unwrap();

@@ -271,9 +271,8 @@ fn check(db: &Database, attempts: &[Attempt]) -> Result<(), String> {
     let log: BTreeMap<u64, CommitRecord> = db
         .commit_log(SequenceId(0))
         .map_err(|e| format!("commit_log: {e}"))?
-        .map(|r| r.map(|r| (r.sequence.0, r)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("commit_log: {e}"))?;
+        .map(|r| (r.sequence.0, r))
+        .collect();
     let matches = |attempt: &Attempt, record: &CommitRecord| {
         let s = record.sequence.0;
         record.new_grains.len() == attempt.writes.len()

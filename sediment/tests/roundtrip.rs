@@ -310,7 +310,7 @@ fn embedded_header_of_the_higher_sequence_wins_whatever_order_commits_return() {
         let last_change = db
             .commit_log(SequenceId(0))
             .unwrap()
-            .filter_map(|record| record.unwrap().embedded_header)
+            .filter_map(|record| record.embedded_header)
             .last();
         assert_eq!(last_change, Some(Some(y)), "the commit log's order");
         let db = header_after_reopen(dir.path(), shutdown, db);
@@ -364,10 +364,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
         assert_gone(&db, b, context);
         assert_eq!(db.embedded_header(), None, "{context}");
         assert_eq!(db.last_committed(), before, "{context}");
-        assert!(db
-            .commit_log(before)
-            .unwrap()
-            .all(|r| r.unwrap().sequence == before));
+        assert!(db.commit_log(before).unwrap().all(|r| r.sequence == before));
 
         // The archive claim was released: another transaction may archive.
         let mut tx = db.begin_transaction().unwrap();

@@ -177,7 +177,7 @@ fn archived_blobs_stay_readable_until_a_checkpoint_covers_them() {
         "b was archived after the checkpoint target",
     );
     assert_eq!(db.checkpointed_to(), archived_a);
-    let record = db.commit_log(freed_at).unwrap().next().unwrap().unwrap();
+    let record = db.commit_log(freed_at).unwrap().next().unwrap();
     assert_eq!(record.freed, vec![a]);
 
     // Freed grains are no longer allocated.
