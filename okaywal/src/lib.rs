@@ -120,6 +120,7 @@ mod config;
 pub mod format;
 pub mod fs;
 mod group_commit;
+mod inspect;
 mod legacy;
 mod log;
 mod manager;
@@ -136,6 +137,9 @@ mod writer;
 pub use config::{
     Configuration, IntoVersionInfo, RecoveryMode, DEFAULT_BUFFER_BYTES,
     DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
+};
+pub use inspect::{
+    IncompleteEntry, InspectedChunk, InspectedSegment, LogInspection, LogProblem, ReadOnlyLog,
 };
 pub use log::WriteAheadLog;
 pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};

@@ -20,7 +20,7 @@ use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::LogPosition;
 use crate::reader::ChunkReader;
-use crate::recovery::{find_segments, FoundSegment, SegmentReader};
+use crate::recovery::{find_segments, FoundSegment, Look, SegmentReader};
 use crate::segment::{EndMark, FileName, Segment, SegmentState, LOCK_FILE};
 use crate::stats::{Counters, LogStats};
 use crate::sync_ledger::SyncLedger;
@@ -1122,7 +1122,7 @@ impl WriteAheadLog {
             &directory,
             &segments,
             config.buffer_bytes,
-            config.recovery_mode,
+            Look::Recover(config.recovery_mode),
         )?;
         max_id = max_id.max(found.max_id);
         legacy_checkpointed.sort_unstable();

@@ -46,6 +46,19 @@ pub(crate) struct SegmentScan {
     /// whose chunks do not: a crash's torn write or damage, which only
     /// what else is durable can tell apart (see [`find_segments`]).
     pub failed_commit: Option<FailedCommit>,
+    /// Every entry whose commit record verifies but whose chunks do not,
+    /// in file order: its id, the offset of its commit record, its chunks
+    /// and those of them that failed their CRC.
+    pub incomplete: Vec<IncompleteEntry>,
+}
+
+/// A committed entry that is not complete (see [`SegmentScan::incomplete`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IncompleteEntry {
+    pub id: u64,
+    pub commit: u64,
+    pub chunks: Vec<ChunkLocation>,
+    pub bad: Vec<ChunkLocation>,
 }
 
 /// A commit record whose entry is not complete: a chunk failed its CRC, or
@@ -66,6 +79,7 @@ impl SegmentScan {
     /// end an earlier recovery decided on).
     pub fn truncate(&mut self, offset: u64) {
         self.committed.retain(|_, (_, commit)| *commit < offset);
+        self.incomplete.retain(|entry| entry.commit < offset);
         self.end = self.end.min(offset);
         if self
             .failed_commit
@@ -431,6 +445,14 @@ impl SegmentScanner {
                         scan.committed.insert(header.entry_id, (chunks, offset));
                     } else {
                         scan.discarded += 1;
+                        if !duplicate {
+                            scan.incomplete.push(IncompleteEntry {
+                                id: header.entry_id,
+                                commit: offset,
+                                chunks: chunks.clone(),
+                                bad: bad.clone(),
+                            });
+                        }
                         if !duplicate && scan.failed_commit.is_none() {
                             scan.failed_commit = Some(match bad.first() {
                                 Some(first_bad) => FailedCommit {
@@ -522,6 +544,33 @@ pub(crate) struct Found {
     pub dropped: Vec<(PathBuf, u64)>,
     /// The highest entry id seen anywhere (replayed or not).
     pub max_id: u64,
+    /// With [`Look::Inspect`], everything that recovery would report or
+    /// act on: the file, the offset where one applies, and what is wrong.
+    pub problems: Vec<(PathBuf, Option<u64>, String)>,
+}
+
+/// How [`find_segments`] looks at a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Recovery of a log opened for writing: damage is handled as the
+    /// mode says, and a point-in-time cut is made permanent.
+    Recover(RecoveryMode),
+    /// Recovery of a log opened read-only: the same decisions, made in
+    /// memory only; files are opened for reading.
+    ReadOnly(RecoveryMode),
+    /// Inspection: nothing fails on damage and nothing is written; every
+    /// problem recovery would report is collected in `Found::problems`,
+    /// and the walk goes on past damage.
+    Inspect,
+}
+
+impl Look {
+    fn mode(self) -> Option<RecoveryMode> {
+        match self {
+            Look::Recover(mode) | Look::ReadOnly(mode) => Some(mode),
+            Look::Inspect => None,
+        }
+    }
 }
 
 fn invalid(message: String) -> io::Error {
@@ -529,20 +578,27 @@ fn invalid(message: String) -> io::Error {
 }
 
 /// Opens and walks segments `ids` (ascending), then decides what survives:
-/// damage is handled as `mode` says, and a segment whose predecessor ends
-/// short of where it was closed is dropped with everything after it,
+/// damage is handled as the mode says, and a segment whose predecessor
+/// ends short of where it was closed is dropped with everything after it,
 /// unless it proves it was synced (then the predecessor is damaged).
 pub(crate) fn find_segments(
     fs: &dyn FileSystem,
     directory: &Path,
     ids: &[u64],
     buffer_bytes: usize,
-    mode: RecoveryMode,
+    look: Look,
 ) -> io::Result<Found> {
     let mut found = Found::default();
+    let open_mode = match look {
+        Look::Recover(_) => OpenMode::ReadWrite,
+        Look::ReadOnly(_) | Look::Inspect => OpenMode::Read,
+    };
+    let skip_damage = look
+        .mode()
+        .is_none_or(|mode| mode == RecoveryMode::SkipCorrupted);
     for &id in ids {
         let path = FileName::Segment(id).path_in(directory);
-        let file = fs.open(&path, OpenMode::ReadWrite)?;
+        let file = fs.open(&path, open_mode)?;
         let len = file.len()?;
         let mut header_bytes = vec![0; HEADER_SIZE.min(len) as usize];
         file.read_exact_at(&mut header_bytes, 0)?;
@@ -572,24 +628,29 @@ pub(crate) fn find_segments(
                         Ok(_) => "names another segment".to_string(),
                         Err(err) => err.to_string(),
                     };
-                    return Err(invalid(format!(
+                    let error = format!(
                         "segment {}: header is damaged ({why}) but valid records follow it",
                         path.display()
-                    )));
+                    );
+                    if look == Look::Inspect {
+                        found.problems.push((path, Some(0), error));
+                        continue;
+                    }
+                    return Err(invalid(error));
                 }
                 // A file whose header is of neither format is refused.
-                crate::legacy::refuse_foreign(&path, &header_bytes)?;
+                if let Err(err) = crate::legacy::refuse_foreign(&path, &header_bytes) {
+                    if look == Look::Inspect {
+                        found.problems.push((path, Some(0), err.to_string()));
+                        continue;
+                    }
+                    return Err(err);
+                }
                 found.reusable.push(path);
                 continue;
             }
         };
-        let scan = scan_segment(
-            &*file,
-            id,
-            len,
-            buffer_bytes,
-            mode == RecoveryMode::SkipCorrupted,
-        )?;
+        let scan = scan_segment(&*file, id, len, buffer_bytes, skip_damage)?;
         found.max_id = found.max_id.max(scan.max_entry_id.unwrap_or(0));
         found.segments.push(FoundSegment {
             id,
@@ -601,6 +662,10 @@ pub(crate) fn find_segments(
     }
 
     judge_failed_commits(&mut found.segments);
+    let Some(mode) = look.mode() else {
+        collect_problems(&mut found);
+        return Ok(found);
+    };
     let mut keep = found.segments.len();
     for (i, segment) in found.segments.iter_mut().enumerate() {
         if let Some((offset, reason)) = segment.scan.damage.clone() {
@@ -617,8 +682,10 @@ pub(crate) fn find_segments(
                     // Make the cut permanent: the damaged segment ends
                     // where the damage begins.
                     segment.scan.truncate(offset);
-                    segment.file.set_len(offset)?;
-                    segment.file.sync_data()?;
+                    if look == Look::Recover(mode) {
+                        segment.file.set_len(offset)?;
+                        segment.file.sync_data()?;
+                    }
                     keep = i + 1;
                     break;
                 }
@@ -665,6 +732,37 @@ pub(crate) fn find_segments(
         found.dropped.push((dropped.path, highest));
     }
     Ok(found)
+}
+
+/// Everything recovery would report about `found`'s segments, as
+/// problems: damage inside a segment, and a segment that ends short of
+/// where its successor says it ended.
+fn collect_problems(found: &mut Found) {
+    for segment in &found.segments {
+        if let Some((offset, reason)) = &segment.scan.damage {
+            found.problems.push((
+                segment.path.clone(),
+                Some(*offset),
+                format!("damaged record ({reason}), with records that were synced after it"),
+            ));
+        }
+    }
+    for pair in found.segments.windows(2) {
+        let (previous, segment) = (&pair[0], &pair[1]);
+        if let Some((previous_id, previous_end)) = segment.header.previous {
+            if previous_id == previous.id && previous.scan.end < previous_end {
+                found.problems.push((
+                    previous.path.clone(),
+                    Some(previous.scan.end),
+                    format!(
+                        "ends at offset {} but held records up to {previous_end} when segment \
+                         {} was started and synced",
+                        previous.scan.end, segment.id
+                    ),
+                ));
+            }
+        }
+    }
 }
 
 /// Decides what a commit record whose entry is incomplete means, from what

@@ -82,6 +82,9 @@ fn calls_after_shutdown_fail_cleanly() {
     if let Ok(data) = read_back(&log, &kept_record) {
         assert_eq!(data, b"kept");
     }
+    // Every handle goes before the reopen: a follower keeps the log open
+    // (and locked) as a clone does.
+    drop(follower);
     drop(clone);
     drop(log);
 

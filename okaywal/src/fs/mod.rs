@@ -66,19 +66,35 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 
     /// Takes the advisory lock on `path` (created if missing) that keeps
-    /// other processes from opening the same log or store while the
-    /// returned guard lives. Fails with [`io::ErrorKind::WouldBlock`] when
-    /// another process holds it.
+    /// every other open of the same log or store, in this process or
+    /// another, out while the returned guard lives. Fails with
+    /// [`io::ErrorKind::WouldBlock`] when another open holds it, exclusive
+    /// or shared.
     ///
     /// The default takes no lock, as suits a file system that lives inside
-    /// one process; [`StdFileSystem`] takes a POSIX record lock.
+    /// one process (the crash-simulating one decides its own locking);
+    /// [`StdFileSystem`] takes an `flock` lock, which belongs to the open
+    /// file description.
     fn lock_exclusive(&self, path: &Path) -> io::Result<LockGuard> {
+        let _ = path;
+        Ok(LockGuard::none())
+    }
+
+    /// Takes the lock on `path` shared, for a read-only open: any number
+    /// of shared holders at once, none while [`FileSystem::lock_exclusive`]
+    /// is held, which in turn fails while a shared holder lives. Never
+    /// creates `path`: with no lock file, no writer ever opened the
+    /// directory, and the guard holds nothing.
+    ///
+    /// The default takes no lock.
+    fn lock_shared(&self, path: &Path) -> io::Result<LockGuard> {
         let _ = path;
         Ok(LockGuard::none())
     }
 }
 
-/// Holds a lock taken by [`FileSystem::lock_exclusive`] until dropped.
+/// Holds a lock taken by [`FileSystem::lock_exclusive`] or
+/// [`FileSystem::lock_shared`] until dropped.
 pub struct LockGuard {
     held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }

@@ -21,28 +21,43 @@ fn with_path(err: io::Error, what: &str, path: &Path) -> io::Error {
 /// just killed keeps its locks until the kernel has torn it down.
 const LOCK_PATIENCE: Duration = Duration::from_secs(2);
 
-/// A POSIX record lock, owned by the process: other processes are kept
-/// out, while this one may take it again (an in-process reopen after a
-/// simulated crash keeps working).
-fn lock_file(file: &File, path: &Path) -> io::Result<()> {
-    use rustix::fs::{fcntl_lock, FlockOperation};
+/// Takes an `flock` lock on `file`: it belongs to the open file
+/// description, so it keeps every other open of the file out, in this
+/// process as in others (a second open of a directory already open here
+/// fails as one from another process does), and closing some other
+/// descriptor of the file does not drop it (as it would a POSIX record
+/// lock). Waits up to [`LOCK_PATIENCE`] for a holder to let go.
+fn lock_file(file: &File, path: &Path, shared: bool) -> io::Result<()> {
+    use rustix::fs::{flock, FlockOperation};
     use rustix::io::Errno;
+    let operation = if shared {
+        FlockOperation::NonBlockingLockShared
+    } else {
+        FlockOperation::NonBlockingLockExclusive
+    };
     let deadline = Instant::now() + LOCK_PATIENCE;
     loop {
-        match fcntl_lock(file, FlockOperation::NonBlockingLockExclusive) {
+        match flock(file, operation) {
             Ok(()) => return Ok(()),
-            Err(Errno::AGAIN | Errno::ACCESS) if Instant::now() < deadline => {
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            Err(Errno::AGAIN | Errno::ACCESS) => {
+            Err(Errno::WOULDBLOCK) => {
+                let holder = if shared {
+                    "it is open for writing"
+                } else {
+                    "it is open elsewhere (for writing, or read-only)"
+                };
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
                     format!(
-                        "{} is locked: another process has this directory open (a log or \
-                         store can be open in one process at a time)",
+                        "{} is locked: {holder}, by another process or another open in \
+                         this one (a log or store is open for writing once at a time, and \
+                         not while it is open read-only)",
                         path.display()
                     ),
-                ))
+                ));
             }
             Err(err) => return Err(with_path(err.into(), "locking", path)),
         }
@@ -109,8 +124,22 @@ impl FileSystem for StdFileSystem {
             .truncate(false)
             .open(path)
             .map_err(|e| with_path(e, "opening the lock file", path))?;
-        lock_file(&file, path)?;
+        lock_file(&file, path, false)?;
         Ok(LockGuard::holding(file))
+    }
+
+    fn lock_shared(&self, path: &Path) -> io::Result<LockGuard> {
+        // Opened for reading and never created: a read-only open writes
+        // nothing. Without the file no writer has ever opened the
+        // directory, and there is nothing to lock.
+        match File::open(path) {
+            Ok(file) => {
+                lock_file(&file, path, true)?;
+                Ok(LockGuard::holding(file))
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(LockGuard::none()),
+            Err(err) => Err(with_path(err, "opening the lock file", path)),
+        }
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -1,0 +1,416 @@
+//! Looking at a log without opening it: what recovery would find, with
+//! the scanner recovery uses, and never a byte written.
+//!
+//! [`Configuration::inspect`] lists the segments of a log directory, the
+//! entries each would hand to a [`LogManager`](crate::LogManager), the
+//! committed entries whose chunks no longer verify (with what is left of
+//! their bytes), where each segment ends, and every problem that would
+//! make an open fail or drop entries. [`Configuration::open_read_only`]
+//! recovers a log the same way, without writing, and serves its chunks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::Configuration;
+use crate::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::fs::{FileHandle, FileSystem, LockGuard};
+use crate::manager::{LogManager, RecoveredSegment, Recovery};
+use crate::position::{EntryId, LogPosition};
+use crate::reader::ChunkReader;
+use crate::recovery::{find_segments, ChunkLocation, Look, SegmentReader};
+use crate::segment::{FileName, LOCK_FILE};
+
+/// What [`Configuration::inspect`] found in a log directory.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct LogInspection {
+    /// The segment files of this crate's format, in id order.
+    pub segments: Vec<InspectedSegment>,
+    /// Segment files written by okaywal 0.2 or 0.3: an open for writing
+    /// replays, checkpoints and recycles them.
+    pub older_format: Vec<PathBuf>,
+    /// Everything recovery would report or drop entries over: damaged
+    /// records, committed entries that no longer verify where the log
+    /// proves they did, segments that lost records, damaged headers and
+    /// foreign files. Empty for a healthy log (a torn tail is no problem).
+    pub problems: Vec<LogProblem>,
+}
+
+impl LogInspection {
+    /// True if recovery would find nothing wrong.
+    #[must_use]
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// One segment file, as recovery walks it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InspectedSegment {
+    /// The segment's id: its first entry id, and the number in its name.
+    pub id: u64,
+    /// The file.
+    pub path: PathBuf,
+    /// The version information in its header.
+    pub version_info: Vec<u8>,
+    /// The segment before it and the offset where that one ended, as this
+    /// segment's header records them (see FORMAT.md).
+    pub previous: Option<(u64, u64)>,
+    /// The complete committed entries, in id order: what recovery hands
+    /// to the manager (past damage, as `RecoveryMode::SkipCorrupted`
+    /// would).
+    pub entries: Vec<EntryId>,
+    /// Committed entries whose chunks do not all verify, in file order.
+    pub incomplete: Vec<IncompleteEntry>,
+    /// Where recovery ends the segment.
+    pub end: u64,
+    /// Where the walk stopped, and why: the torn or unwritten tail, or
+    /// damage (then also in [`LogInspection::problems`]).
+    pub stopped: Option<(u64, String)>,
+}
+
+/// A committed entry whose chunks do not all verify: its commit record is
+/// there, so it was committed, but its contents are not whole. Whether it
+/// is damage or a write a crash cut short is in
+/// [`LogInspection::problems`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct IncompleteEntry {
+    /// The entry.
+    pub id: EntryId,
+    /// The offset of its commit record.
+    pub commit_offset: u64,
+    /// How many chunks its commit record counts.
+    pub chunks_committed: u32,
+    /// The chunk records of the entry found before its commit record.
+    pub chunks: Vec<InspectedChunk>,
+}
+
+/// A chunk of an [`IncompleteEntry`], with its bytes as they are on disk.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct InspectedChunk {
+    /// Where the chunk record starts.
+    pub position: LogPosition,
+    /// Whether its data matches its CRC.
+    pub crc_ok: bool,
+    /// Its data as stored (the part that is in the file), unverified when
+    /// `crc_ok` is false.
+    pub data: Vec<u8>,
+}
+
+/// Something recovery would report about a log directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogProblem {
+    /// The file concerned.
+    pub path: PathBuf,
+    /// Where in the file, when it applies.
+    pub offset: Option<u64>,
+    /// What is wrong.
+    pub description: String,
+}
+
+impl fmt::Display for LogProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.offset {
+            Some(offset) => write!(
+                f,
+                "{} offset {offset}: {}",
+                self.path.display(),
+                self.description
+            ),
+            None => write!(f, "{}: {}", self.path.display(), self.description),
+        }
+    }
+}
+
+/// The segments named in `directory`, in id order, and the files named
+/// like okaywal 0.2/0.3 checkpointed segments.
+fn segment_ids(fs: &dyn FileSystem, directory: &Path) -> io::Result<(Vec<u64>, Vec<PathBuf>)> {
+    let mut ids = Vec::new();
+    let mut older = Vec::new();
+    for name in fs.list_files(directory)? {
+        match FileName::parse(&name) {
+            Some(FileName::Segment(id)) => ids.push(id),
+            Some(_) => {}
+            None => {
+                if crate::legacy::checkpointed_name(&name).is_some() {
+                    older.push(directory.join(&name));
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    older.sort();
+    Ok((ids, older))
+}
+
+fn read_chunk(file: &dyn FileHandle, location: ChunkLocation) -> io::Result<Vec<u8>> {
+    let start = location.offset + RECORD_HEADER_SIZE as u64;
+    let len = file.len()?;
+    let end = (start + u64::from(location.length)).min(len);
+    let mut data = vec![0; end.saturating_sub(start) as usize];
+    file.read_exact_at(&mut data, start)?;
+    Ok(data)
+}
+
+impl Configuration {
+    /// Looks at the log in this configuration's directory as recovery
+    /// would, without opening it: takes no lock, creates, repairs, renames
+    /// and writes nothing. Damage does not stop the look: every segment is
+    /// walked to its end, and what an open would report is in
+    /// [`LogInspection::problems`]. A log that a process is writing may be
+    /// seen half-written; inspect a log nobody has open (or hold it open
+    /// with [`Configuration::open_read_only`]) for an exact answer.
+    ///
+    /// ```
+    /// use okaywal::{Configuration, LogVoid};
+    /// # let dir = tempfile::tempdir()?;
+    /// let log = Configuration::default_for(dir.path()).open(LogVoid)?;
+    /// let mut entry = log.begin_entry()?;
+    /// entry.write_chunk(b"hello")?;
+    /// let id = entry.commit()?;
+    /// log.shutdown()?;
+    ///
+    /// let inspection = Configuration::default_for(dir.path()).inspect()?;
+    /// assert!(inspection.is_ok());
+    /// assert!(inspection.segments.iter().any(|s| s.entries.contains(&id)));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn inspect(&self) -> io::Result<LogInspection> {
+        let fs = &*self.file_system;
+        let (ids, mut older_format) = segment_ids(fs, &self.directory)?;
+        let found = find_segments(fs, &self.directory, &ids, self.buffer_bytes, Look::Inspect)?;
+        older_format.extend(found.legacy.iter().map(|legacy| legacy.path.clone()));
+        older_format.sort();
+        let mut segments = Vec::with_capacity(found.segments.len());
+        for segment in &found.segments {
+            let mut incomplete = Vec::with_capacity(segment.scan.incomplete.len());
+            for entry in &segment.scan.incomplete {
+                let mut chunks = Vec::with_capacity(entry.chunks.len());
+                for chunk in &entry.chunks {
+                    chunks.push(InspectedChunk {
+                        position: LogPosition {
+                            file_id: segment.id,
+                            offset: chunk.offset,
+                        },
+                        crc_ok: !entry.bad.contains(chunk),
+                        data: read_chunk(&*segment.file, *chunk)?,
+                    });
+                }
+                let mut count = [0_u8; RECORD_HEADER_SIZE];
+                segment.file.read_exact_at(&mut count, entry.commit)?;
+                let chunks_committed =
+                    RecordHeader::decode(&count, segment.id).map_or(0, |header| header.length);
+                incomplete.push(IncompleteEntry {
+                    id: EntryId(entry.id),
+                    commit_offset: entry.commit,
+                    chunks_committed,
+                    chunks,
+                });
+            }
+            segments.push(InspectedSegment {
+                id: segment.id,
+                path: segment.path.clone(),
+                version_info: segment.header.version_info.clone(),
+                previous: segment.header.previous,
+                entries: segment
+                    .scan
+                    .committed
+                    .keys()
+                    .map(|id| EntryId(*id))
+                    .collect(),
+                incomplete,
+                end: segment.scan.end,
+                stopped: segment.scan.stopped.clone(),
+            });
+        }
+        let problems = found
+            .problems
+            .into_iter()
+            .map(|(path, offset, description)| LogProblem {
+                path,
+                offset,
+                description,
+            })
+            .collect();
+        Ok(LogInspection {
+            segments,
+            older_format,
+            problems,
+        })
+    }
+
+    /// Opens the log read-only: recovers it as [`Configuration::open`]
+    /// would, handing every entry to `manager`'s
+    /// [`LogManager::recover`](crate::LogManager::recover) (and honouring
+    /// [`LogManager::should_recover_segment`](crate::LogManager::should_recover_segment)),
+    /// but writes nothing at all: no spare segment, no repair, no
+    /// point-in-time cut on disk (damage is handled as
+    /// [`Configuration::recovery_mode`] says, in memory), no checkpoint.
+    /// The returned [`ReadOnlyLog`] serves the chunks of the recovered
+    /// entries by position.
+    ///
+    /// It holds the log's lock shared: any number of read-only opens may
+    /// run at once, none while a writer has the log open, and a writer
+    /// cannot open it while one lives (both fail with
+    /// [`io::ErrorKind::WouldBlock`] naming the lock file). A directory
+    /// holding an okaywal 0.2/0.3 log is refused: opening it for writing
+    /// once converts it.
+    ///
+    /// ```
+    /// use okaywal::{Configuration, LogVoid};
+    /// # let dir = tempfile::tempdir()?;
+    /// let log = Configuration::default_for(dir.path()).open(LogVoid)?;
+    /// let mut entry = log.begin_entry()?;
+    /// let record = entry.write_chunk(b"hello")?;
+    /// entry.commit()?;
+    /// log.shutdown()?;
+    /// drop(log); // the writer's lock goes with its last handle
+    ///
+    /// let log = Configuration::default_for(dir.path()).open_read_only(LogVoid)?;
+    /// let mut chunk = log.read_at(record.position)?;
+    /// assert_eq!(chunk.read_all()?, b"hello");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn open_read_only<Manager: LogManager>(
+        self,
+        mut manager: Manager,
+    ) -> io::Result<ReadOnlyLog> {
+        let fs = self.file_system.clone();
+        let directory = self.directory.clone();
+        let lock = fs.lock_shared(&directory.join(LOCK_FILE))?;
+        let (ids, older) = segment_ids(&*fs, &directory)?;
+        let found = find_segments(
+            &*fs,
+            &directory,
+            &ids,
+            self.buffer_bytes,
+            Look::ReadOnly(self.recovery_mode),
+        )?;
+        if let Some(path) = older
+            .first()
+            .or_else(|| found.legacy.first().map(|legacy| &legacy.path))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds a log in the okaywal 0.3 format: open the log for writing once \
+                     to replay and convert it; it cannot be read without writing",
+                    path.display()
+                ),
+            ));
+        }
+        let mut segments = BTreeMap::new();
+        let mut last_entry_id = None;
+        for segment in found.segments {
+            let info = RecoveredSegment {
+                id: segment.id,
+                version_info: segment.header.version_info.clone(),
+            };
+            if manager.should_recover_segment(&info)? == Recovery::Abandon {
+                continue;
+            }
+            if let Some(last) = segment.scan.committed.keys().next_back() {
+                last_entry_id = last_entry_id.max(Some(EntryId(*last)));
+            }
+            let mut reader = SegmentReader::new(
+                segment.id,
+                &info.version_info,
+                segment.file.clone(),
+                segment.scan.committed,
+                None,
+            );
+            while let Some(mut entry) = reader.read_entry()? {
+                manager.recover(&mut entry)?;
+            }
+            segments.insert(segment.id, (segment.file, segment.scan.end));
+        }
+        Ok(ReadOnlyLog {
+            directory,
+            segments,
+            last_entry_id,
+            _lock: lock,
+        })
+    }
+}
+
+/// A log opened with [`Configuration::open_read_only`]: the recovered
+/// segments, read by position. Nothing is ever written through it.
+#[derive(Debug)]
+pub struct ReadOnlyLog {
+    directory: PathBuf,
+    /// Segment id → its file and where recovery ended it.
+    segments: BTreeMap<u64, (Arc<dyn FileHandle>, u64)>,
+    last_entry_id: Option<EntryId>,
+    _lock: LockGuard,
+}
+
+impl ReadOnlyLog {
+    /// Returns a reader over the chunk written at `position`, as
+    /// [`WriteAheadLog::read_at`](crate::WriteAheadLog::read_at) does:
+    /// `NotFound` if no recovered segment has that id, `InvalidData` if no
+    /// chunk record of the segment starts there (the CRC is checked as the
+    /// reader reaches the end).
+    pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        let (file, end) = self.segments.get(&position.file_id).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "no recovered segment {} in {}",
+                    position.file_id,
+                    self.directory.display()
+                ),
+            )
+        })?;
+        let invalid = |why: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no chunk at {position}: {why}"),
+            )
+        };
+        let header_end = position.offset.saturating_add(RECORD_HEADER_SIZE as u64);
+        if position.offset < HEADER_SIZE || header_end > *end {
+            return Err(invalid("offset is outside the segment's records"));
+        }
+        let mut header = [0_u8; RECORD_HEADER_SIZE];
+        file.read_exact_at(&mut header, position.offset)?;
+        let header = RecordHeader::decode(&header, position.file_id)
+            .map_err(|e| invalid(&format!("{e:?}")))?;
+        if header.kind != RecordKind::Chunk {
+            return Err(invalid("the record there is not a chunk"));
+        }
+        if position.offset + header.record_len() > *end {
+            return Err(invalid("the chunk extends past the recovered records"));
+        }
+        Ok(ChunkReader::new(
+            file.clone(),
+            position,
+            header_end,
+            header.length,
+        ))
+    }
+
+    /// The highest entry id recovered, if any.
+    #[must_use]
+    pub fn last_entry_id(&self) -> Option<EntryId> {
+        self.last_entry_id
+    }
+
+    /// The directory holding the segment files.
+    #[must_use]
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// How many segments were recovered.
+    #[must_use]
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
