@@ -94,7 +94,7 @@ fn sediment_get_benches(c: &mut Criterion) {
         }
         tx.commit().expect("commit");
     }
-    db.wal().checkpoint_active().expect("checkpoint");
+    db.checkpoint_wal().expect("checkpoint");
     group.bench_function("get 1 KiB hot", |b| {
         b.iter(|| {
             let key = keys[(rng.next_u64() % keys.len() as u64) as usize];
@@ -109,7 +109,7 @@ fn sediment_get_benches(c: &mut Criterion) {
             .map(|_| tx.write(pool.slice(1024, &mut rng)).expect("write"))
             .collect();
         tx.commit().expect("commit");
-        cached.wal().checkpoint_active().expect("checkpoint");
+        cached.checkpoint_wal().expect("checkpoint");
         for key in &cached_keys {
             cached.get(*key).expect("get");
         }

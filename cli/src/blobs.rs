@@ -140,7 +140,7 @@ pub fn get(
 ) -> Result<(), CliError> {
     let id = parse_grain(grain)?;
     let output = output.filter(|path| !is_stdin(path));
-    let db = store::open(db_path, Create::Never)?;
+    let db = store::open_read_only(db_path)?;
     run_then_shutdown(db, |db| {
         let Some(mut reader) = db.read(id)? else {
             return Err(CliError::input(not_allocated(id)));
@@ -275,4 +275,24 @@ pub fn checkpoint(db_path: &Path, sequence: &str, out: &mut dyn Write) -> Result
         )
         .map_err(CliError::output)
     })
+}
+
+/// `sediment repair DB`: opens the store for writing (which rewrites a
+/// damaged header copy from its twin and replays the WAL) and closes it.
+pub fn repair(db_path: &Path, out: &mut dyn Write) -> Result<(), CliError> {
+    let before = crate::headers::bad_copies(db_path).len();
+    let db = store::open(db_path, Create::Never)?;
+    run_then_shutdown(db, |_| Ok(()))?;
+    let after = crate::headers::bad_copies(db_path).len();
+    writeln!(
+        out,
+        "repaired {} header cop{}; the store is closed",
+        before - after.min(before),
+        if before - after.min(before) == 1 {
+            "y"
+        } else {
+            "ies"
+        }
+    )
+    .map_err(CliError::output)
 }

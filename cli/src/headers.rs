@@ -80,7 +80,8 @@ fn check_pair<T>(
                     location: format!("{} (header copy {slot})", path.display()),
                     description: format!(
                         "{what}: {error} (damaged, or torn by a write a crash cut short; \
-                         opening the store rewrote it from the other copy, which is intact)"
+                         the other copy is intact, and `sediment repair` rewrites this one \
+                         from it)"
                     ),
                 });
             }

@@ -112,7 +112,7 @@ pub fn log(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let since = since.map(parse_sequence).transpose()?.unwrap_or(0);
-    let db = store::open(db_path, Create::Never)?;
+    let db = store::open_read_only(db_path)?;
     run_then_shutdown(db, |db| {
         let last = db.last_committed().0;
         if since > last.saturating_add(1) {
@@ -257,10 +257,10 @@ fn wal_state(dir: &Path, name: &str, bytes: u64) -> String {
 
 /// `sediment stats DB [--json]`
 pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let db = store::open(db_path, Create::Never)?;
+    let db = store::open_read_only(db_path)?;
     let (stats, header, wal_files, wal) = run_then_shutdown(db, |db| {
         let stats = db.stats()?;
-        let wal = db.wal().stats();
+        let wal = db.wal_stats().unwrap_or_default();
         let wal_files: Vec<JsonWalFile> = stats
             .wal_files
             .iter()
@@ -442,7 +442,15 @@ pub fn verify(
             description: bad.description,
         })
         .collect();
-    let db = match store::recover(db_path) {
+    // Read-only, and past WAL damage: the check reports the damage (and
+    // the blobs it took) instead of stopping at it, and writes nothing.
+    let opened = busy("opening the store", || {
+        sediment::Config::for_directory(db_path)
+            .read_only(true)
+            .wal(|wal| wal.recovery_mode(okaywal::RecoveryMode::SkipCorrupted))
+            .open()
+    });
+    let db = match opened {
         Ok(db) => db,
         Err(err) if is_corruption(&err) => {
             return open_failure_as_problem(&err, bad_copies, json, out)
@@ -459,15 +467,22 @@ pub fn verify(
         bar.set_position(done);
     });
     bar.finish_and_clear();
-    // Shut down even when problems were found, but report them first.
-    let shutdown = busy("checkpointing the store", || db.shutdown());
+    // Closed even when problems were found, but reported first.
+    let shutdown = db.shutdown();
     let report = result?;
     let mut problems = bad_copies;
-    problems.extend(report.problems.iter().map(|p| JsonProblem {
-        location: p.location.clone(),
-        grain: p.grain.map(|g| g.to_string()),
-        description: one_line(&p.description),
-    }));
+    let already: Vec<String> = problems.iter().map(|p| p.location.clone()).collect();
+    problems.extend(
+        report
+            .problems
+            .iter()
+            .filter(|p| !already.contains(&p.location))
+            .map(|p| JsonProblem {
+                location: p.location.clone(),
+                grain: p.grain.map(|g| g.to_string()),
+                description: one_line(&p.description),
+            }),
+    );
     let report = JsonVerify {
         ok: problems.is_empty(),
         grains_checked: report.grains_checked,

@@ -9,6 +9,7 @@
 //! sediment log DB [--since SEQ]      the commit log (`--json` for scripts)
 //! sediment stats DB                  space per basin, WAL files
 //! sediment verify DB [--progress]    check every header and checksum
+//! sediment repair DB                 open for writing once: repair headers
 //! sediment wal-dump DIR              read-only dump of an okaywal directory
 //! ```
 //!
@@ -137,6 +138,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Open the store for writing once, to repair what opening repairs.
+    ///
+    /// Rewrites a damaged header copy from its intact twin, replays the
+    /// WAL into the strata and removes files a crash left unfinished, then
+    /// closes the store. The read-only commands (get, log, stats, verify,
+    /// wal-dump) never do this.
+    Repair {
+        /// The store directory.
+        db: PathBuf,
+    },
     /// Dump the WAL segments of an okaywal directory, read-only.
     ///
     /// For every segment: its header and version info, each entry with its
@@ -166,6 +177,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Log { db, since, json } => inspect::log(db, since.as_deref(), *json, &mut out),
         Command::Stats { db, json } => inspect::stats(db, *json, &mut out),
         Command::Verify { db, progress, json } => inspect::verify(db, *progress, *json, &mut out),
+        Command::Repair { db } => blobs::repair(db, &mut out),
         Command::WalDump { dir, records, json } => {
             wal_dump::wal_dump(dir, *records, *json, &mut out)
         }

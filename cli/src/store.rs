@@ -83,6 +83,13 @@ pub fn open(path: &Path, create: Create) -> Result<Database, CliError> {
     recover(path).map_err(CliError::from)
 }
 
+/// Checks what is at `path` and opens the store read-only
+/// ([`Database::open_read_only`]): not a byte of it is written.
+pub fn open_read_only(path: &Path) -> Result<Database, CliError> {
+    prepare(path, Create::Never)?;
+    busy("opening the store", || Database::open_read_only(path)).map_err(CliError::from)
+}
+
 /// Opens the store at `path` (checked with [`prepare`]).
 pub fn recover(path: &Path) -> sediment::Result<Database> {
     busy("opening the store", || Database::recover(path))
@@ -134,7 +141,8 @@ pub fn prepare(path: &Path, create: Create) -> Result<(), CliError> {
 }
 
 /// Runs `work` on the open store, then shuts it down (checkpointing the
-/// WAL into the strata) whatever `work` returned. The first error wins.
+/// WAL into the strata, unless it is open read-only) whatever `work`
+/// returned. The first error wins.
 pub fn run_then_shutdown<T>(
     db: Database,
     work: impl FnOnce(&Database) -> Result<T, CliError>,

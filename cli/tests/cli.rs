@@ -517,10 +517,10 @@ fn get_of_a_damaged_large_blob_writes_nothing_to_stdout() {
     );
 }
 
-/// Every header is stored twice, and opening a store rewrites a copy that
-/// does not verify from its twin. `verify` still reports the bad copy it
-/// found (exit 1, with the file and the copy); once repaired, the next
-/// `verify` finds nothing wrong.
+/// Every header is stored twice. `verify` reports a copy that does not
+/// verify (exit 1, with the file and the copy) and, being read-only,
+/// leaves it as it is: the next `verify` reports it again. `sediment
+/// repair` rewrites it from its twin; then `verify` finds nothing wrong.
 #[test]
 fn verify_reports_a_damaged_header_copy() {
     let (_temp, db, ids) = store_with(&[b"two copies of every header"]);
@@ -556,7 +556,15 @@ fn verify_reports_a_damaged_header_copy() {
             "{name}@{at}: {problem}"
         );
         assert!(run.stdout.contains("1 problem"), "{}", run.stdout);
+        let again = sediment(&[&"verify", &db]);
+        assert_eq!(again.code, 1, "{name}@{at}: verify repaired the copy");
 
+        let repaired = ok(sediment(&[&"repair", &db]));
+        assert!(
+            repaired.stdout.contains("repaired 1 header copy"),
+            "{}",
+            repaired.stdout
+        );
         let run = ok(sediment(&[&"verify", &db, &"--json"]));
         let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
         assert_eq!(json["ok"], true, "{name}@{at}: not repaired: {json}");
@@ -915,4 +923,133 @@ fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
         "{problem}"
     );
     assert!(problem.contains("checksum mismatch"), "{problem}");
+}
+
+/// `get`, `log`, `stats`, `verify` and `wal-dump` open the store
+/// read-only: after them every file's bytes and modification time are as
+/// they were, although the store's last transaction is only in the WAL
+/// (an open for writing would replay and checkpoint it).
+#[test]
+fn inspection_commands_never_write_to_the_store() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("db");
+    let db = Database::recover(&dir).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let in_strata = tx.write(b"moved into the strata").unwrap();
+    tx.commit().unwrap();
+    db.checkpoint_wal().unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let in_wal = tx.write(b"pending in the WAL").unwrap();
+    tx.commit().unwrap();
+    drop(db);
+
+    let before = snapshot(&dir);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (strata, wal) = (in_strata.to_string(), in_wal.to_string());
+    assert_eq!(
+        ok(sediment(&[&"get", &dir, &strata])).stdout,
+        "moved into the strata"
+    );
+    assert_eq!(
+        ok(sediment(&[&"get", &dir, &wal])).stdout,
+        "pending in the WAL"
+    );
+    assert_eq!(ok(sediment(&[&"log", &dir])).stdout.lines().count(), 2);
+    ok(sediment(&[&"log", &dir, &"--json"]));
+    ok(sediment(&[&"stats", &dir]));
+    ok(sediment(&[&"stats", &dir, &"--json"]));
+    ok(sediment(&[&"verify", &dir]));
+    ok(sediment(&[&"verify", &dir, &"--json"]));
+    ok(sediment(&[&"wal-dump", &dir]));
+    assert!(
+        before == snapshot(&dir),
+        "an inspection command changed the store"
+    );
+}
+
+/// A committed transaction whose WAL entry is damaged, in a segment the
+/// next run's segment vouches for: the store does not open for writing,
+/// `get` of its blobs fails instead of answering "not allocated", and
+/// `verify` (read-only, past the damage) names the damaged record and
+/// every blob the transaction wrote, exits 1 and writes nothing.
+#[test]
+fn verify_names_a_damaged_wal_entry_and_the_blobs_it_took() {
+    let found = (0..50).find_map(|_| {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("db");
+        // Small WAL segments: the second open makes its new segment
+        // quickly, before the first is checkpointed, most of the time.
+        let open = || {
+            sediment::Config::for_directory(&dir)
+                .wal(|wal| wal.preallocate_bytes(64 << 10))
+                .open()
+                .unwrap()
+        };
+        let db = open();
+        let mut tx = db.begin_transaction().unwrap();
+        let lost: Vec<GrainId> = [40, 300, 70_290, 17]
+            .iter()
+            .map(|&len| tx.write(&vec![7_u8; len]).unwrap())
+            .collect();
+        tx.commit().unwrap();
+        drop(db);
+        let db = open();
+        let mut tx = db.begin_transaction().unwrap();
+        let kept = tx.write(b"kept").unwrap();
+        tx.commit().unwrap();
+        drop(db);
+        // The second run's open checkpoints the first segment in the
+        // background, racing its commit and crash: try again until both
+        // segments are left.
+        let mut segments: Vec<(u64, PathBuf)> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| {
+                let path = e.unwrap().path();
+                let id = path
+                    .file_name()?
+                    .to_str()?
+                    .strip_prefix("wal-")?
+                    .parse()
+                    .ok()?;
+                Some((id, path))
+            })
+            .collect();
+        segments.sort();
+        (segments.len() == 2).then(|| (temp, dir, lost, kept, segments[0].1.clone()))
+    });
+    let (_temp, dir, lost, kept, segment) =
+        found.expect("in 50 attempts the first segment was always checkpointed first");
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[512 + 25 + 9 + 20] ^= 0x01;
+    fs::write(&segment, &bytes).unwrap();
+    let name = segment.file_name().unwrap().to_str().unwrap().to_string();
+
+    let before = snapshot(&dir);
+    let run = sediment(&[&"get", &dir, &lost[0].to_string()]);
+    assert_error(&run, 3, &name);
+    let run = sediment(&[&"verify", &dir]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    let problems: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("problem:"))
+        .collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&name) && p.contains("CRC")),
+        "{}",
+        run.stdout
+    );
+    for id in &lost {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains(&id.to_string()) && p.contains("lost")),
+            "{id} not named: {}",
+            run.stdout
+        );
+    }
+    assert!(!run.stdout.contains(&kept.to_string()), "{}", run.stdout);
+    assert!(before == snapshot(&dir), "verify changed the store");
 }

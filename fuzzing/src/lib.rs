@@ -280,7 +280,7 @@ pub fn operations(data: &[u8]) {
                 }
             }
             3 => {
-                let _ = current.wal().checkpoint_active();
+                let _ = current.checkpoint_wal();
             }
             4 => {
                 let nth = u64::from(program.byte().unwrap_or(0) % 8);
@@ -396,7 +396,7 @@ fn build_image() -> Image {
     tx.set_embedded_header(embedded).unwrap();
     tx.commit().unwrap();
     // Into the strata and the commit log; what follows stays in the WAL.
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let (fourth, _) = write(&[1, 300, 4096], 4, &[first[2].0], None);
     live.extend(fourth);
     archived.insert(first[2].0, live.remove(&first[2].0).unwrap());

@@ -271,11 +271,7 @@ impl StateMachine {
         match Arc::try_unwrap(self.shared) {
             Ok(shared) => Ok(shared.db.shutdown()?),
             Err(shared) => {
-                shared
-                    .db
-                    .wal()
-                    .checkpoint_active()
-                    .map_err(|e| Error::io("checkpointing the state machine", e))?;
+                shared.db.checkpoint_wal()?;
                 Ok(())
             }
         }

@@ -72,7 +72,7 @@ fn main() -> sediment::Result<()> {
 
     // New writes reuse the freed grains once the WAL has moved the freeing
     // transaction into the strata.
-    db.wal().checkpoint_active()?;
+    db.checkpoint_wal()?;
     let mut tx = db.begin_transaction()?;
     let mut reused = 0;
     for (path, old_grain, _) in archived {

@@ -299,23 +299,34 @@ impl CommitLogFiles {
     /// Opens the files named in `names`. `current`/`end` come from the
     /// index header: files after `current` were created after the last
     /// checkpoint that counts and are removed.
+    ///
+    /// A read-only open (`writable` false) leaves those files where they
+    /// are and opens the others for reading.
     pub fn open(
         directory: &Path,
         fs: Arc<dyn FileSystem>,
         names: &[String],
         current: u64,
         end: u64,
+        writable: bool,
     ) -> Result<Self> {
         let mut files = BTreeMap::new();
         for first in names.iter().filter_map(|n| parse_file_name(n)) {
             let path = file_path(directory, first);
             if current == 0 || first > current {
-                fs.remove_file(&path)
-                    .context(|| format!("removing unused commit log {}", path.display()))?;
+                if writable {
+                    fs.remove_file(&path)
+                        .context(|| format!("removing unused commit log {}", path.display()))?;
+                }
                 continue;
             }
+            let mode = if writable {
+                OpenMode::ReadWrite
+            } else {
+                OpenMode::Read
+            };
             let file = fs
-                .open(&path, OpenMode::ReadWrite)
+                .open(&path, mode)
                 .context(|| format!("opening commit log {}", path.display()))?;
             files.insert(first, file);
         }
@@ -783,7 +794,8 @@ mod tests {
         // The same after reopening; a damaged current file is left for a new
         // one at the next append, cut to its valid length.
         let names = fs.list_files(dir).unwrap();
-        let mut reopened = CommitLogFiles::open(dir, fs.clone(), &names, current, end).unwrap();
+        let mut reopened =
+            CommitLogFiles::open(dir, fs.clone(), &names, current, end, true).unwrap();
         assert_eq!(reopened.read(0, 3000).unwrap().damage, contents.damage);
         let last_file = fs
             .open(&file_path(dir, current), OpenMode::ReadWrite)
@@ -842,7 +854,7 @@ mod tests {
             let names = fs.list_files(dir).unwrap();
             let claimed_end = len as u64 + next() % 20;
             let mut log =
-                CommitLogFiles::open(dir, fs.clone(), &names, first, claimed_end).unwrap();
+                CommitLogFiles::open(dir, fs.clone(), &names, first, claimed_end, true).unwrap();
             let contents = log.read(0, first + 5).unwrap();
             for damage in &contents.damage {
                 assert!(damage.first <= damage.last, "{damage}");
@@ -874,7 +886,7 @@ mod tests {
         assert_eq!(remaining.last().unwrap().sequence.0, 3000);
         let (current, end) = log.position();
         let names = fs.list_files(dir).unwrap();
-        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end).unwrap();
+        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true).unwrap();
         assert_eq!(undamaged(&mut reopened, 0), remaining);
     }
 
@@ -890,7 +902,7 @@ mod tests {
         let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
         let dir = Path::new("/db");
         fs.create_dir_all(dir).unwrap();
-        let log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0).unwrap();
+        let log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0, true).unwrap();
         (fs, dir, log)
     }
 
@@ -949,7 +961,7 @@ mod tests {
         log.sync().unwrap();
         let (current, end) = log.position();
         let names = fs.list_files(dir).unwrap();
-        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end).unwrap();
+        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true).unwrap();
         assert_eq!(undamaged(&mut reopened, 0), vec![first, second]);
     }
 

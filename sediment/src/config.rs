@@ -47,6 +47,8 @@ pub struct Config {
     pub direct_write_bytes: u64,
     /// Memory for recently read small blobs (see [`Config::cache_bytes`]).
     pub cache_bytes: u64,
+    /// Open without writing anything (see [`Config::read_only`]).
+    pub read_only: bool,
 }
 
 impl Config {
@@ -66,7 +68,27 @@ impl Config {
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
             direct_write_bytes: DEFAULT_DIRECT_WRITE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            read_only: false,
         }
+    }
+
+    /// Opens the store read-only: not a byte is written. No header copy is
+    /// repaired, the WAL is not replayed into the strata (what it holds is
+    /// read from its files, recovered as usual in memory), nothing is
+    /// recycled and nothing is checkpointed on close; transactions and
+    /// [`Database::checkpoint_wal`] fail with [`Error::ReadOnly`]. The
+    /// store's lock is taken shared: any number of read-only opens may run
+    /// at once, none while a writer has the store open, and a writer
+    /// cannot open it while one lives (both fail with an error naming the
+    /// lock file). A directory without a store is an error, not created.
+    /// The WAL's [`RecoveryMode`](okaywal::RecoveryMode) applies as usual
+    /// (a point-in-time cut is made in memory only).
+    ///
+    /// [`Error::ReadOnly`]: crate::Error::ReadOnly
+    #[must_use]
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
     }
 
     /// Adjusts the WAL settings.

@@ -158,7 +158,33 @@ pub(crate) struct Shared {
 #[derive(Debug, Clone)]
 pub struct Database {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) wal: WriteAheadLog,
+    pub(crate) wal: Wal,
+}
+
+/// The write-ahead log under a database: open for writing, or recovered
+/// read-only (see [`Config::read_only`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Wal {
+    Live(WriteAheadLog),
+    ReadOnly(Arc<okaywal::ReadOnlyLog>),
+}
+
+impl Wal {
+    /// The chunk at `position`.
+    pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
+        match self {
+            Wal::Live(wal) => wal.read_at(position),
+            Wal::ReadOnly(wal) => wal.read_at(position),
+        }
+    }
+
+    /// The log open for writing, or [`Error::ReadOnly`].
+    pub fn live(&self) -> Result<&WriteAheadLog> {
+        match self {
+            Wal::Live(wal) => Ok(wal),
+            Wal::ReadOnly(_) => Err(Error::ReadOnly),
+        }
+    }
 }
 
 impl Shared {
@@ -411,6 +437,7 @@ fn open_index(
     fs: &dyn FileSystem,
     directory: &Path,
     names: &[String],
+    writable: bool,
 ) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
     let path = directory.join(INDEX_FILE);
     let strata = names
@@ -425,6 +452,15 @@ fn open_index(
     let mut exists = fs
         .exists(&path)
         .context(|| format!("checking {}", path.display()))?;
+    if !writable && (!exists || !index_has_a_valid_copy(fs, &path)?) && strata + logs + wal == 0 {
+        return Err(Error::Io {
+            context: format!("opening the store in {} read-only", directory.display()),
+            source: io::Error::new(
+                io::ErrorKind::NotFound,
+                "the directory holds no store (no index file)",
+            ),
+        });
+    }
     if exists && strata + logs + wal == 0 && !index_has_a_valid_copy(fs, &path)? {
         // The index is the first file a store creates, and the only one
         // here: its creation was cut short (a file system may make the new
@@ -435,8 +471,13 @@ fn open_index(
         exists = false;
     }
     if exists {
+        let mode = if writable {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
         let file = fs
-            .open(&path, OpenMode::ReadWrite)
+            .open(&path, mode)
             .context(|| format!("opening {}", path.display()))?;
         let len = file
             .len()
@@ -457,7 +498,7 @@ fn open_index(
                 path: path.clone(),
                 what: format!("both index header copies are invalid ({a}; {b})"),
             })?;
-        if copies[1 - slot].as_ref() != Ok(&header) {
+        if writable && copies[1 - slot].as_ref() != Ok(&header) {
             // A checkpoint leaves both copies alike, so the other one was
             // being written when a crash hit, or has decayed since: make it
             // a copy of the good one again.
@@ -522,6 +563,7 @@ fn open_strata(
     directory: &Path,
     names: &[String],
     known: &[u32; BASINS],
+    writable: bool,
 ) -> Result<Vec<Basin>> {
     let mut numbers: Vec<Vec<u32>> = vec![Vec::new(); BASINS];
     for (basin, number) in names.iter().filter_map(|n| stratum::parse_file_name(n)) {
@@ -543,7 +585,7 @@ fn open_strata(
             }
             let is_known = number < known[usize::from(basin)];
             strata.push(Arc::new(open_stratum(
-                fs, directory, basin, number, is_known,
+                fs, directory, basin, number, is_known, writable,
             )?));
         }
         let listed = known[basin];
@@ -570,8 +612,9 @@ fn open_stratum(
     basin: u8,
     number: u32,
     known: bool,
+    writable: bool,
 ) -> Result<Stratum> {
-    match Stratum::open(fs, directory, basin, number) {
+    match Stratum::open(fs, directory, basin, number, writable) {
         Err(Error::Corrupt { path, what }) if !known => {
             // A stratum whose creation was cut short before its header was
             // synced holds no grains yet; one with grains is really damaged.
@@ -582,7 +625,11 @@ fn open_stratum(
                 .and_then(|f| f.len())
                 .context(|| format!("reading {}", path.display()))?;
             if len <= 2 * crate::format::stratum_slot_size(basin) {
-                Stratum::create(fs, directory, basin, number)
+                if writable {
+                    Stratum::create(fs, directory, basin, number)
+                } else {
+                    Stratum::unfinished(fs, directory, basin, number)
+                }
             } else {
                 Err(Error::Corrupt { path, what })
             }
@@ -611,27 +658,40 @@ impl Database {
             .expect("an in-memory database always opens")
     }
 
+    /// Opens the database in `directory` read-only with the default
+    /// [`Config`] (see [`Config::read_only`]): nothing is written, any
+    /// number of read-only opens may run at once, and none while the store
+    /// is open for writing.
+    pub fn open_read_only<P: AsRef<Path>>(directory: P) -> Result<Self> {
+        Config::for_directory(directory).read_only(true).open()
+    }
+
     pub(crate) fn open(config: Config) -> Result<Self> {
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
-        okaywal::fs::create_dir_durably(&*fs, &directory)
-            .context(|| format!("creating {}", directory.display()))?;
-        // Before anything is read: open repairs and removes files.
-        let lock = fs
-            .lock_exclusive(&directory.join(LOCK_FILE))
-            .context(|| format!("opening the store in {}", directory.display()))?;
+        let writable = !config.read_only;
+        let lock = if writable {
+            okaywal::fs::create_dir_durably(&*fs, &directory)
+                .context(|| format!("creating {}", directory.display()))?;
+            // Before anything is read: open repairs and removes files.
+            fs.lock_exclusive(&directory.join(LOCK_FILE))
+        } else {
+            fs.lock_shared(&directory.join(LOCK_FILE))
+        }
+        .context(|| format!("opening the store in {}", directory.display()))?;
         let names = fs
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;
-        let (index_file, index, next_slot) = open_index(&*fs, &directory, &names)?;
+        let (index_file, index, next_slot) = open_index(&*fs, &directory, &names, writable)?;
         let wal_floor = index.wal_checkpointed_entry;
-        let basins = open_strata(&*fs, &directory, &names, &index.strata)?;
+        let basins = open_strata(&*fs, &directory, &names, &index.strata, writable)?;
         let mut commit_log = CommitLogFiles::open(
             &directory,
             fs.clone(),
             &names,
             index.commit_log_file,
             index.commit_log_end,
+            writable,
         )?;
 
         let mut meta = Meta {
@@ -695,9 +755,14 @@ impl Database {
         // Sequences are WAL entry ids: never hand out one the strata have
         // already seen, whatever happened to the WAL's files.
         wal_config = wal_config.minimum_next_entry_id(wal_floor.saturating_add(1));
-        let wal = wal_config
-            .open(Manager::new(shared.clone()))
-            .context(|| "opening the write-ahead log".to_string())?;
+        let wal = if writable {
+            wal_config.open(Manager::new(shared.clone())).map(Wal::Live)
+        } else {
+            wal_config
+                .open_read_only(Manager::new(shared.clone()))
+                .map(|wal| Wal::ReadOnly(Arc::new(wal)))
+        }
+        .context(|| "opening the write-ahead log".to_string())?;
         let db = Self { shared, wal };
         if let Some(through) = hidden_through {
             db.forget_unprovable_archives(through);
@@ -758,8 +823,10 @@ impl Database {
     }
 
     /// Begins a transaction. Many may run at once, from many threads.
+    /// Fails with [`Error::ReadOnly`] on a store opened read-only.
     pub fn begin_transaction(&self) -> Result<Transaction<'_>> {
         self.check_open()?;
+        self.wal.live()?;
         Ok(Transaction::new(self))
     }
 
@@ -977,10 +1044,31 @@ impl Database {
         &self.shared.directory
     }
 
-    /// The write-ahead log under the database.
+    /// Moves everything the write-ahead log holds into the strata, the
+    /// commit log and the index now (as a shutdown does, and as happens by
+    /// itself whenever a WAL segment fills), and returns once it is done.
+    ///
+    /// Do not call it while this thread has a transaction open: the
+    /// checkpoint would wait for it.
+    pub fn checkpoint_wal(&self) -> Result<()> {
+        self.check_open()?;
+        self.wal
+            .live()?
+            .checkpoint_active()
+            .context(|| "checkpointing the write-ahead log".to_string())
+    }
+
+    /// The write-ahead log's counters (commits, syncs, bytes, segments);
+    /// `None` for a store open read-only.
     #[must_use]
-    pub fn wal(&self) -> &WriteAheadLog {
-        &self.wal
+    pub fn wal_stats(&self) -> Option<okaywal::LogStats> {
+        self.wal.live().ok().map(WriteAheadLog::stats)
+    }
+
+    /// True if the store was opened read-only.
+    #[must_use]
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.wal, Wal::ReadOnly(_))
     }
 
     /// Closes the database for every handle: later calls on any clone fail
@@ -996,6 +1084,10 @@ impl Database {
         if self.shared.shut_down.swap(true, Ordering::AcqRel) {
             return Err(Error::ShutDown);
         }
+        let Wal::Live(wal) = &self.wal else {
+            // A read-only store has nothing to move or sync.
+            return Ok(());
+        };
         let open_transactions = {
             let meta = self.shared.meta.lock();
             !meta.in_flight.is_empty() || !meta.beginning.is_empty()
@@ -1003,12 +1095,10 @@ impl Database {
         let checkpoint = if open_transactions {
             Ok(())
         } else {
-            self.wal
-                .checkpoint_active()
+            wal.checkpoint_active()
                 .context(|| "checkpointing the WAL at shutdown".to_string())
         };
-        let shutdown = self
-            .wal
+        let shutdown = wal
             .shutdown()
             .context(|| "shutting down the WAL".to_string());
         checkpoint.and(shutdown)

@@ -52,6 +52,11 @@ pub enum Error {
     /// The database was shut down.
     #[error("the database has been shut down")]
     ShutDown,
+
+    /// A write (a transaction, a WAL checkpoint) on a store opened
+    /// read-only.
+    #[error("the store is open read-only")]
+    ReadOnly,
     /// A file is damaged beyond what recovery can fall back from.
     #[error("{}: {what}", path.display())]
     Corrupt {

@@ -81,10 +81,23 @@ impl Stratum {
     }
 
     /// Opens an existing stratum, trusting the newer valid header copy.
-    pub fn open(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Self> {
+    /// A writable open repairs the other copy when it differs; a read-only
+    /// one leaves the file as it is.
+    pub fn open(
+        fs: &dyn FileSystem,
+        directory: &Path,
+        basin: u8,
+        number: u32,
+        writable: bool,
+    ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
+        let mode = if writable {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
         let file = fs
-            .open(&path, OpenMode::ReadWrite)
+            .open(&path, mode)
             .context(|| format!("opening stratum {}", path.display()))?;
         let (first, second) = read_headers(&*file, basin, number)
             .context(|| format!("reading stratum {}", path.display()))?;
@@ -94,7 +107,7 @@ impl Stratum {
                 path: path.clone(),
                 what: format!("both stratum header copies are invalid ({a}; {b})"),
             })?;
-        if copies[1 - slot].as_ref() != Ok(&header) {
+        if writable && copies[1 - slot].as_ref() != Ok(&header) {
             // A checkpoint leaves both copies alike (see `mirror_header`),
             // so the other one was being written when a crash hit, or has
             // decayed since: make it a copy of the good one again, so that
@@ -107,6 +120,22 @@ impl Stratum {
             .context(|| format!("repairing a header copy of {}", path.display()))?;
         }
         Ok(Self::from_parts(basin, number, path, file, header, slot))
+    }
+
+    /// A stratum whose creation a crash cut short, opened read-only: it
+    /// holds no grains, and its file is left as it is.
+    pub fn unfinished(
+        fs: &dyn FileSystem,
+        directory: &Path,
+        basin: u8,
+        number: u32,
+    ) -> Result<Self> {
+        let path = directory.join(file_name(basin, number));
+        let file = fs
+            .open(&path, OpenMode::Read)
+            .context(|| format!("opening stratum {}", path.display()))?;
+        let header = StratumHeader::empty(basin, number);
+        Ok(Self::from_parts(basin, number, path, file, header, 0))
     }
 
     fn from_parts(
@@ -300,7 +329,7 @@ mod tests {
         let (first, second) = read_headers(&*file, 2, 0).unwrap();
         assert_ne!(first.unwrap(), second.unwrap());
         // Opening keeps the newest state and catches the other copy up.
-        let reopened = Stratum::open(&fs, dir, 2, 0).unwrap();
+        let reopened = Stratum::open(&fs, dir, 2, 0, true).unwrap();
         assert_eq!(reopened.bits.read().durable_blobs(), vec![(3, 2), (10, 1)]);
         let (first, second) = read_headers(&*file, 2, 0).unwrap();
         assert_eq!(first.unwrap(), second.unwrap());
@@ -315,7 +344,7 @@ mod tests {
         for slot in 0..2 {
             file.write_all_at(&[0xFF; 8], slot * stratum_slot_size(2) + 40)
                 .unwrap();
-            let opened = Stratum::open(&fs, dir, 2, 0).unwrap();
+            let opened = Stratum::open(&fs, dir, 2, 0, true).unwrap();
             assert_eq!(opened.bits.read().durable_blobs(), all, "slot {slot}");
             let (first, second) = read_headers(&*file, 2, 0).unwrap();
             assert_eq!(first.unwrap(), second.unwrap(), "slot {slot}");
@@ -324,7 +353,7 @@ mod tests {
         file.write_all_at(&[0xFF; 8], stratum_slot_size(2) + 40)
             .unwrap();
         assert!(matches!(
-            Stratum::open(&fs, dir, 2, 0),
+            Stratum::open(&fs, dir, 2, 0, true),
             Err(Error::Corrupt { .. })
         ));
     }

@@ -68,9 +68,11 @@ impl<'db> Transaction<'db> {
             // WAL's checkpoints (and so for other transactions). Until the
             // sequence is known, a floor below it keeps readers of
             // `finished_through` from looking past it.
-            let floor = self.db.wal.next_entry_id().0;
+            let db: &'db Database = self.db;
+            let wal = db.wal.live()?;
+            let floor = wal.next_entry_id().0;
             *shared.meta.lock().beginning.entry(floor).or_default() += 1;
-            let begun = self.db.wal.begin_entry();
+            let begun = wal.begin_entry();
             let mut meta = shared.meta.lock();
             if let Some(count) = meta.beginning.get_mut(&floor) {
                 *count -= 1;

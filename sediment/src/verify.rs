@@ -10,12 +10,13 @@ use std::sync::Arc;
 use crate::allocator::blobs;
 use crate::commit_log::{CommitLogDamage, CommitRecord};
 use crate::db::{Database, INDEX_FILE};
-use crate::error::Result;
+use crate::error::{Context, Result};
 use crate::format::{
     grain_crc, newest, placement, GrainHeader, HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
     INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
 };
 use crate::grain_id::GrainId;
+use crate::manager::{DATA_CHUNK, RECORD_CHUNK};
 use crate::stratum::{read_headers, Stratum};
 
 /// One thing `verify` found wrong.
@@ -106,7 +107,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
             Ok(Ok(_)) => {}
             Ok(Err(e)) if !damaged(&e, zero) => {}
             Ok(Err(e)) => report.problems.push(problem(
-                format!("{} (copy {slot})", index_path.display()),
+                format!("{} (header copy {slot})", index_path.display()),
                 None,
                 format!("index header: {e}"),
             )),
@@ -337,7 +338,101 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     progress(total, total);
     report.problems.extend(log_problems);
     expected.check_allocated(db, &mut report);
+    drop(store);
+    if db.is_read_only() {
+        check_wal(db, &mut report)?;
+    }
     Ok(report)
+}
+
+/// Reads the WAL's segments as recovery would (okaywal's inspection) and
+/// reports every problem recovery would report, and the blobs of each
+/// committed transaction whose WAL entry is damaged: they are lost, and
+/// the store does not know them otherwise. Only for a store open
+/// read-only, whose WAL files no writer can change meanwhile.
+fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
+    let shared = &db.shared;
+    let inspection = okaywal::Configuration::default_for(&shared.directory)
+        .shared_file_system(shared.fs.clone())
+        .inspect()
+        .context(|| "inspecting the write-ahead log".to_string())?;
+    let location = |path: &Path, offset: Option<u64>| match offset {
+        Some(offset) => format!("{} offset {offset}", path.display()),
+        None => path.display().to_string(),
+    };
+    for problem in &inspection.problems {
+        report.problems.push(Problem {
+            location: location(&problem.path, problem.offset),
+            grain: None,
+            description: format!("write-ahead log: {}", problem.description),
+        });
+    }
+    let damaged: Vec<&Path> = inspection
+        .problems
+        .iter()
+        .map(|problem| problem.path.as_path())
+        .collect();
+    for segment in &inspection.segments {
+        if !damaged.contains(&segment.path.as_path()) {
+            // Incomplete entries elsewhere are writes a crash cut short,
+            // never acknowledged.
+            continue;
+        }
+        for entry in &segment.incomplete {
+            let at = location(&segment.path, Some(entry.commit_offset));
+            if entry.id.0 <= shared.meta.lock().wal_checkpointed_entry {
+                // Already in the strata: nothing was lost with it.
+                continue;
+            }
+            let (grains, named_by) = lost_grains(entry);
+            if grains.is_empty() {
+                report.problems.push(Problem {
+                    location: at.clone(),
+                    grain: None,
+                    description: format!(
+                        "transaction {} is committed but its WAL entry is damaged: the blobs \
+                         it wrote are lost and cannot be named",
+                        entry.id
+                    ),
+                });
+            }
+            for grain in grains {
+                report.problems.push(Problem {
+                    location: at.clone(),
+                    grain: Some(grain),
+                    description: format!(
+                        "lost: written by transaction {}, whose WAL entry is damaged \
+                         (named by {named_by})",
+                        entry.id
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The blobs a damaged WAL entry of a transaction wrote: those its commit
+/// record lists if that chunk verifies, else those its data chunks name,
+/// and what named them.
+fn lost_grains(entry: &okaywal::IncompleteEntry) -> (Vec<GrainId>, &'static str) {
+    for chunk in entry.chunks.iter().filter(|chunk| chunk.crc_ok) {
+        if let Some((&RECORD_CHUNK, record)) = chunk.data.split_first() {
+            if let Ok(record) = CommitRecord::decode(record) {
+                let grains = record.new_grains.iter().map(|grain| grain.id).collect();
+                return (grains, "its commit record");
+            }
+        }
+    }
+    let grains = entry
+        .chunks
+        .iter()
+        .filter_map(|chunk| match chunk.data.get(..9)? {
+            [DATA_CHUNK, id @ ..] => GrainId::from_bytes(id.try_into().ok()?).ok(),
+            _ => None,
+        })
+        .collect();
+    (grains, "its data chunks, unverified")
 }
 
 /// What a blob's grain header must hold: (sequence, length, CRC).

@@ -85,7 +85,7 @@ fn streaming_reads_match_get_before_and_after_the_wal_checkpoint() {
         }
     };
     check(&db, "in the WAL");
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     check(&db, "in the strata");
     db.shutdown().unwrap();
     let db = Database::recover(dir.path()).unwrap();
@@ -198,13 +198,13 @@ fn a_blob_streamed_from_the_wal_survives_a_checkpoint_halfway() {
     let mut reader = db.read(id).unwrap().expect("committed");
     let mut read = vec![0_u8; 50_000];
     reader.read_exact(&mut read).unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     for i in 0..20_u8 {
         let mut tx = db.begin_transaction().unwrap();
         tx.write(&vec![i; 100_000]).unwrap();
         tx.commit().unwrap();
     }
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     reader.read_to_end(&mut read).unwrap();
     assert!(read == data, "the streamed blob changed under its reader");
     assert_eq!(db.get(id).unwrap().as_ref(), Some(&data));
@@ -229,7 +229,7 @@ fn archives_survive_reopening_and_are_freed_afterwards() {
         tx.archive(large).unwrap();
         let archived_at = tx.commit().unwrap();
         if wal_checkpoint {
-            db.wal().checkpoint_active().unwrap();
+            db.checkpoint_wal().unwrap();
         }
         drop(db);
 
@@ -289,7 +289,7 @@ fn a_long_open_transaction_does_not_block_its_own_thread() {
             tx.commit().unwrap();
         }
         long.commit().unwrap();
-        db.wal().checkpoint_active().unwrap();
+        db.checkpoint_wal().unwrap();
         assert_eq!(
             db.get(first).unwrap().as_deref(),
             Some(&b"written first, committed last"[..])

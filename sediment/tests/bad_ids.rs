@@ -66,7 +66,7 @@ fn fixture(rng: &mut Rng) -> Fixture {
     for id in &doomed {
         live.remove(id);
     }
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     // Archived but not freed.
     let mut tx = db.begin_transaction().unwrap();
     let archived: BTreeSet<GrainId> = live.keys().copied().step_by(5).collect();
@@ -289,7 +289,7 @@ fn bad_ids_are_answered_cleanly() {
     {
         assert_eq!(f.db.get(*id).unwrap(), None, "{id}");
     }
-    f.db.wal().checkpoint_active().unwrap();
+    f.db.checkpoint_wal().unwrap();
     for id in ids.iter().step_by(7).filter(|id| **id != fresh) {
         check_read(&f, *id);
     }

@@ -131,7 +131,7 @@ fn race_readers_with_frees(cache_bytes: u64) {
                     attempts += 1;
                     assert!(attempts < 10, "the grains of {slot_id} are never reused");
                     free(&db, id);
-                    db.wal().checkpoint_active().unwrap();
+                    db.checkpoint_wal().unwrap();
                 };
                 let got = db.get(id).unwrap();
                 assert!(

@@ -218,7 +218,7 @@ fn records_list_exactly_what_happened() {
     drop(db);
     let db = Database::recover(dir.path()).unwrap();
     assert_log(&db, &model, "reopened without shutdown");
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     assert_log(
         &db,
         &model,
@@ -371,7 +371,7 @@ fn commit_log_files_are_trimmed_on_disk() {
             files_seen.extend(files_with_prefix(dir.path(), "commits-"));
         }
     }
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let at_end = commit_log_bytes(dir.path());
     println!(
         "commit log: {} files ever, {at_end:?} (files, bytes) at the end, largest {largest:?}",

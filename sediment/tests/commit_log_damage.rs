@@ -106,7 +106,7 @@ fn fixture() -> Fixture {
     let g = put(&mut tx, 7, 10);
     tx.archive(e).unwrap();
     let e_archived = tx.commit().unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
 
     // Archives and a header change, then a checkpoint that frees `d`.
     let mut tx = db.begin_transaction().unwrap();
@@ -117,7 +117,7 @@ fn fixture() -> Fixture {
     let mut tx = db.begin_transaction().unwrap();
     tx.checkpoint_to(s3).unwrap();
     let in_files = tx.commit().unwrap().0;
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
 
     // Left in the WAL: a write and an archive, and a direct write.
     let mut tx = db.begin_transaction().unwrap();

@@ -342,7 +342,7 @@ fn concurrent_checkpoints_free_only_archived_blobs() {
     let mut tx = db.begin_transaction().unwrap();
     tx.checkpoint_to(db.last_committed()).unwrap();
     tx.commit().unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let check_final = |db: &Database, phase: &str| {
         for blob in newest.values() {
             if blob.archived_at.is_some() {
@@ -469,7 +469,7 @@ fn blob_is_readable_after_commit_raced_with_its_segment_checkpoint() {
     std::thread::sleep(Duration::from_millis(300));
     let later = db.get(id);
     b.commit().unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let after_next_checkpoint = db.get(id);
     assert!(
         matches!(&after_next_checkpoint, Ok(Some(bytes)) if *bytes == data),
@@ -620,7 +620,7 @@ fn stalled_writer_scenario(finish: FinishA) {
             "B stayed stalled after A finished"
         );
     }
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.verify().unwrap();
 }
 
@@ -827,7 +827,7 @@ fn commit_log_gap_attempt() -> bool {
     tx.archive(archived.unwrap()).unwrap();
     let archiving = tx.commit().unwrap();
     assert!(archiving > last);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let all = |db: &Database| -> Vec<u64> {
         db.commit_log(SequenceId(0))
             .unwrap()

@@ -41,7 +41,7 @@ fn freed_grains_are_reused_before_any_wal_checkpoint() {
         "no WAL checkpoint was needed for the reuse"
     );
     assert_blob(&db, b, &blob(2, 999), "reused through the WAL");
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     assert_blob(&db, b, &blob(2, 999), "after the WAL checkpoint");
     db.shutdown().unwrap();
     let db = open(dir.path());
@@ -66,11 +66,11 @@ fn a_freed_blob_still_in_the_wal_never_overwrites_its_successor() {
             drop(db);
             let db = open(dir.path());
             assert_blob(&db, b, &blob(11, 1000), "after the crash");
-            db.wal().checkpoint_active().unwrap();
+            db.checkpoint_wal().unwrap();
             assert_blob(&db, b, &blob(11, 1000), "after the replayed checkpoint");
             db.shutdown().unwrap();
         } else {
-            db.wal().checkpoint_active().unwrap();
+            db.checkpoint_wal().unwrap();
             assert_blob(&db, b, &blob(11, 1000), "after the WAL checkpoint");
             db.shutdown().unwrap();
         }
@@ -104,7 +104,7 @@ fn transactions_older_than_the_free_do_not_get_its_grains() {
     // Once it finished, the grains are reusable.
     let (z, _) = write(&db, &blob(23, 999));
     assert_eq!(z, a);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     let db = open(dir.path());
     assert_blob(&db, x, &blob(21, 100), "x after reopening");
@@ -156,7 +156,7 @@ fn a_blob_freed_during_its_checkpoint_keeps_its_grains_until_the_copy_is_done() 
     std::thread::scope(|scope| {
         // Lets the checkpoint finish even if an assertion below fails.
         let _release = ReleaseOnDrop(gate);
-        let checkpoint = scope.spawn(|| db.wal().checkpoint_active());
+        let checkpoint = scope.spawn(|| db.checkpoint_wal());
         // The checkpoint has checked A (not freed) and is about to copy it.
         gate.wait_entered();
         free(&db, a);

@@ -128,7 +128,7 @@ fn roundtrip(ending: Ending) {
 
     match ending {
         Ending::CheckpointThenShutdown | Ending::CheckpointThenDrop => {
-            db.wal().checkpoint_active().unwrap();
+            db.checkpoint_wal().unwrap();
             assert_eq!(db.stats().unwrap().blobs_in_wal, 0);
             check_all(&db, &blobs, &format!("{ending:?}: after checkpoint_active"));
         }
@@ -201,7 +201,7 @@ fn sixty_four_mib_blob_round_trips() {
     assert_eq!(placement(data.len() as u64), Some((id.basin(), id.count())));
     let blobs = vec![(id, data), (neighbour, b"a small neighbour".to_vec())];
     check_all(&db, &blobs, "64 MiB: before checkpoint");
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     check_all(&db, &blobs, "64 MiB: after checkpoint");
     drop(db);
     let db = Database::recover(dir.path()).unwrap();
@@ -217,7 +217,7 @@ fn in_memory_database_round_trips() {
     let db = Database::in_memory();
     let blobs = write_sizes(&db, 9000);
     check_all(&db, &blobs, "in memory");
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     check_all(&db, &blobs, "in memory after checkpoint");
     db.verify().unwrap();
 }
@@ -260,7 +260,7 @@ fn embedded_header_round_trips_across_reopen() {
         let mut tx = db.begin_transaction().unwrap();
         tx.set_embedded_header(Some(other)).unwrap();
         tx.commit().unwrap();
-        db.wal().checkpoint_active().unwrap();
+        db.checkpoint_wal().unwrap();
         assert_eq!(db.embedded_header(), Some(other));
         let db = header_after_reopen(dir.path(), shutdown, db);
         assert_eq!(db.embedded_header(), Some(other), "shutdown={shutdown}");

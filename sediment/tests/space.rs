@@ -210,7 +210,7 @@ fn archived_blobs_stay_readable_until_a_checkpoint_covers_them() {
 
     // Once the freeing transaction is through the WAL, the space is reused
     // by the next blob of the same size (first fit).
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let (reused_a, _) = commit_one(&db, b"blob A");
     let (reused_c, _) = commit_one(&db, &blob(33, 100_000));
     assert_eq!(reused_a, a, "a's grains were not reused");
@@ -232,7 +232,7 @@ fn space_freed_before_a_crash_is_reused_after_reopening() {
     drop(db);
     let db = Database::recover(dir.path()).unwrap();
     assert_eq!(db.get(a).unwrap(), None);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let (b, _) = commit_one(&db, &blob(2, 5000));
     assert_eq!(b, a, "the freed grains were not reused after reopening");
     assert_blob(&db, b, &blob(2, 5000), "reused");

@@ -65,7 +65,7 @@ fn healthy_databases_verify_clean() {
     // Blobs still in the WAL are checked too.
     let report = db.verify().unwrap();
     assert_eq!(report.grains_checked, blobs.len() as u64);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let report = db.verify().unwrap();
     assert_eq!(report.grains_checked, blobs.len() as u64);
     assert!(report.strata_checked >= 3);
@@ -87,7 +87,7 @@ fn healthy_databases_verify_clean() {
     // Freed grains stay in the durable (checkpointed) bitmaps until the
     // next WAL checkpoint.
     assert!(report.grains_checked >= blobs.len() as u64);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let progress = std::cell::Cell::new((0, 0));
     let report = db
         .verify_report(|done, total| progress.set((done, total)))
@@ -113,7 +113,7 @@ fn flipped_bytes_in_grains_are_found_and_never_returned() {
     let db = Database::recover(dir.path()).unwrap();
     let sizes = [0, 1, 100, 1000, 5000, 40_000, 200_000, 3000, 17];
     let blobs = write_blobs(&db, &sizes, 100);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
 
     // Check the documented layout against the file before damaging it.
@@ -229,7 +229,7 @@ fn a_damaged_header_of_an_empty_blob_is_detected_by_get() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::recover(dir.path()).unwrap();
     let blobs = write_blobs(&db, &[0, 0, 10], 50);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     // Damage the CRC of the first empty blob and the sequence of the second.
     let (crc_damaged, sequence_damaged) = (blobs[0].0, blobs[1].0);
@@ -263,7 +263,7 @@ fn a_truncated_stratum_gives_errors_not_data() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::recover(dir.path()).unwrap();
     let blobs = write_blobs(&db, &[3000, 3000, 3000], 7);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     let last = blobs
         .iter()
@@ -319,13 +319,13 @@ fn two_checkpoints(dir: &Path) -> (Blob, Blob, Vec<u8>) {
     let mut tx = db.begin_transaction().unwrap();
     tx.set_embedded_header(Some(a.0)).unwrap();
     tx.commit().unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let after_first = std::fs::read(dir.join("index")).unwrap();
     let b = write_blobs(&db, &[700], 2).remove(0);
     let mut tx = db.begin_transaction().unwrap();
     tx.set_embedded_header(Some(b.0)).unwrap();
     tx.commit().unwrap();
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     (a, b, after_first)
 }
@@ -439,13 +439,13 @@ fn assert_stratum_copies_alike(dir: &Path, id: GrainId) {
 fn stratum_with_two_checkpoints(dir: &Path) -> (Blob, Blob, Vec<u8>) {
     let db = Database::recover(dir).unwrap();
     let a = write_blobs(&db, &[2000], 1).remove(0);
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     let (path, _) = grain_location(dir, a.0);
     let headers = 2 * stratum_slot_size(a.0.basin()) as usize;
     let after_first = std::fs::read(&path).unwrap()[..headers].to_vec();
     let b = write_blobs(&db, &[2000], 2).remove(0);
     assert_eq!((a.0.basin(), a.0.stratum()), (b.0.basin(), b.0.stratum()));
-    db.wal().checkpoint_active().unwrap();
+    db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     (a, b, after_first)
 }
