@@ -79,6 +79,21 @@ impl SegmentHeader {
         bytes
     }
 
+    /// The format version of an intact header of this crate's layout with
+    /// a version other than this crate's: its magic and its checksum
+    /// verify, so it was written whole by another version of the format,
+    /// not torn or damaged. `None` for anything else.
+    #[must_use]
+    pub fn other_version(bytes: &[u8]) -> Option<u8> {
+        let bytes = bytes.get(..HEADER_SIZE as usize)?;
+        let crc_at = HEADER_SIZE as usize - 4;
+        let stored = u32::from_le_bytes(bytes[crc_at..].try_into().ok()?);
+        (bytes[..7] == MAGIC
+            && bytes[7] != FORMAT_VERSION
+            && crc32fast::hash(&bytes[..crc_at]) == stored)
+            .then_some(bytes[7])
+    }
+
     /// Decodes a header from the first [`HEADER_SIZE`] bytes of `bytes`.
     pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
         let bytes = bytes

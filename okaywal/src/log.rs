@@ -1537,6 +1537,12 @@ fn stale_segment_id(fs: &dyn FileSystem, path: &std::path::Path) -> io::Result<O
     }
     let mut bytes = vec![0; HEADER_SIZE as usize];
     file.read_exact_at(&mut bytes, 0)?;
+    // Reused only if it is ours: a file of another format version, or of
+    // another program, is refused and left as it is.
+    if let Some(version) = SegmentHeader::other_version(&bytes) {
+        return Err(crate::recovery::other_version_error(path, version));
+    }
+    crate::legacy::refuse_foreign(path, &bytes)?;
     Ok(SegmentHeader::decode(&bytes)
         .ok()
         .map(|header| header.first_entry_id))

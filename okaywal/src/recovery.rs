@@ -573,6 +573,18 @@ impl Look {
     }
 }
 
+/// The error for a file of this crate's layout but another format
+/// version, which is neither read nor reused.
+pub(crate) fn other_version_error(path: &Path, version: u8) -> io::Error {
+    invalid(format!(
+        "{}: written in okaywal segment format version {version}, which this version of the \
+         crate (format version {}) cannot read; open the log with the okaywal that wrote it, \
+         or move the file away. It was left as it was",
+        path.display(),
+        crate::format::FORMAT_VERSION
+    ))
+}
+
 fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
@@ -605,6 +617,16 @@ pub(crate) fn find_segments(
         let header = match SegmentHeader::decode(&header_bytes) {
             Ok(header) if header.first_entry_id == id => header,
             result => {
+                // Another version of this format, written whole: never
+                // taken for a header that was never written.
+                if let Some(version) = SegmentHeader::other_version(&header_bytes) {
+                    let error = other_version_error(&path, version);
+                    if look == Look::Inspect {
+                        found.problems.push((path, Some(0), error.to_string()));
+                        continue;
+                    }
+                    return Err(error);
+                }
                 // A segment written by okaywal 0.2/0.3 (`crate::legacy`).
                 if let Some(legacy) = crate::legacy::recognise(id, &path, &file, &header_bytes) {
                     found.legacy.push(legacy);

@@ -1,0 +1,92 @@
+//! Files in a log directory that the log did not write are never reused
+//! or overwritten: a segment of another format version, written whole,
+//! and a spare or recycled file holding another program's bytes make the
+//! open fail with an error naming the file, which is left as it was.
+
+use std::io;
+use std::path::Path;
+
+use okaywal::format::{SegmentHeader, FORMAT_VERSION, HEADER_SIZE};
+use okaywal::{Configuration, LogVoid};
+
+fn commit_one(dir: &Path) {
+    let log = Configuration::default_for(dir).open(LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"one entry").unwrap();
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+}
+
+/// A header of this crate's layout, intact, with another format version.
+fn newer_version_header(first_entry_id: u64) -> Vec<u8> {
+    let mut bytes = SegmentHeader {
+        first_entry_id,
+        previous: None,
+        version_info: Vec::new(),
+    }
+    .encode();
+    bytes[7] = FORMAT_VERSION + 1;
+    let crc_at = HEADER_SIZE as usize - 4;
+    let crc = crc32fast::hash(&bytes[..crc_at]);
+    bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+fn assert_refused_and_untouched(dir: &Path, name: &str, contents: &[u8]) {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    for _ in 0..2 {
+        let err = Configuration::default_for(dir).open(LogVoid).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{name}: {err}");
+        assert!(err.to_string().contains(name), "{name}: {err}");
+        let read_only = Configuration::default_for(dir).open_read_only(LogVoid);
+        let inspection = Configuration::default_for(dir).inspect().unwrap();
+        if name.starts_with("wal-spare") || name.starts_with("wal-recycled") {
+            // Not a segment: a read-only open and an inspection read
+            // segments only, and reuse nothing.
+            read_only.unwrap();
+        } else {
+            let err = read_only.map(drop).unwrap_err();
+            assert!(err.to_string().contains(name), "{name}: {err}");
+            assert!(
+                inspection.problems.iter().any(|p| p.path == path),
+                "{name}: {:?}",
+                inspection.problems
+            );
+        }
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            contents,
+            "{name} was changed"
+        );
+    }
+    std::fs::remove_file(&path).unwrap();
+    // Without it the log opens again.
+    Configuration::default_for(dir)
+        .open(LogVoid)
+        .unwrap()
+        .shutdown()
+        .unwrap();
+}
+
+#[test]
+fn a_segment_of_another_format_version_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    commit_one(dir.path());
+    let mut contents = newer_version_header(1000);
+    contents.extend(vec![0x77; 4096]);
+    assert_refused_and_untouched(dir.path(), "wal-1000", &contents);
+}
+
+#[test]
+fn a_spare_or_recycled_file_with_foreign_bytes_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    commit_one(dir.path());
+    let mut foreign = b"SQLite format 3\0".to_vec();
+    foreign.resize(8192, 0x42);
+    assert_refused_and_untouched(dir.path(), "wal-spare-77", &foreign);
+    assert_refused_and_untouched(dir.path(), "wal-recycled-5", &foreign);
+    let mut newer = newer_version_header(5);
+    newer.resize(8192, 0);
+    assert_refused_and_untouched(dir.path(), "wal-recycled-6", &newer);
+}
