@@ -6,10 +6,14 @@ use std::path::{Path, PathBuf};
 
 use indicatif::ProgressBar;
 use sediment::{GrainId, SequenceId, DEFAULT_MAX_BLOB_BYTES};
+use serde::Serialize;
 
 use crate::error::{describe_io, not_allocated, CliError};
+use crate::inspect::write_json;
 use crate::progress::{busy, bytes_bar};
-use crate::store::{self, parse_grain, parse_sequence, run_then_shutdown, Create};
+use crate::store::{
+    self, parse_grain, parse_sequence, run_commit_then_shutdown, run_then_shutdown, Create,
+};
 
 /// Bytes copied at a time.
 const PIECE: usize = 1 << 20;
@@ -80,22 +84,47 @@ fn read_input(path: &Path, bar: &ProgressBar) -> Result<Vec<u8>, CliError> {
     Ok(data)
 }
 
-/// `sediment put DB FILE...`
-pub fn put(db_path: &Path, files: &[PathBuf], out: &mut dyn Write) -> Result<(), CliError> {
+/// One line of `put --json`: a stored file.
+#[derive(Serialize)]
+struct JsonPut {
+    /// The input as given (`-` for standard input).
+    file: String,
+    id: String,
+    length: u64,
+    sequence: u64,
+}
+
+/// `sediment put DB FILE... [--json]`
+pub fn put(
+    db_path: &Path,
+    files: &[PathBuf],
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let total = check_inputs(files)?;
     let db = store::open(db_path, Create::IfNewOrEmpty)?;
-    run_then_shutdown(db, |db| {
+    run_commit_then_shutdown(db, |db| {
         let bar = bytes_bar(total, "storing");
         let mut tx = db.begin_transaction()?;
-        let mut ids = Vec::with_capacity(files.len());
+        let mut stored = Vec::with_capacity(files.len());
         for file in files {
             let data = read_input(file, &bar)?;
-            ids.push(tx.write(&data)?);
+            stored.push((tx.write(&data)?, data.len() as u64));
         }
         bar.finish_and_clear();
-        busy("committing", || tx.commit())?;
-        for id in ids {
-            writeln!(out, "{id}").map_err(CliError::output)?;
+        let sequence = busy("committing", || tx.commit())?;
+        for (file, (id, length)) in files.iter().zip(stored) {
+            if json {
+                let line = JsonPut {
+                    file: file.display().to_string(),
+                    id: id.to_string(),
+                    length,
+                    sequence: sequence.0,
+                };
+                write_json(out, &line)?;
+            } else {
+                writeln!(out, "{id}").map_err(CliError::output)?;
+            }
         }
         out.flush().map_err(CliError::output)
     })
@@ -140,6 +169,9 @@ pub fn get(
 ) -> Result<(), CliError> {
     let id = parse_grain(grain)?;
     let output = output.filter(|path| !is_stdin(path));
+    if let Some(path) = output {
+        refuse_output_in_store(db_path, path)?;
+    }
     let db = store::open_read_only(db_path)?;
     run_then_shutdown(db, |db| {
         let Some(mut reader) = db.read(id)? else {
@@ -171,6 +203,62 @@ pub fn get(
         }
         result
     })
+}
+
+/// Refuses a `get -o PATH` that would write into the store directory:
+/// creating or overwriting a file there (`-o STORE/index`) can leave a
+/// store that never opens again. Both paths are resolved first (symbolic
+/// links, `..`), a `PATH` that does not exist yet by where it would be
+/// created. When either cannot be resolved the check is left to what
+/// follows: opening the store or creating the file fails with its own
+/// error.
+fn refuse_output_in_store(db_path: &Path, output: &Path) -> Result<(), CliError> {
+    let (Ok(store), Ok(target)) = (fs::canonicalize(db_path), resolve_output(output)) else {
+        return Ok(());
+    };
+    if target.starts_with(&store) {
+        return Err(CliError::input(format!(
+            "{}: the output file would be inside the store directory {} (as {}), where it \
+             could damage the store; write it somewhere else",
+            output.display(),
+            db_path.display(),
+            target.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Where creating or writing `path` lands: its canonical path if it exists,
+/// else the canonical parent joined with its name, following a symbolic
+/// link that points to a file not created yet.
+fn resolve_output(path: &Path) -> io::Result<PathBuf> {
+    let mut path = path.to_path_buf();
+    // As many links as Linux follows in one lookup.
+    for _ in 0..40 {
+        match fs::canonicalize(&path) {
+            Ok(resolved) => return Ok(resolved),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err),
+        }
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            // A dangling link: creating the file creates its target.
+            let target = fs::read_link(&path)?;
+            path = match path.parent() {
+                Some(parent) => parent.join(target),
+                None => target,
+            };
+            continue;
+        }
+        let name = path
+            .file_name()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let parent = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        return Ok(fs::canonicalize(parent)?.join(name));
+    }
+    Err(io::Error::other("too many levels of symbolic links"))
 }
 
 /// After a failed `get -o PATH`: removes the partly written file, so no
@@ -224,19 +312,39 @@ fn copy_blob(
     sink.finish()
 }
 
-/// `sediment archive DB GRAIN...`
-pub fn archive(db_path: &Path, grains: &[String], out: &mut dyn Write) -> Result<(), CliError> {
+/// `archive --json`.
+#[derive(Serialize)]
+struct JsonArchive {
+    archived: Vec<String>,
+    /// The archiving transaction: `checkpoint` to it frees the grains.
+    sequence: u64,
+}
+
+/// `sediment archive DB GRAIN... [--json]`
+pub fn archive(
+    db_path: &Path,
+    grains: &[String],
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let ids = grains
         .iter()
         .map(|g| parse_grain(g))
         .collect::<Result<Vec<_>, _>>()?;
     let db = store::open(db_path, Create::Never)?;
-    run_then_shutdown(db, |db| {
+    run_commit_then_shutdown(db, |db| {
         let mut tx = db.begin_transaction()?;
         for id in &ids {
             tx.archive(*id)?;
         }
         let sequence = busy("committing", || tx.commit())?;
+        if json {
+            let report = JsonArchive {
+                archived: ids.iter().map(ToString::to_string).collect(),
+                sequence: sequence.0,
+            };
+            return write_json(out, &report);
+        }
         writeln!(
             out,
             "archived {} grain(s) in sequence {sequence}; `sediment checkpoint {} {sequence}` frees them",
@@ -247,15 +355,40 @@ pub fn archive(db_path: &Path, grains: &[String], out: &mut dyn Write) -> Result
     })
 }
 
-/// `sediment checkpoint DB SEQUENCE`
-pub fn checkpoint(db_path: &Path, sequence: &str, out: &mut dyn Write) -> Result<(), CliError> {
+/// `checkpoint --json`.
+#[derive(Serialize)]
+struct JsonCheckpoint {
+    /// Where the store is checkpointed to now.
+    checkpointed_to: u64,
+    /// The transaction that checkpointed; `null` when the store already was
+    /// checkpointed that far and nothing was committed.
+    sequence: Option<u64>,
+    /// The grains it freed.
+    freed: Vec<String>,
+}
+
+/// `sediment checkpoint DB SEQUENCE [--json]`
+pub fn checkpoint(
+    db_path: &Path,
+    sequence: &str,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
     let to = parse_sequence(sequence)?;
     let db = store::open(db_path, Create::Never)?;
-    run_then_shutdown(db, |db| {
+    run_commit_then_shutdown(db, |db| {
         let current = db.checkpointed_to();
         if to <= current.0 {
             // A checkpoint never moves back: committing one would only add
             // a no-op transaction and a message naming the wrong sequence.
+            if json {
+                let report = JsonCheckpoint {
+                    checkpointed_to: current.0,
+                    sequence: None,
+                    freed: Vec::new(),
+                };
+                return write_json(out, &report);
+            }
             return writeln!(
                 out,
                 "already checkpointed to sequence {current}: nothing to do"
@@ -265,13 +398,25 @@ pub fn checkpoint(db_path: &Path, sequence: &str, out: &mut dyn Write) -> Result
         let mut tx = db.begin_transaction()?;
         tx.checkpoint_to(SequenceId(to))?;
         let at = busy("committing", || tx.commit())?;
-        let freed = db
-            .commit_log(at)?
-            .find(|record| record.sequence == at)
-            .map_or(0, |record| record.freed.len());
+        let record = db.commit_log(at)?.find(|record| record.sequence == at);
+        let freed: Vec<GrainId> = record
+            .as_ref()
+            .map_or_else(Vec::new, |record| record.freed.clone());
+        if json {
+            let report = JsonCheckpoint {
+                checkpointed_to: record
+                    .as_ref()
+                    .and_then(|record| record.checkpointed_to)
+                    .map_or(to, |reached| reached.0),
+                sequence: Some(at.0),
+                freed: freed.iter().map(ToString::to_string).collect(),
+            };
+            return write_json(out, &report);
+        }
         writeln!(
             out,
-            "checkpointed to sequence {to} in sequence {at}: freed {freed} grain(s)"
+            "checkpointed to sequence {to} in sequence {at}: freed {} grain(s)",
+            freed.len()
         )
         .map_err(CliError::output)
     })

@@ -12,7 +12,8 @@ use crate::progress::{busy, count_bar};
 use crate::store::{self, parse_sequence, run_then_shutdown, Create};
 use crate::wal::{self, HeaderInfo, WalName};
 
-fn write_json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
+/// Writes `value` as one line of JSON.
+pub(crate) fn write_json(out: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
     serde_json::to_writer(&mut *out, value)
         .map_err(|e| CliError::failure(format!("writing JSON: {e}")))?;
     writeln!(out).map_err(CliError::output)

@@ -4,6 +4,7 @@
 //! ```text
 //! sediment put DB FILE...            store files (or `-` for stdin) as blobs
 //! sediment get DB GRAIN [-o FILE]    write a blob to stdout or a file
+//! sediment ls DB                     list the live blobs: id, length, sequence
 //! sediment archive DB GRAIN...       archive blobs
 //! sediment checkpoint DB SEQUENCE    free grains archived up to SEQUENCE
 //! sediment log DB [--since SEQ]      the commit log (`--json` for scripts)
@@ -15,14 +16,18 @@
 //!
 //! Exit codes: 0 success, 1 `verify` found problems, 2 bad input (usage,
 //! missing directory, not a store, malformed or free grain id, sequence in
-//! the future), 3 other failures (damaged files, I/O errors). Errors are one
-//! line on stderr, `sediment: <message>`.
+//! the future, `get -o` into the store directory), 3 other failures
+//! (damaged files, I/O errors). Errors are one line on stderr,
+//! `sediment: <message>`. `put`, `archive` and `checkpoint` exit 0 once
+//! their transaction committed, even if closing the store afterwards fails
+//! (a warning on stderr says so).
 #![forbid(unsafe_code)]
 
 mod blobs;
 mod error;
 mod headers;
 mod inspect;
+mod ls;
 mod progress;
 mod store;
 mod wal;
@@ -38,8 +43,10 @@ use crate::error::{one_line, CliError};
 
 const EXIT_CODES: &str = "\
 Exit codes: 0 success; 1 verify found problems; 2 bad input (usage, missing
-directory, not a store, malformed or free grain id, sequence in the future);
-3 other failures (damaged files, I/O errors).
+directory, not a store, malformed or free grain id, sequence in the future,
+`get -o` into the store directory); 3 other failures (damaged files, I/O
+errors). Once put, archive or checkpoint committed, they exit 0 even if
+closing the store fails afterwards (with a warning on stderr).
 
 Grain ids are written basin-stratum-index-count (e.g. 3-0-17-20); a raw u64
 in decimal or 0x hex is accepted too.";
@@ -68,16 +75,34 @@ enum Command {
         /// Files to store; `-` reads standard input.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// One JSON object per file instead of text: file, id, length and
+        /// the sequence that wrote it.
+        #[arg(long)]
+        json: bool,
     },
     /// Write the blob GRAIN to standard output, or to FILE with `-o`.
     Get {
         /// The store directory.
         db: PathBuf,
-        /// The grain id, as printed by `put`.
+        /// The grain id, as printed by `put` or `ls`.
         grain: String,
-        /// Write the blob to this file instead of standard output.
+        /// Write the blob to this file instead of standard output (never
+        /// inside the store directory).
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+    },
+    /// List the live blobs, in grain id order.
+    ///
+    /// One line per blob: its grain id, its length in bytes, the sequence
+    /// of the transaction that wrote it, and `archived` if it is archived.
+    /// Freed blobs are not listed. Only grain headers are read: `verify`
+    /// checks the data.
+    Ls {
+        /// The store directory.
+        db: PathBuf,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Archive blobs, in one transaction.
     ///
@@ -89,6 +114,9 @@ enum Command {
         /// Grain ids to archive.
         #[arg(required = true)]
         grains: Vec<String>,
+        /// JSON instead of text: the grains archived and the sequence.
+        #[arg(long)]
+        json: bool,
     },
     /// Free the grains archived at or before SEQUENCE.
     ///
@@ -98,6 +126,10 @@ enum Command {
         db: PathBuf,
         /// A committed sequence (see `sediment log`).
         sequence: String,
+        /// JSON instead of text: where the store is checkpointed to, the
+        /// sequence that did it and the grains freed.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the commit log, one line per transaction.
     ///
@@ -170,10 +202,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = match &cli.command {
-        Command::Put { db, files } => blobs::put(db, files, &mut out),
+        Command::Put { db, files, json } => blobs::put(db, files, *json, &mut out),
         Command::Get { db, grain, output } => blobs::get(db, grain, output.as_deref(), &mut out),
-        Command::Archive { db, grains } => blobs::archive(db, grains, &mut out),
-        Command::Checkpoint { db, sequence } => blobs::checkpoint(db, sequence, &mut out),
+        Command::Ls { db, json } => ls::ls(db, *json, &mut out),
+        Command::Archive { db, grains, json } => blobs::archive(db, grains, *json, &mut out),
+        Command::Checkpoint { db, sequence, json } => {
+            blobs::checkpoint(db, sequence, *json, &mut out)
+        }
         Command::Log { db, since, json } => inspect::log(db, since.as_deref(), *json, &mut out),
         Command::Stats { db, json } => inspect::stats(db, *json, &mut out),
         Command::Verify { db, progress, json } => inspect::verify(db, *progress, *json, &mut out),

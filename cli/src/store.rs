@@ -1,12 +1,12 @@
 //! Finding, opening and closing stores; parsing grain ids and sequences.
 
 use std::fs;
-use std::io;
+use std::io::{self, Write};
 use std::path::Path;
 
 use sediment::{Database, GrainId};
 
-use crate::error::CliError;
+use crate::error::{one_line, CliError};
 use crate::progress::busy;
 
 /// What is at a store path before anything is opened.
@@ -154,6 +154,44 @@ pub fn run_then_shutdown<T>(
     Ok(value)
 }
 
+/// Like [`run_then_shutdown`], for commands whose work commits a
+/// transaction (`put`, `archive`, `checkpoint`). Once the work succeeded
+/// its transaction is durable in the WAL, so a shutdown that fails after
+/// it (say, a full disk while moving the WAL into the strata) is a warning
+/// on stderr, not a failure: exiting non-zero would make a script retry,
+/// and a retried `put` stores its blobs twice. The WAL is replayed when
+/// the store is next opened.
+pub fn run_commit_then_shutdown<T>(
+    db: Database,
+    work: impl FnOnce(&Database) -> Result<T, CliError>,
+) -> Result<T, CliError> {
+    let result = work(&db);
+    let shutdown = busy("checkpointing the store", || db.shutdown()).map_err(CliError::from);
+    after_commit(result, shutdown, &mut io::stderr().lock())
+}
+
+/// What a committing command returns given its work's result and the
+/// shutdown's: the work's error if it failed, else its value, with a
+/// failed shutdown written to `warnings` as a one-line warning.
+pub fn after_commit<T>(
+    result: Result<T, CliError>,
+    shutdown: Result<(), CliError>,
+    warnings: &mut dyn Write,
+) -> Result<T, CliError> {
+    let value = result?;
+    if let Err(err) = shutdown {
+        let why = err.message.as_deref().unwrap_or("unknown error");
+        // Nothing more can be done if stderr is gone too.
+        let _ = writeln!(
+            warnings,
+            "sediment: warning: the transaction committed, but closing the store failed: {}; \
+             the store finishes moving its WAL into the strata when it is next opened",
+            one_line(why)
+        );
+    }
+    Ok(value)
+}
+
 /// Parses a grain id given on the command line.
 pub fn parse_grain(text: &str) -> Result<GrainId, CliError> {
     text.parse::<GrainId>()
@@ -167,4 +205,53 @@ pub fn parse_sequence(text: &str) -> Result<u64, CliError> {
             "{text:?} is not a sequence number (expected a non-negative integer)"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shutdown that fails after the transaction committed (the disk
+    /// filled up while the WAL was moved into the strata) must not fail
+    /// the command: its output stands, exit code 0, and a warning.
+    #[test]
+    fn a_failed_shutdown_after_a_commit_is_a_warning() {
+        let full = || {
+            CliError::from(sediment::Error::Io {
+                context: "checkpointing the WAL at shutdown".into(),
+                source: io::Error::new(io::ErrorKind::StorageFull, "No space left on device"),
+            })
+        };
+        let mut warnings = Vec::new();
+        let value = after_commit(Ok("0-0-0-1"), Err(full()), &mut warnings).unwrap();
+        assert_eq!(value, "0-0-0-1");
+        let warnings = String::from_utf8(warnings).unwrap();
+        assert_eq!(warnings.lines().count(), 1, "{warnings}");
+        assert!(
+            warnings.starts_with("sediment: warning: the transaction committed"),
+            "{warnings}"
+        );
+        assert!(warnings.contains("No space left on device"), "{warnings}");
+
+        let mut warnings = Vec::new();
+        assert_eq!(after_commit(Ok(7), Ok(()), &mut warnings).unwrap(), 7);
+        assert!(warnings.is_empty());
+
+        // The work's own failure (nothing committed) still fails, whatever
+        // the shutdown did, and the shutdown is not reported on top.
+        for shutdown in [Ok(()), Err(full())] {
+            let mut warnings = Vec::new();
+            let err = after_commit::<()>(
+                Err(CliError::failure(
+                    "committing sequence 4 to the WAL: No space left on device",
+                )),
+                shutdown,
+                &mut warnings,
+            )
+            .unwrap_err();
+            assert_eq!(err.code, crate::error::EXIT_FAILURE);
+            assert!(err.message.unwrap().contains("committing sequence 4"));
+            assert!(warnings.is_empty());
+        }
+    }
 }

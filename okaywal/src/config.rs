@@ -121,7 +121,9 @@ impl IntoVersionInfo for String {
 pub struct Configuration {
     /// The directory holding the segment files.
     pub directory: PathBuf,
-    /// Bytes each new segment file is zero-filled to.
+    /// Bytes each new segment file is zero-filled to. On a disk too full
+    /// for that, a new file gets half as much, and so on down to 64 KiB
+    /// (segments grow past their preallocation as records need).
     pub preallocate_bytes: u64,
     /// Bytes after which the active segment is checkpointed.
     pub checkpoint_after_bytes: u64,

@@ -34,6 +34,11 @@ pub(crate) const MAX_SPARES: usize = 2;
 /// which `begin_entry` waits for the checkpointer.
 const MAX_UNCHECKPOINTED: usize = 4;
 
+/// The smallest size a spare segment file is preallocated to when the disk
+/// is too full for `Configuration::preallocate_bytes` (see
+/// `Inner::create_spare`).
+const MIN_PREALLOCATE_BYTES: u64 = 64 << 10;
+
 /// A write-ahead log: many threads append entries; each commit returns once
 /// its entry is durable, and concurrent commits share one `fdatasync`.
 ///
@@ -984,6 +989,11 @@ impl Inner {
     }
 
     /// Creates a new zero-filled spare segment file.
+    ///
+    /// On a full disk (`StorageFull`) the file is emptied and filled again
+    /// to half the size, down to `MIN_PREALLOCATE_BYTES`: a segment grows
+    /// past its preallocation as records need, so a smaller file lets the
+    /// log go on once a little space is free.
     pub fn create_spare(&self) -> io::Result<Spare> {
         let number = {
             let mut state = self.state.lock();
@@ -995,8 +1005,20 @@ impl Inner {
         };
         let path = FileName::Spare(number).path_in(self.directory());
         let file = self.fs.open(&path, OpenMode::CreateNew)?;
-        let result = zero_fill(&*file, 0, self.config.preallocate_bytes.max(HEADER_SIZE))
-            .and_then(|()| file.sync_data());
+        let mut bytes = self.config.preallocate_bytes.max(HEADER_SIZE);
+        let floor = MIN_PREALLOCATE_BYTES.max(HEADER_SIZE);
+        let result = loop {
+            match zero_fill(&*file, 0, bytes).and_then(|()| file.sync_data()) {
+                Err(err) if err.kind() == io::ErrorKind::StorageFull && bytes / 2 >= floor => {
+                    // Give the blocks back before asking for fewer.
+                    if let Err(err) = file.set_len(0) {
+                        break Err(err);
+                    }
+                    bytes /= 2;
+                }
+                filled => break filled,
+            }
+        };
         if let Err(err) = result {
             // Do not leave a half-filled file behind on ENOSPC.
             let _ = self.fs.remove_file(&path);

@@ -368,12 +368,100 @@ fn a_full_disk_while_opening_gives_a_clear_error() {
         }
     }
     println!("opens refused per operation: {refused:?}");
-    for op in [Operation::Create, Operation::Write, Operation::Sync] {
+    // One failed write while a segment file is zero-filled no longer fails
+    // the open: the file is made smaller instead (see
+    // `a_nearly_full_disk_gets_smaller_segment_files`).
+    for op in [Operation::Create, Operation::Sync] {
         assert!(
             refused.get(&op).copied().unwrap_or(0) > 0,
             "{op:?}: {refused:?}"
         );
     }
+}
+
+/// Lengths of the segment files (live and spare) in the log directory.
+fn segment_file_lengths(fs: &CrashFileSystem) -> Vec<u64> {
+    let mut lengths: Vec<u64> = fs
+        .list_files(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .filter(|name| name.starts_with("wal-"))
+        .map(|name| fs.contents(&Path::new(DIR).join(name)).unwrap().len() as u64)
+        .collect();
+    lengths.sort_unstable();
+    lengths
+}
+
+/// A disk with too little room for a whole segment file: the zero-fill
+/// that preallocates it fails with StorageFull, and the file is filled
+/// again to half the size, and so on down to 64 KiB. The log opens and
+/// commits in the smaller file, and its entries survive a reopen. Only when
+/// even 64 KiB does not fit does the open fail, leaving no file behind.
+#[test]
+fn a_nearly_full_disk_gets_smaller_segment_files() {
+    // Room for 1 MiB: the fills of 4 MiB and 2 MiB fail at their first write.
+    let fs = CrashFileSystem::new();
+    let first = fs.operation_count(Operation::Write);
+    for n in 0..2 {
+        fs.inject(
+            Operation::Write,
+            first + n,
+            FaultKind::Error(io::ErrorKind::StorageFull),
+        );
+    }
+    let log = config(&fs)
+        .open(Recorder::new())
+        .expect("opens on a nearly full disk");
+    quiesce(&fs);
+    let lengths = segment_file_lengths(&fs);
+    assert!(
+        lengths.contains(&(PREALLOCATE / 4)),
+        "a segment file of {} bytes: {lengths:?}",
+        PREALLOCATE / 4
+    );
+    for len in &lengths {
+        assert!(
+            *len == PREALLOCATE / 4 || *len >= PREALLOCATE,
+            "only whole files: {lengths:?}"
+        );
+    }
+    let mut model = Model::default();
+    for i in 0..20_u8 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&[i; 100_000]).unwrap();
+        model
+            .committed
+            .insert(entry.commit().unwrap().0, vec![vec![i; 100_000]]);
+    }
+    // 2 MB of entries: the smaller segment grew past its preallocation.
+    assert!(
+        segment_file_lengths(&fs)
+            .iter()
+            .any(|len| *len > PREALLOCATE / 4 && *len < PREALLOCATE),
+        "{:?}",
+        segment_file_lengths(&fs)
+    );
+    log.shutdown().unwrap();
+    drop(log);
+    reopen_and_check(&fs, &model, "after a smaller segment file");
+
+    // No room even for 64 KiB: every size down to it fails (4 MiB to 64 KiB
+    // is seven sizes), and the open fails with the disk's error.
+    let fs = CrashFileSystem::new();
+    let first = fs.operation_count(Operation::Write);
+    for n in 0..7 {
+        fs.inject(
+            Operation::Write,
+            first + n,
+            FaultKind::Error(io::ErrorKind::StorageFull),
+        );
+    }
+    let err = config(&fs).open(Recorder::new()).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{err}");
+    assert!(err.to_string().contains("preallocating"), "{err}");
+    assert_eq!(fs.operation_count(Operation::Write) - first, 7);
+    assert_eq!(segment_file_lengths(&fs), Vec::<u64>::new(), "no file left");
+    reopen_and_check(&fs, &Model::default(), "after a full disk");
 }
 
 #[test]

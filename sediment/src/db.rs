@@ -1071,6 +1071,40 @@ impl Database {
         matches!(self.wal, Wal::ReadOnly(_))
     }
 
+    /// The live blobs (committed and not freed, archived or not), in id
+    /// order: for each its id, length, the sequence that wrote it and
+    /// whether it is archived. Blobs whose bytes are still only in the WAL
+    /// are listed with the others.
+    ///
+    /// The listing is lazy: it walks each stratum's allocation bitmap from
+    /// where it left off and reads one grain header (16 bytes) per blob,
+    /// so it needs no memory per blob. Other threads may write meanwhile:
+    /// a blob committed or freed while the listing runs may or may not be
+    /// listed, and every item describes a blob as it was when read.
+    ///
+    /// An item is an error when that blob's header cannot be read or is
+    /// damaged ([`Error::ChecksumMismatch`]; only the header is checked,
+    /// [`Database::verify`] checks the data too); the listing goes on with
+    /// the next blob. If the store is shut down meanwhile, the last item
+    /// is [`Error::ShutDown`].
+    ///
+    /// ```rust
+    /// # fn main() -> sediment::Result<()> {
+    /// let db = sediment::Database::in_memory();
+    /// let mut tx = db.begin_transaction()?;
+    /// let id = tx.write(b"found again")?;
+    /// tx.commit()?;
+    /// let listed: Vec<sediment::GrainInfo> = db.grains()?.collect::<Result<_, _>>()?;
+    /// assert_eq!(listed.len(), 1);
+    /// assert_eq!((listed[0].id, listed[0].length), (id, 11));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn grains(&self) -> Result<crate::Grains<'_>> {
+        self.check_open()?;
+        Ok(crate::Grains::new(self))
+    }
+
     /// Closes the database for every handle: later calls on any clone fail
     /// with [`Error::ShutDown`], and so does a second `shutdown`.
     ///

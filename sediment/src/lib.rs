@@ -33,7 +33,7 @@
 //!
 //! // Every committed transaction after the checkpoint is in the commit log.
 //! for record in db.commit_log(written_at)? {
-//!     assert!(record?.sequence > archived_at);
+//!     assert!(record.sequence > archived_at);
 //! }
 //! db.shutdown()?;
 //! # Ok(())
@@ -76,6 +76,7 @@ mod db;
 mod error;
 pub mod format;
 mod grain_id;
+mod grains;
 mod manager;
 mod stats;
 mod stratum;
@@ -90,6 +91,7 @@ pub use config::{
 pub use db::{CommitLog, Database, GrainReader};
 pub use error::{Error, Result};
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
+pub use grains::{GrainInfo, Grains};
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
 pub use verify::{Problem, VerifyReport};

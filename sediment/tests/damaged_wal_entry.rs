@@ -2,11 +2,13 @@
 //! vanish while the store opens and serves a later one.
 //!
 //! Two runs of the store each commit one transaction and then crash
-//! before any checkpoint: the first transaction's entry sits in the WAL
-//! segment the first run wrote, the second's in the segment the second
-//! run's open started. Every byte of the first segment is flipped in turn:
-//! the store either refuses to open with an error naming the damaged WAL
-//! file, or serves both transactions' blobs exactly.
+//! before any checkpoint (the second run's commit written through okaywal
+//! directly, see `common::second_run_without_a_checkpoint`): the first
+//! transaction's entry sits in the WAL segment the first run wrote, the
+//! second's in the segment the second run's open started. Every byte of
+//! the first segment is flipped in turn: the store either refuses to open
+//! with an error naming the damaged WAL file, or serves the first
+//! transaction's blobs exactly and knows the second.
 
 mod common;
 
@@ -70,33 +72,34 @@ fn open_copy(files: &[(String, Vec<u8>)]) -> sediment::Result<Database> {
 
 #[test]
 fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction() {
-    // The second run's open checkpoints the first run's segment in the
-    // background, racing the second commit and crash: build the store
-    // again until both segments are left (most attempts leave them).
-    let (files, first, second, segments) = (0..50)
-        .find_map(|_| {
-            let fs = CrashFileSystem::new();
-            // A transaction of eight blobs, one of them large enough to go
-            // straight into its grains; then the process dies.
-            let db = config(fs.clone()).open().expect("create");
-            let first = commit(&db, 1, &[40, 300, 1000, 17, 70_290, 5, 64, 2000]);
-            drop(db);
-            let db = config(fs.clone()).open().expect("reopen");
-            let second = commit(&db, 2, &[50, 70]);
-            drop(db);
-            let files = files(&fs);
-            let segments: Vec<usize> = files
-                .iter()
-                .enumerate()
-                .filter(|(_, (name, _))| {
-                    name.strip_prefix("wal-")
-                        .is_some_and(|id| id.parse::<u64>().is_ok())
-                })
-                .map(|(i, _)| i)
-                .collect();
-            (segments.len() == 2).then_some((files, first, second, segments))
+    let fs = CrashFileSystem::new();
+    // A transaction of eight blobs, one of them large enough to go
+    // straight into its grains; then the process dies.
+    let db = config(fs.clone()).open().expect("create");
+    let first = commit(&db, 1, &[40, 300, 1000, 17, 70_290, 5, 64, 2000]);
+    drop(db);
+    // The next run commits a transaction and dies before any checkpoint.
+    let second = common::second_run_without_a_checkpoint(
+        okaywal::Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(64 << 10),
+    );
+    let files = files(&fs);
+    let segments: Vec<usize> = files
+        .iter()
+        .enumerate()
+        .filter(|(_, (name, _))| {
+            name.strip_prefix("wal-")
+                .is_some_and(|id| id.parse::<u64>().is_ok())
         })
-        .expect("in 50 attempts the first segment was always checkpointed before the crash");
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        segments.len(),
+        2,
+        "{:?}",
+        files.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
     let earlier = *segments
         .iter()
         .min_by_key(|&&i| files[i].0[4..].parse::<u64>().unwrap())
@@ -110,9 +113,10 @@ fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction()
 
     // Undamaged, both transactions are there.
     let db = open_copy(&files).expect("the undamaged store opens");
-    for (id, data) in first.iter().chain(&second) {
+    for (id, data) in &first {
         assert_eq!(db.get(*id).expect("get").as_deref(), Some(&data[..]));
     }
+    assert_eq!(db.last_committed(), second);
     drop(db);
 
     let (mut refused, mut served) = (0, 0);
@@ -129,7 +133,12 @@ fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction()
                 refused += 1;
             }
             Ok(db) => {
-                for (id, data) in first.iter().chain(&second) {
+                assert_eq!(
+                    db.last_committed(),
+                    second,
+                    "byte {offset} of {name} flipped"
+                );
+                for (id, data) in &first {
                     let got = db.get(*id).unwrap_or_else(|e| {
                         panic!("byte {offset} of {name} flipped: get {id} failed: {e}")
                     });

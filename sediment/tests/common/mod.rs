@@ -360,3 +360,48 @@ impl<H: FileHooks> okaywal::fs::FileHandle for HookedFile<H> {
         self.inner.len()
     }
 }
+
+/// A second run of the store in `dir` that commits one transaction (an
+/// embedded-header change) and dies before any checkpoint, as a process
+/// killed right after its commit would: the store's WAL opened with
+/// okaywal directly (its open recovers the first run's segment and starts
+/// a new one, whose header records where the first ended), the entry in
+/// sediment's WAL entry format (one chunk: tag 2, then the encoded commit
+/// record; see FORMAT.md), and every checkpoint refused so the first
+/// run's segment stays. (A second run of sediment itself checkpoints the
+/// first segment as it opens, and closing waits for that checkpoint.)
+/// Returns the transaction's sequence.
+pub fn second_run_without_a_checkpoint(wal: okaywal::Configuration) -> sediment::SequenceId {
+    #[derive(Debug)]
+    struct Keep;
+    impl okaywal::LogManager for Keep {
+        fn recover(&mut self, _: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            _: okaywal::EntryId,
+            _: &mut okaywal::SegmentReader,
+            _: &okaywal::WriteAheadLog,
+        ) -> std::io::Result<()> {
+            Err(std::io::Error::other("this run dies before any checkpoint"))
+        }
+    }
+    let log = wal.open(Keep).expect("the second run opens the WAL");
+    let mut entry = log.begin_entry().expect("begin");
+    let sequence = sediment::SequenceId(entry.id().0);
+    let record = sediment::CommitRecord {
+        sequence,
+        new_grains: Vec::new(),
+        archived: Vec::new(),
+        freed: Vec::new(),
+        embedded_header: Some(None),
+        checkpointed_to: None,
+    };
+    let mut chunk = vec![2];
+    record.encode(&mut chunk);
+    entry.write_chunk(&chunk).expect("write");
+    entry.commit().expect("commit");
+    drop(log);
+    sequence
+}
