@@ -476,14 +476,19 @@ impl Expected {
             .max()
             .unwrap_or(0)
             .max(meta.checkpointed_to);
+        // Only finished transactions: a WAL checkpoint can carry a record
+        // into the commit log files while its transaction still waits for
+        // its sync, before its blobs are live.
+        let finished = meta.finished_through();
         let mut records: BTreeMap<u64, CommitRecord> = meta
             .recent
             .range(after.saturating_add(1)..)
+            .take_while(|(&sequence, _)| sequence <= finished)
             .map(|(&sequence, record)| (sequence, record.clone()))
             .collect();
         drop(meta);
         for record in from_files {
-            if record.sequence.0 > after {
+            if record.sequence.0 > after && record.sequence.0 <= finished {
                 records.entry(record.sequence.0).or_insert(record);
             }
         }
