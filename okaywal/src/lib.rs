@@ -117,6 +117,7 @@
 
 mod checkpoint;
 mod config;
+mod failure;
 pub mod format;
 pub mod fs;
 mod group_commit;
