@@ -1441,6 +1441,17 @@ impl WriteAheadLog {
         EntryId(self.inner.state.lock().next_entry_id)
     }
 
+    /// The id of the oldest entry begun and not yet finished, if any: every
+    /// entry begun with a lower id has been committed or rolled back. An
+    /// entry is finished once its commit or rollback record is written (its
+    /// commit may still be waiting for a sync then). A caller that needs
+    /// every entry up to some id finished can watch this.
+    #[must_use]
+    pub fn oldest_open_entry(&self) -> Option<EntryId> {
+        let state = self.inner.state.lock();
+        state.open_ids.keys().next().map(|id| EntryId(*id))
+    }
+
     /// Counters: commits, syncs and entries per sync, bytes, checkpoints
     /// and their durations, segments.
     #[must_use]

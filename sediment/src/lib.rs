@@ -33,7 +33,7 @@
 //!
 //! // Every committed transaction after the checkpoint is in the commit log.
 //! for record in db.commit_log(written_at)? {
-//!     assert!(record?.sequence > archived_at);
+//!     assert!(record.sequence > archived_at);
 //! }
 //! db.shutdown()?;
 //! # Ok(())
