@@ -717,12 +717,16 @@ impl Database {
             failure: Mutex::new(None),
             _lock: lock,
         });
-        let mut wal_config = config.wal;
-        wal_config.directory = directory;
-        wal_config.file_system = fs;
+        // `Config::open` checked that the WAL's directory and file system
+        // are the database's.
+        let wal_config = config.wal;
         // Sequences are WAL entry ids: never hand out one the strata have
-        // already seen, whatever happened to the WAL's files.
-        wal_config = wal_config.minimum_next_entry_id(wal_floor.saturating_add(1));
+        // already seen, whatever happened to the WAL's files (and never one
+        // below a floor the configuration asks for).
+        let floor = wal_floor
+            .saturating_add(1)
+            .max(wal_config.minimum_next_entry_id);
+        let wal_config = wal_config.minimum_next_entry_id(floor);
         let wal = wal_config
             .open(Manager::new(shared.clone()))
             .context(|| "opening the write-ahead log".to_string())?;

@@ -459,7 +459,14 @@ fn blobs_larger_than_the_maximum_are_refused() {
     assert_eq!(db.last_committed().0, 0);
     db.shutdown().unwrap();
 
-    // A configured maximum above what the format holds is clamped.
+    // A configured maximum above what the format holds is refused, not
+    // clamped (tests/config.rs has more).
     let config = Config::for_directory(dir.path()).max_blob_bytes(u64::MAX);
-    assert_eq!(config.max_blob_bytes, MAX_FORMAT_BLOB_BYTES);
+    assert_eq!(config.blob_size_limit(), u64::MAX);
+    assert!(matches!(config.open(), Err(Error::InvalidConfig(_))));
+    let db = Config::for_directory(dir.path())
+        .max_blob_bytes(MAX_FORMAT_BLOB_BYTES)
+        .open()
+        .unwrap();
+    db.shutdown().unwrap();
 }
