@@ -68,8 +68,12 @@ fn open_copy(files: &[(String, Vec<u8>)]) -> sediment::Result<Database> {
     config(fs).open()
 }
 
-#[test]
-fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction() {
+/// The two runs: the files they leave, the indexes of the WAL segments
+/// among them and each run's blobs. `None` if the second run's WAL
+/// checkpointed the first run's segment before it ended (its background
+/// thread starts on a recovered segment at once): then there is no earlier
+/// segment to damage.
+fn two_runs() -> Option<(Vec<(String, Vec<u8>)>, Vec<usize>, Blobs, Blobs)> {
     let fs = CrashFileSystem::new();
     // A transaction of eight blobs, one of them large enough to go
     // straight into its grains; then the process dies.
@@ -90,12 +94,18 @@ fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction()
         })
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(
-        segments.len(),
-        2,
-        "{:?}",
-        files.iter().map(|f| &f.0).collect::<Vec<_>>()
-    );
+    match segments.len() {
+        2 => Some((files, segments, first, second)),
+        1 => None,
+        _ => panic!("{:?}", files.iter().map(|f| &f.0).collect::<Vec<_>>()),
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction() {
+    let (files, segments, first, second) = (0..50)
+        .find_map(|_| two_runs())
+        .expect("the second run checkpointed the first run's WAL segment in 50 tries");
     let earlier = *segments
         .iter()
         .min_by_key(|&&i| files[i].0[4..].parse::<u64>().unwrap())
