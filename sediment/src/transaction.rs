@@ -6,7 +6,7 @@ use std::sync::Arc;
 use okaywal::{EntryWriter, LogPosition};
 
 use crate::commit_log::{CommitRecord, NewGrain, SequenceId};
-use crate::db::Database;
+use crate::db::{Database, Meta};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
@@ -218,9 +218,9 @@ impl<'db> Transaction<'db> {
     /// what later transactions archived: the commit then makes its own
     /// changes durable first and frees the grains with a second,
     /// checkpoint-only transaction right after, and returns once both are
-    /// committed. (If that second commit fails, the error is returned and
-    /// the store stops accepting commits as after any failed commit; this
-    /// transaction's own changes are committed then, and the grains stay
+    /// committed. (If that second commit fails, say because a sync failed
+    /// or the store was shut down meanwhile, its error is returned although
+    /// this transaction's own changes are committed; the grains then stay
     /// archived until a later checkpoint.) Calling `checkpoint_to` before
     /// the first [`write`](Self::write) keeps everything in one
     /// transaction.
@@ -254,7 +254,6 @@ impl<'db> Transaction<'db> {
     /// WAL checkpoint that this transaction's own entry holds back).
     fn wait_until_finished_through(&self, through: u64) -> Result<()> {
         let shared = &self.db.shared;
-        let me = std::thread::current().id();
         loop {
             shared.check_usable()?;
             let open_in_wal = self
@@ -263,19 +262,11 @@ impl<'db> Transaction<'db> {
                 .oldest_open_entry()
                 .is_some_and(|oldest| oldest.0 <= through && oldest.0 != self.sequence);
             let mut meta = shared.meta.lock();
-            let mut running = false;
-            for (&sequence, thread) in meta.in_flight.range(..=through) {
-                if sequence == self.sequence {
-                    continue;
-                }
-                if *thread == me {
-                    return Err(Error::CheckpointBlockedByOwnTransaction {
-                        requested: through,
-                        open: sequence,
-                    });
-                }
-                running = true;
-            }
+            self.check_not_held_by_this_thread(&meta, through)?;
+            let running = meta
+                .in_flight
+                .range(..=through)
+                .any(|(sequence, _)| *sequence != self.sequence);
             if !running && !open_in_wal {
                 return Ok(());
             }
@@ -285,6 +276,23 @@ impl<'db> Transaction<'db> {
             shared
                 .finished
                 .wait_for(&mut meta, std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Fails if the calling thread holds open a transaction (other than this
+    /// one) with a sequence ≤ `through`: waiting for it would never end.
+    fn check_not_held_by_this_thread(&self, meta: &Meta, through: u64) -> Result<()> {
+        let me = std::thread::current().id();
+        let held = meta
+            .in_flight
+            .range(..=through)
+            .find(|(sequence, thread)| **sequence != self.sequence && **thread == me);
+        match held {
+            Some((&open, _)) => Err(Error::CheckpointBlockedByOwnTransaction {
+                requested: through,
+                open,
+            }),
+            None => Ok(()),
         }
     }
 
@@ -315,6 +323,9 @@ impl<'db> Transaction<'db> {
         let mut checkpoint_after = None;
         if let Some(requested) = self.checkpoint_to {
             if requested >= sequence {
+                // Refused now rather than by the checkpoint-only transaction
+                // once this one has committed.
+                self.check_not_held_by_this_thread(&shared.meta.lock(), requested)?;
                 checkpoint_after = Some(requested);
                 self.checkpoint_to = None;
             } else {

@@ -554,3 +554,34 @@ fn a_sequence_no_commit_has_returned_is_refused() {
     }
     running.rollback();
 }
+
+/// The same refusal when the checkpoint is past the transaction's own
+/// sequence: it comes before anything is committed, so the transaction's
+/// own changes are rolled back with it.
+#[test]
+fn a_checkpoint_past_the_own_sequence_held_up_by_the_own_thread_commits_nothing() {
+    let _watchdog = Watchdog::new(
+        "a checkpoint held by its own thread",
+        Duration::from_secs(60),
+    );
+    let db = Database::in_memory();
+    let mut held = db.begin_transaction().unwrap();
+    held.write(b"held open").unwrap();
+    let mut checkpointing = db.begin_transaction().unwrap();
+    let written = checkpointing.write(b"never committed").unwrap();
+    let mut later = db.begin_transaction().unwrap();
+    later.write(b"a later sequence").unwrap();
+    let later = later.commit().unwrap();
+    checkpointing.checkpoint_to(later).unwrap();
+    match checkpointing.commit() {
+        Err(Error::CheckpointBlockedByOwnTransaction { requested, open }) => {
+            assert_eq!(requested, later.0);
+            assert!(open < requested);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(db.get(written).unwrap(), None, "rolled back");
+    held.commit().unwrap();
+    assert_eq!(db.checkpointed_to().0, 0);
+    db.verify().unwrap();
+}
