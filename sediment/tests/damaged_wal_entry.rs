@@ -68,12 +68,15 @@ fn open_copy(files: &[(String, Vec<u8>)]) -> sediment::Result<Database> {
     config(fs).open()
 }
 
+/// Files by name, with their bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
 /// The two runs: the files they leave, the indexes of the WAL segments
 /// among them and each run's blobs. `None` if the second run's WAL
 /// checkpointed the first run's segment before it ended (its background
 /// thread starts on a recovered segment at once): then there is no earlier
 /// segment to damage.
-fn two_runs() -> Option<(Vec<(String, Vec<u8>)>, Vec<usize>, Blobs, Blobs)> {
+fn two_runs() -> Option<(Files, Vec<usize>, Blobs, Blobs)> {
     let fs = CrashFileSystem::new();
     // A transaction of eight blobs, one of them large enough to go
     // straight into its grains; then the process dies.
