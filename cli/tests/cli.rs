@@ -899,7 +899,10 @@ fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
     let run = sediment(&[&"log", &db]);
     assert_error(&run, 3, "commits-1 offset");
     assert!(run.stderr.contains("--since 4"), "{}", run.stderr);
-    assert_eq!(run.stdout, "", "a listing whose range holds the damage fails");
+    assert_eq!(
+        run.stdout, "",
+        "a listing whose range holds the damage fails"
+    );
     let run = sediment(&[&"verify", &db]);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     let problem = run
