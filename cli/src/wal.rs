@@ -410,6 +410,7 @@ pub fn scan_segment(
                         "truncated record header: only {} bytes before the end of the file",
                         len - offset
                     ),
+                    other => format!("record header does not decode: {other:?}"),
                 });
             }
         };

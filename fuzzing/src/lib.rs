@@ -276,7 +276,7 @@ pub fn operations(data: &[u8]) {
                         }
                     }
                 } else {
-                    let _ = tx.rollback();
+                    tx.rollback();
                 }
             }
             3 => {

@@ -7,8 +7,9 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::config::RecoveryMode;
+use crate::failure::ErrorRecord;
 use crate::format::HEADER_SIZE;
-use crate::log::{weak, Inner, Spare, SyncTarget, MAX_SPARES};
+use crate::log::{weak, Inner, Spare, State, SyncTarget, MAX_SPARES};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
 use crate::segment::{EndMark, FileName, Segment};
@@ -105,7 +106,7 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                     state.want_spare = false;
                 }
                 Err(err) => {
-                    inner.state.lock().checkpoint_error = Some(err.to_string());
+                    inner.state.lock().checkpoint_error = Some(ErrorRecord::of(&err));
                     spare_backoff.failed();
                 }
             },
@@ -211,7 +212,10 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
         .is_some_and(|seg| seg.open_entries == 0);
     if active_full && idle && !state.spares.is_empty() {
         if let Err(err) = inner.switch_segment(&mut state) {
-            state.checkpoint_error = Some(format!("sealing the full active segment: {err}"));
+            state.checkpoint_error = Some(ErrorRecord {
+                kind: err.kind(),
+                message: format!("sealing the full active segment: {err}"),
+            });
         }
     }
     let active = state.active;
@@ -248,7 +252,7 @@ pub(crate) fn checkpoint(
     let inner = &log.inner;
     // After a failed sync (or recycle) nothing more is moved to the
     // manager: the segments stay, in order, for the next open to replay.
-    if let Some(err) = inner.group.failure() {
+    if let Some(err) = inner.failed() {
         return Err(err);
     }
     // Rolled-back records may still be unsynced, and a sync leader may
@@ -332,13 +336,14 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                         "segment {} was checkpointed but could not be recycled (it is replayed                          at the next open): {err}",
                         segment.id
                     );
-                    state.checkpoint_error = Some(message.clone());
+                    let failed = io::Error::new(err.kind(), message);
+                    state.checkpoint_error = Some(ErrorRecord::of(&failed));
                     // Failed before the state is released, so that no
                     // waiter in `checkpoint_active` sees the segment gone
                     // without seeing the failure.
-                    inner.group.fail(message.clone());
+                    inner.group.fail(&failed);
                     drop(state);
-                    inner.poison(io::Error::new(err.kind(), message));
+                    inner.poison(failed);
                 }
             }
         }
@@ -346,10 +351,13 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             let mut state = inner.state.lock();
             state.checkpointing = None;
             state.checkpoint_attempts += 1;
-            state.checkpoint_error = Some(format!(
-                "checkpointing segment {} failed (it is kept and retried): {err}",
-                segment.id
-            ));
+            state.checkpoint_error = Some(ErrorRecord {
+                kind: err.kind(),
+                message: format!(
+                    "checkpointing segment {} failed (it is kept and retried): {err}",
+                    segment.id
+                ),
+            });
         }
     }
     inner.checkpointed.notify_all();
@@ -378,18 +386,30 @@ fn recycle_finished(inner: &Inner) {
             let preallocated = inner.config.preallocate_bytes.max(HEADER_SIZE);
             if file.len().is_ok_and(|len| len > 2 * preallocated) {
                 if let Err(err) = file.set_len(preallocated) {
-                    inner.state.lock().checkpoint_error = Some(format!(
-                        "shrinking recycled segment {}: {err}",
-                        path.display()
-                    ));
+                    inner.state.lock().checkpoint_error = Some(ErrorRecord {
+                        kind: err.kind(),
+                        message: format!("shrinking recycled segment {}: {err}", path.display()),
+                    });
                 }
             }
             inner.state.lock().spares.push(Spare { file, path });
         } else if let Err(err) = inner.fs.remove_file(&path) {
-            inner.state.lock().checkpoint_error =
-                Some(format!("removing surplus segment file: {err}"));
+            inner.state.lock().checkpoint_error = Some(ErrorRecord {
+                kind: err.kind(),
+                message: format!("removing surplus segment file: {err}"),
+            });
         }
     }
+}
+
+/// The lowest id below `below` of an entry the calling thread holds open.
+fn held_by_this_thread(state: &State, below: u64) -> Option<u64> {
+    let me = std::thread::current().id();
+    state
+        .open_ids
+        .range(..below)
+        .find(|(_, thread)| **thread == me)
+        .map(|(id, _)| *id)
 }
 
 pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
@@ -398,6 +418,30 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     inner.check_usable(&state)?;
     let active = state.active;
     let has_records = state.segments[&active].reserved_end > HEADER_SIZE;
+    let on_maintenance_thread =
+        *inner.maintenance_thread.lock() == Some(std::thread::current().id());
+    if !on_maintenance_thread {
+        // The checkpoint covers the active segment if it holds records,
+        // else every segment before it; an entry open in any of those
+        // keeps it from finishing. One the calling thread holds would
+        // never finish while the thread waits here.
+        let covered_below = if has_records { u64::MAX } else { active };
+        if let Some(id) = held_by_this_thread(&state, covered_below) {
+            let segment = state
+                .segments
+                .range(..=id)
+                .next_back()
+                .map_or(id, |(segment, _)| *segment);
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "checkpoint_active would wait forever: the calling thread holds entry {id} \
+                     open in segment {segment}, which the checkpoint must wait for; commit or \
+                     roll back that entry first"
+                ),
+            ));
+        }
+    }
     let target = if has_records {
         state
             .segments
@@ -417,7 +461,7 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     } else {
         active.saturating_sub(1)
     };
-    if *inner.maintenance_thread.lock() == Some(std::thread::current().id()) {
+    if on_maintenance_thread {
         inner.signal.wake();
         return Ok(());
     }
@@ -436,7 +480,7 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
             .next()
             .is_some_and(|first| *first <= target)
             || state.checkpointing.is_some_and(|id| id <= target);
-        if let Some(err) = inner.group.failure() {
+        if let Some(err) = inner.failed() {
             return Err(err);
         }
         if !pending {
@@ -444,7 +488,7 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         }
         if state.checkpoint_attempts > attempts_before && state.checkpointing.is_none() {
             if let Some(err) = &state.checkpoint_error {
-                return Err(io::Error::other(err.clone()));
+                return Err(io::Error::new(err.kind, err.message.clone()));
             }
         }
         if state.shutting_down {
@@ -474,7 +518,7 @@ pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
                 .map_err(|_| io::Error::other("the checkpoint thread panicked"))?;
         }
     }
-    if let Some(err) = inner.group.failure() {
+    if let Some(err) = inner.failed() {
         return Err(err);
     }
     inner.sync_all()

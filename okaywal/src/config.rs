@@ -117,7 +117,28 @@ impl IntoVersionInfo for String {
 ///   one segment per writer burst while keeping checkpoints infrequent.
 /// - `buffer_bytes` = 256 KiB: large enough to stream big chunks and scan
 ///   segments in few system calls, small enough not to matter for memory.
+///
+/// Start from [`Configuration::default_for`] (or [`Default`]) and change
+/// settings with the builder methods; the fields can also be read and
+/// assigned directly, as in okaywal 0.3. The struct is
+/// `#[non_exhaustive]`: a struct literal (`Configuration { .. }`) does not
+/// compile outside this crate, so settings added later get their
+/// defaults. [`Configuration::open`] rejects values it cannot honour
+/// instead of replacing them.
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// let dir = tempfile::tempdir()?;
+/// let mut config = okaywal::Configuration::default_for(dir.path())
+///     .checkpoint_after_bytes(8 << 20);
+/// config.buffer_bytes = 64 * 1024;
+/// let log = config.open(okaywal::LogVoid)?;
+/// # log.shutdown()?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Configuration {
     /// The directory holding the segment files.
     pub directory: PathBuf,

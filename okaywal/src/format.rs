@@ -33,6 +33,7 @@ pub struct SegmentHeader {
 
 /// Why bytes did not decode as a segment header.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderError {
     /// Fewer than [`HEADER_SIZE`] bytes.
     TooShort,
@@ -154,6 +155,7 @@ pub struct RecordHeader {
 
 /// Why bytes did not decode as a record header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RecordError {
     /// Every byte is zero: space that was never written.
     Unwritten,

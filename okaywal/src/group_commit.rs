@@ -36,11 +36,14 @@
 //! failed `fdatasync` is never retried as if nothing had happened.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
+
+use crate::failure::{Failure, STOPPED};
 
 /// The longest a leader waits for committers to join its sync.
 pub(crate) const MAX_GATHER: Duration = Duration::from_millis(1);
@@ -65,8 +68,6 @@ struct State {
     active: usize,
     /// How long the last sync took.
     last_sync: Duration,
-    /// Set by the first failed sync; never cleared.
-    failure: Option<String>,
 }
 
 /// How a gathering leader's wait ended.
@@ -90,7 +91,11 @@ pub(crate) struct GroupCommit {
     state: Mutex<State>,
     /// Number of syncs that have finished (successfully or not).
     completed: AtomicU64,
-    failed: AtomicBool,
+    /// The log's failure state, shared with the rest of the log: set by
+    /// the first failed sync (or any other failure); never cleared. It is
+    /// set before the state lock is taken to collect the waiters to wake,
+    /// and waiters check it under that lock, so none is left waiting.
+    failure: Arc<Failure>,
     /// Covered threads still to be woken; every thread that wakes helps.
     wake_queue: Mutex<Vec<Thread>>,
     /// Gathers that ended at their deadline, short of their target.
@@ -98,6 +103,14 @@ pub(crate) struct GroupCommit {
 }
 
 impl GroupCommit {
+    /// A group commit that reports failures into `failure`.
+    pub fn with_failure(failure: Arc<Failure>) -> Self {
+        Self {
+            failure,
+            ..Self::default()
+        }
+    }
+
     /// Returns once `covered()` is true, leading syncs (`sync()`) or waiting
     /// for other threads' syncs as needed.
     ///
@@ -114,8 +127,8 @@ impl GroupCommit {
                 return Ok(());
             }
             let mut state = self.state.lock();
-            if let Some(failure) = &state.failure {
-                return Err(failed(failure));
+            if let Some(err) = self.failure() {
+                return Err(err);
             }
             if covered() {
                 return Ok(());
@@ -152,7 +165,7 @@ impl GroupCommit {
                 let state = self.state.lock();
                 // Followers are counting on this thread to start their sync,
                 // even if the sync that just ended covered its own data.
-                if state.failure.is_none()
+                if !self.failure.is_set()
                     && !state.syncing
                     && state.gathering.is_none()
                     && !state.followers.is_empty()
@@ -169,8 +182,7 @@ impl GroupCommit {
 
     /// Parks until sync number `sync` has finished or the log failed.
     fn park_until(&self, sync: u64) {
-        while self.completed.load(Ordering::Acquire) < sync && !self.failed.load(Ordering::Acquire)
-        {
+        while self.completed.load(Ordering::Acquire) < sync && !self.failure.is_set() {
             thread::park();
         }
         self.help_wake();
@@ -215,7 +227,7 @@ impl GroupCommit {
                 return Gathered::TakenOver;
             }
             let complete = state.followers.len() + 1 >= target;
-            if complete || state.failure.is_some() || Instant::now() >= deadline {
+            if complete || self.failure.is_set() || Instant::now() >= deadline {
                 if !complete {
                     self.gather_timeouts.fetch_add(1, Ordering::Relaxed);
                 }
@@ -244,8 +256,8 @@ impl GroupCommit {
         mut state: MutexGuard<'_, State>,
         sync: &mut impl FnMut() -> io::Result<()>,
     ) -> io::Result<()> {
-        if let Some(failure) = &state.failure {
-            return Err(failed(failure));
+        if let Some(err) = self.failure() {
+            return Err(err);
         }
         state.syncing = true;
         let covered = std::mem::take(&mut state.followers);
@@ -261,10 +273,7 @@ impl GroupCommit {
             covered.len() + 1 + state.followers.len() + usize::from(state.next_leader.is_some());
         let mut wake = covered;
         if let Err(err) = &result {
-            if state.failure.is_none() {
-                state.failure = Some(err.to_string());
-            }
-            self.failed.store(true, Ordering::Release);
+            self.failure.record(err);
             wake.append(&mut state.followers);
         }
         self.completed.store(this_sync, Ordering::Release);
@@ -286,14 +295,11 @@ impl GroupCommit {
         self.gather_timeouts.load(Ordering::Relaxed)
     }
 
-    /// Marks the log as failed (e.g. a write error outside a sync) and wakes
-    /// every waiter with that error.
-    pub fn fail(&self, message: String) {
+    /// Marks the log as failed (e.g. a write error outside a sync), unless
+    /// it failed before, and wakes every waiter with that error.
+    pub fn fail(&self, err: &io::Error) {
         let mut state = self.state.lock();
-        if state.failure.is_none() {
-            state.failure = Some(message);
-        }
-        self.failed.store(true, Ordering::Release);
+        self.failure.record(err);
         let next = state.next_leader.take();
         let gathering = state.gathering.clone();
         let followers = std::mem::take(&mut state.followers);
@@ -304,19 +310,11 @@ impl GroupCommit {
             .for_each(|t| t.unpark());
     }
 
-    /// The error every commit gets once the log has failed.
+    /// The error every commit gets once the log has failed: the first
+    /// failure's kind and message.
     pub fn failure(&self) -> Option<io::Error> {
-        if !self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        self.state.lock().failure.as_deref().map(failed)
+        self.failure.error(STOPPED)
     }
-}
-
-fn failed(failure: &str) -> io::Error {
-    io::Error::other(format!(
-        "the log stopped accepting commits after an I/O failure and must be reopened: {failure}"
-    ))
 }
 
 #[cfg(test)]

@@ -59,7 +59,9 @@
 //!   recovery or wholly absent. Rolled-back entries are never recovered.
 //! - If a write or sync fails, that commit and every commit waiting on the
 //!   same sync fail, and the log refuses further commits until reopened: a
-//!   failed `fdatasync` is never retried as if nothing had happened.
+//!   failed `fdatasync` is never retried as if nothing had happened. Every
+//!   later error has the first failure's [`std::io::ErrorKind`] (a full
+//!   disk stays `StorageFull`) and includes its message.
 //! - Torn, truncated or damaged bytes end the valid log (every record is
 //!   checksummed); they never cause a panic or wrong data.
 //!
@@ -117,6 +119,7 @@
 
 mod checkpoint;
 mod config;
+mod failure;
 pub mod format;
 pub mod fs;
 mod group_commit;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::config::Configuration;
+use crate::failure::{ErrorRecord, Failure};
 use crate::format::{
     aligned_chunk_start, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
     CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
@@ -90,6 +91,9 @@ pub(crate) struct Inner {
     pub checkpointed: Condvar,
     /// Signalled when a full active segment's last open entry finishes.
     pub drained: Condvar,
+    /// The log's one failure state: the first write or sync error, which
+    /// stops the log until it is reopened. Shared by `group` and `ledger`.
+    pub failure: Arc<Failure>,
     pub group: GroupCommit,
     /// Every `fdatasync` of a segment file goes through it.
     pub ledger: SyncLedger,
@@ -135,7 +139,11 @@ pub(crate) struct State {
     pub progress_waiters: usize,
     pub want_spare: bool,
     pub shutting_down: bool,
-    pub checkpoint_error: Option<String>,
+    /// Why the last checkpoint attempt (or the making of a spare) failed,
+    /// with the error's kind; cleared by the next successful checkpoint.
+    /// Unlike the log's `failure` it does not stop the log: a failed
+    /// checkpoint is retried.
+    pub checkpoint_error: Option<ErrorRecord>,
     pub checkpoint_attempts: u64,
     /// A caller of `checkpoint_active` is waiting: retry a failed
     /// checkpoint now rather than after the backoff.
@@ -190,8 +198,14 @@ impl Inner {
         &self.config.directory
     }
 
+    /// The error every operation gets once the log has failed: the first
+    /// failure's kind and message (see `crate::failure`).
+    pub fn failed(&self) -> Option<io::Error> {
+        self.failure.error(crate::failure::STOPPED)
+    }
+
     pub fn check_usable(&self, state: &State) -> io::Result<()> {
-        if let Some(err) = self.group.failure() {
+        if let Some(err) = self.failed() {
             return Err(err);
         }
         if state.shutting_down {
@@ -209,7 +223,7 @@ impl Inner {
     /// Poisons the log after a failed write or sync and returns the error
     /// for the caller.
     pub fn poison(&self, err: io::Error) -> io::Error {
-        self.group.fail(err.to_string());
+        self.group.fail(&err);
         let _state = self.state.lock();
         self.progress.notify_all();
         self.signal.wake();
@@ -494,7 +508,7 @@ impl Inner {
                 self.drained.notify_all();
             }
         }
-        if let Some(err) = self.group.failure().or(refused) {
+        if let Some(err) = self.failed().or(refused) {
             return Err(err);
         }
         let offset = seg.reserved_end;
@@ -606,7 +620,7 @@ impl Inner {
         busy: impl Fn(&State) -> bool,
     ) -> io::Result<()> {
         while busy(state) {
-            if let Some(err) = self.group.failure() {
+            if let Some(err) = self.failed() {
                 return Err(err);
             }
             state.progress_waiters += 1;
@@ -1283,6 +1297,7 @@ impl WriteAheadLog {
             .filter_map(|segment| segment.highest_committed_id)
             .max()
             .unwrap_or(recycled_through);
+        let failure = Arc::new(Failure::default());
         let inner = Arc::new(Inner {
             config,
             fs,
@@ -1310,8 +1325,9 @@ impl WriteAheadLog {
             signal: Arc::default(),
             checkpointed: Condvar::new(),
             drained: Condvar::new(),
-            group: GroupCommit::default(),
-            ledger: SyncLedger::default(),
+            group: GroupCommit::with_failure(failure.clone()),
+            ledger: SyncLedger::with_failure(failure.clone()),
+            failure,
             maintenance: Mutex::new(None),
             maintenance_thread: Mutex::new(None),
             counters: Counters::default(),
@@ -1375,9 +1391,13 @@ impl WriteAheadLog {
     /// retried at once (the background retries back off up to 2 s); if it
     /// fails again, its error is returned.
     ///
-    /// Do not call this while holding an uncommitted [`EntryWriter`] on the
-    /// same thread: the checkpoint waits for that entry to finish. Called
-    /// from inside `checkpoint_to`, it only seals and does not wait.
+    /// The checkpoint waits for every entry open in the segments it covers.
+    /// If the calling thread began one of them and has not committed or
+    /// rolled it back, it fails at once with
+    /// [`io::ErrorKind::WouldBlock`] (naming the entry and its segment)
+    /// instead of waiting forever for an entry that only this thread can
+    /// finish; nothing is sealed then. Called from inside
+    /// `checkpoint_to`, it only seals and does not wait.
     pub fn checkpoint_active(&self) -> io::Result<()> {
         checkpoint::checkpoint_active(self)
     }
@@ -1441,6 +1461,17 @@ impl WriteAheadLog {
     #[must_use]
     pub fn next_entry_id(&self) -> EntryId {
         EntryId(self.inner.state.lock().next_entry_id)
+    }
+
+    /// The id of the oldest entry begun and not yet finished, if any: every
+    /// entry begun with a lower id has been committed or rolled back. An
+    /// entry is finished once its commit or rollback record is written (its
+    /// commit may still be waiting for a sync then). A caller that needs
+    /// every entry up to some id finished can watch this.
+    #[must_use]
+    pub fn oldest_open_entry(&self) -> Option<EntryId> {
+        let state = self.inner.state.lock();
+        state.open_ids.keys().next().map(|id| EntryId(*id))
     }
 
     /// Counters: commits, syncs and entries per sync, bytes, checkpoints

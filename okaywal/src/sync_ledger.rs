@@ -13,13 +13,20 @@
 
 use std::collections::BTreeSet;
 use std::io;
+use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+
+use crate::failure::Failure;
 
 #[derive(Debug, Default)]
 pub(crate) struct SyncLedger {
     state: Mutex<LedgerState>,
     ended: Condvar,
+    /// The log's failure state: a failed sync is recorded there (unless
+    /// the log failed before), and once it is set no sync counts. Set and
+    /// checked under `state`'s lock by the syncs themselves.
+    failure: Arc<Failure>,
 }
 
 #[derive(Debug, Default)]
@@ -28,18 +35,24 @@ struct LedgerState {
     next: u64,
     /// Tickets of the syncs that have started and not ended.
     running: BTreeSet<u64>,
-    /// Why a sync failed, once one has.
-    failure: Option<String>,
 }
 
 impl SyncLedger {
+    /// A ledger that shares the log's failure state.
+    pub fn with_failure(failure: Arc<Failure>) -> Self {
+        Self {
+            failure,
+            ..Self::default()
+        }
+    }
+
     /// Runs `sync` (an `fdatasync`), and succeeds only if it succeeded and
     /// no sync that overlapped it failed.
     pub fn run(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
         let ticket = {
             let mut state = self.state.lock();
-            if let Some(failure) = &state.failure {
-                return Err(earlier(failure));
+            if let Some(err) = self.earlier() {
+                return Err(err);
             }
             let ticket = state.next;
             state.next += 1;
@@ -50,28 +63,30 @@ impl SyncLedger {
         let mut state = self.state.lock();
         state.running.remove(&ticket);
         if let Err(err) = &result {
-            state.failure.get_or_insert_with(|| err.to_string());
+            self.failure.record(err);
         }
         self.ended.notify_all();
         result?;
         // Every sync that started before this one ended may have taken the
         // error that covered this one's pages: wait for their outcome.
         let horizon = state.next;
-        while state.failure.is_none() && state.running.first().is_some_and(|t| *t < horizon) {
+        while !self.failure.is_set() && state.running.first().is_some_and(|t| *t < horizon) {
             self.ended.wait(&mut state);
         }
-        match &state.failure {
-            Some(failure) => Err(earlier(failure)),
+        match self.earlier() {
+            Some(err) => Err(err),
             None => Ok(()),
         }
     }
-}
 
-fn earlier(failure: &str) -> io::Error {
-    io::Error::other(format!(
-        "an fdatasync of the log failed ({failure}); writes it may have covered can be lost, so \
-         no later sync counts until the log is reopened"
-    ))
+    /// The error a sync gets once the log has failed: the first failure's
+    /// kind and message.
+    fn earlier(&self) -> Option<io::Error> {
+        self.failure.error(
+            "the log failed earlier (writes an fdatasync may have covered can be lost, so no \
+             later sync counts until the log is reopened)",
+        )
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +117,7 @@ mod tests {
             assert!(failing.join().unwrap().is_err());
             let err = succeeding.join().unwrap().unwrap_err();
             assert!(err.to_string().contains("EIO"), "{err}");
+            assert_eq!(err.kind(), io::ErrorKind::Other);
         });
         assert!(ledger.run(|| Ok(())).is_err(), "sticky after a failure");
     }
@@ -111,7 +127,10 @@ mod tests {
         let ledger = SyncLedger::default();
         assert!(ledger.run(|| Ok(())).is_ok());
         assert!(ledger.run(|| Ok(())).is_ok());
-        assert!(ledger.run(|| Err(io::Error::other("EIO"))).is_err());
-        assert!(ledger.run(|| Ok(())).is_err());
+        let full = || Err(io::Error::new(io::ErrorKind::StorageFull, "ENOSPC"));
+        assert!(ledger.run(full).is_err());
+        let err = ledger.run(|| Ok(())).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{err}");
+        assert!(err.to_string().contains("ENOSPC"), "{err}");
     }
 }

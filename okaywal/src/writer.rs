@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
+use crate::failure::ErrorRecord;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
 use crate::segment::Segment;
@@ -44,12 +45,15 @@ pub struct ChunkRecord {
 /// An entry being written. Dropping it without [`EntryWriter::commit`]
 /// rolls it back.
 #[derive(Debug)]
+#[must_use = "an entry dropped without `commit` is rolled back"]
 pub struct EntryWriter<'log> {
     log: &'log WriteAheadLog,
     id: EntryId,
     segment: Arc<Segment>,
     chunks: u32,
-    broken: Option<String>,
+    /// Why the entry can no longer be written or committed, with the
+    /// kind of the error that broke it.
+    broken: Option<ErrorRecord>,
     finished: bool,
     /// Payload bytes written so far.
     bytes: u64,
@@ -76,8 +80,8 @@ impl<'log> EntryWriter<'log> {
 
     fn check_usable(&self) -> io::Result<()> {
         match &self.broken {
-            Some(why) => Err(io::Error::other(format!(
-                "entry {} can no longer be written or committed: {why}",
+            Some(why) => Err(why.error(&format!(
+                "entry {} can no longer be written or committed",
                 self.id
             ))),
             None => Ok(()),
@@ -94,7 +98,7 @@ impl<'log> EntryWriter<'log> {
     }
 
     fn fail(&mut self, err: io::Error) -> io::Error {
-        self.broken = Some(err.to_string());
+        self.broken = Some(ErrorRecord::of(&err));
         self.log.inner.poison(err)
     }
 
@@ -110,13 +114,13 @@ impl<'log> EntryWriter<'log> {
             // system call here, one `pwrite` per sync for everyone.
             inner
                 .append(&self.segment, header, Some((data, crc)), false)
-                .inspect_err(|e| self.broken = Some(e.to_string()))?
+                .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?
         } else {
             // Large chunks are copied by their writers in parallel, with one
             // `pwrite` each; header and trailer wait in the write buffer.
             let offset = inner
                 .reserve_chunk(&self.segment, header, crc)
-                .inspect_err(|e| self.broken = Some(e.to_string()))?;
+                .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
             let result = self.segment.file.write_all_at(data, data_offset);
             inner.data_written(self.segment.id, offset);
@@ -239,6 +243,12 @@ impl<'log> EntryWriter<'log> {
     }
 
     /// Abandons the entry: it is never recovered nor checkpointed.
+    ///
+    /// This writes a rollback record (so that readers of the live log and
+    /// the segment's checkpoint can move past the entry), and that write
+    /// can fail; hence the `Result`. The entry is abandoned either way: an
+    /// entry without a commit record is never recovered, and a failed
+    /// write stops the log like any other (see the crate docs).
     pub fn rollback(mut self) -> io::Result<()> {
         self.finished = true;
         self.write_end(RecordKind::Rollback).map(|_| ())
@@ -287,6 +297,7 @@ fn chunk_length(len: usize) -> io::Result<u32> {
 /// Dropping it without [`ChunkWriter::finish`] makes its entry impossible
 /// to commit (the chunk would fail its CRC).
 #[derive(Debug)]
+#[must_use = "a chunk dropped without `finish` leaves its entry unable to commit"]
 pub struct ChunkWriter<'entry, 'log> {
     entry: &'entry mut EntryWriter<'log>,
     offset: u64,
@@ -402,7 +413,7 @@ impl Write for ChunkWriter<'_, '_> {
 
 impl Drop for ChunkWriter<'_, '_> {
     fn drop(&mut self) {
-        if !self.finished && self.entry.log.inner.group.failure().is_none() {
+        if !self.finished && !self.entry.log.inner.failure.is_set() {
             // An abandoned chunk's entry never commits, but recovery must
             // still be able to walk past its record to the ones after it:
             // writing the trailer makes the file cover the whole record
@@ -420,7 +431,10 @@ impl Drop for ChunkWriter<'_, '_> {
             .inner
             .data_written(self.entry.segment.id, self.offset);
         if !self.finished && self.entry.broken.is_none() {
-            self.entry.broken = Some("a chunk begun with begin_chunk was never finished".into());
+            self.entry.broken = Some(ErrorRecord {
+                kind: io::ErrorKind::InvalidInput,
+                message: "a chunk begun with begin_chunk was never finished".into(),
+            });
         }
     }
 }

@@ -617,3 +617,44 @@ fn a_failed_recycle_rename_stops_the_log_so_the_replay_stays_in_order() {
     log.checkpoint_active().unwrap();
     log.shutdown().unwrap();
 }
+
+/// Once a sync has failed, every error the log reports has that first
+/// failure's kind (a full disk stays `StorageFull`, not a generic error)
+/// and mentions its message, whichever call reports it.
+#[test]
+fn later_errors_keep_the_kind_and_message_of_the_first_failure() {
+    let fs = CrashFileSystem::new();
+    let log = open_quiet(&fs, &Recorder::new());
+    let mut held = log.begin_entry().unwrap();
+    held.write_chunk(b"begun before the fault").unwrap();
+    fs.inject(
+        Operation::Sync,
+        fs.operation_count(Operation::Sync),
+        FaultKind::Error(io::ErrorKind::StorageFull),
+    );
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"its sync fails").unwrap();
+    let first = entry.commit().unwrap_err();
+    assert_eq!(first.kind(), io::ErrorKind::StorageFull, "{first}");
+    let first_message = first.to_string();
+    assert!(first_message.contains("injected"), "{first_message}");
+
+    let later = [
+        ("begin_entry", log.begin_entry().map(drop).unwrap_err()),
+        (
+            "write_chunk of an entry begun before the failure",
+            held.write_chunk(b"more").map(drop).unwrap_err(),
+        ),
+        ("commit of that entry", held.commit().map(drop).unwrap_err()),
+        ("sync", log.sync().map(drop).unwrap_err()),
+        ("checkpoint_active", log.checkpoint_active().unwrap_err()),
+        ("shutdown", log.shutdown().unwrap_err()),
+    ];
+    for (what, err) in later {
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{what}: {err}");
+        assert!(
+            err.to_string().contains(&first_message),
+            "{what}: {err:?} does not mention the first failure, {first_message:?}"
+        );
+    }
+}

@@ -162,12 +162,10 @@ impl StateMachine {
 
     /// Opens (creating or recovering) the state machine as `config` says.
     pub fn open_with(config: StateMachineConfig) -> Result<Self> {
-        let db = sediment::Config {
-            file_system: config.file_system.clone(),
-            ..sediment::Config::for_directory(&config.directory)
-        }
-        .max_blob_bytes(1 << 30)
-        .open()?;
+        let db = sediment::Config::for_directory(&config.directory)
+            .shared_file_system(config.file_system.clone())
+            .max_blob_bytes(sediment::format::MAX_FORMAT_BLOB_BYTES)
+            .open()?;
         let mut state = SmState {
             sequence: db.last_committed().0,
             ..SmState::default()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use okaywal::fs::{FileSystem, StdFileSystem};
 
 use crate::format::MAX_FORMAT_BLOB_BYTES;
-use crate::{Database, Result};
+use crate::{Database, Error, Result};
 
 /// Default largest blob: 256 MiB.
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
@@ -25,30 +25,31 @@ pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
 /// let dir = tempfile::tempdir()?;
 /// let db = sediment::Config::for_directory(dir.path())
 ///     .wal(|wal| wal.checkpoint_after_bytes(4 << 20))
-///     .max_blob_bytes(1 << 30)
+///     .max_blob_bytes(1 << 30 >> 1)
 ///     .open()?;
 /// db.shutdown()?;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// Settings are made with the builder methods and read with the getters.
+/// A setting the store cannot honour is never replaced by another value:
+/// [`Config::open`] refuses it with [`Error::InvalidConfig`] naming it
+/// (a `max_blob_bytes` above what the format holds; a WAL directory or
+/// file system set through [`Config::wal`], since the WAL always lives in
+/// the database's directory on its file system).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
-    /// The database directory.
-    pub directory: PathBuf,
-    /// Settings of the write-ahead log (its directory and file system are
-    /// always the database's).
-    pub wal: okaywal::Configuration,
-    /// The file system the database lives on.
-    pub file_system: Arc<dyn FileSystem>,
-    /// The largest blob accepted by `write`.
-    pub max_blob_bytes: u64,
-    /// Blobs of at least this many bytes bypass the WAL (see
-    /// [`DEFAULT_DIRECT_WRITE_BYTES`]).
-    pub direct_write_bytes: u64,
-    /// Memory for recently read small blobs (see [`Config::cache_bytes`]).
-    pub cache_bytes: u64,
-    /// Open without writing anything (see [`Config::read_only`]).
-    pub read_only: bool,
+    pub(crate) directory: PathBuf,
+    /// Its `directory` and `file_system` are the database's (set with
+    /// them, and checked by `Config::open`).
+    pub(crate) wal: okaywal::Configuration,
+    pub(crate) file_system: Arc<dyn FileSystem>,
+    pub(crate) max_blob_bytes: u64,
+    pub(crate) direct_write_bytes: u64,
+    pub(crate) cache_bytes: u64,
+    pub(crate) read_only: bool,
 }
 
 impl Config {
@@ -59,12 +60,14 @@ impl Config {
     /// it, so larger segments would mostly cost disk space.
     pub fn for_directory<P: AsRef<Path>>(directory: P) -> Self {
         let directory = directory.as_ref().to_path_buf();
+        let file_system: Arc<dyn FileSystem> = Arc::new(StdFileSystem);
         Self {
             wal: okaywal::Configuration::default_for(&directory)
+                .shared_file_system(file_system.clone())
                 .preallocate_bytes(DEFAULT_WAL_SEGMENT_BYTES)
                 .checkpoint_after_bytes(DEFAULT_WAL_SEGMENT_BYTES),
             directory,
-            file_system: Arc::new(StdFileSystem),
+            file_system,
             max_blob_bytes: DEFAULT_MAX_BLOB_BYTES,
             direct_write_bytes: DEFAULT_DIRECT_WRITE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
@@ -91,7 +94,15 @@ impl Config {
         self
     }
 
-    /// Adjusts the WAL settings.
+    /// Adjusts the WAL settings: segment sizes, buffers, recovery mode,
+    /// version info and so on.
+    ///
+    /// The WAL's directory and file system are the database's: changing
+    /// them here makes [`Config::open`] fail with
+    /// [`Error::InvalidConfig`] (use [`Config::for_directory`] and
+    /// [`Config::file_system`]). A `minimum_next_entry_id` is honoured
+    /// together with the store's own floor: the WAL starts at the higher
+    /// of the two.
     #[must_use]
     pub fn wal(
         mut self,
@@ -101,17 +112,27 @@ impl Config {
         self
     }
 
-    /// Runs the database on `file_system` instead of the real disk.
+    /// Runs the database (and its WAL) on `file_system` instead of the
+    /// real disk.
     #[must_use]
-    pub fn file_system<F: FileSystem>(mut self, file_system: F) -> Self {
-        self.file_system = Arc::new(file_system);
+    pub fn file_system<F: FileSystem>(self, file_system: F) -> Self {
+        self.shared_file_system(Arc::new(file_system))
+    }
+
+    /// Runs the database (and its WAL) on an already shared file system.
+    #[must_use]
+    pub fn shared_file_system(mut self, file_system: Arc<dyn FileSystem>) -> Self {
+        self.wal = self.wal.shared_file_system(file_system.clone());
+        self.file_system = file_system;
         self
     }
 
-    /// Sets the largest blob `write` accepts (at most 1 GiB − 16 bytes).
+    /// Sets the largest blob `write` accepts: at most
+    /// [`MAX_FORMAT_BLOB_BYTES`] (1 GiB − 16 bytes), the largest the format
+    /// holds; [`Config::open`] refuses a larger value.
     #[must_use]
     pub fn max_blob_bytes(mut self, bytes: u64) -> Self {
-        self.max_blob_bytes = bytes.min(MAX_FORMAT_BLOB_BYTES);
+        self.max_blob_bytes = bytes;
         self
     }
 
@@ -132,12 +153,81 @@ impl Config {
         self
     }
 
+    /// The database directory.
+    #[must_use]
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// The WAL settings (see [`Config::wal`]).
+    #[must_use]
+    pub fn wal_configuration(&self) -> &okaywal::Configuration {
+        &self.wal
+    }
+
+    /// The file system the database and its WAL live on (see
+    /// [`Config::file_system`]).
+    #[must_use]
+    pub fn file_system_in_use(&self) -> &Arc<dyn FileSystem> {
+        &self.file_system
+    }
+
+    /// The largest blob `write` accepts (see [`Config::max_blob_bytes`]).
+    #[must_use]
+    pub fn blob_size_limit(&self) -> u64 {
+        self.max_blob_bytes
+    }
+
+    /// The size from which blobs bypass the WAL (see
+    /// [`Config::direct_write_bytes`]).
+    #[must_use]
+    pub fn direct_write_threshold(&self) -> u64 {
+        self.direct_write_bytes
+    }
+
+    /// The memory for recently read blobs (see [`Config::cache_bytes`]).
+    #[must_use]
+    pub fn cache_size(&self) -> u64 {
+        self.cache_bytes
+    }
+
+    /// Fails with [`Error::InvalidConfig`] naming the first setting that
+    /// cannot be honoured.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.max_blob_bytes > MAX_FORMAT_BLOB_BYTES {
+            return Err(Error::InvalidConfig(format!(
+                "max_blob_bytes is {}, above {MAX_FORMAT_BLOB_BYTES} bytes (1 GiB - 16), the \
+                 largest blob the format holds",
+                self.max_blob_bytes
+            )));
+        }
+        if self.wal.directory != self.directory {
+            return Err(Error::InvalidConfig(format!(
+                "wal.directory is {}, but the WAL always lives in the database directory {}: \
+                 choose the directory with Config::for_directory, not in Config::wal",
+                self.wal.directory.display(),
+                self.directory.display()
+            )));
+        }
+        if !Arc::ptr_eq(&self.wal.file_system, &self.file_system) {
+            return Err(Error::InvalidConfig(
+                "wal.file_system differs from the database's file system, but the WAL always \
+                 lives on the database's file system: choose it with Config::file_system, not \
+                 in Config::wal"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Opens (creating or recovering) the database.
     ///
-    /// Fails with [`Error::Io`](crate::Error::Io) (of kind
+    /// Fails with [`Error::InvalidConfig`] for a setting it cannot honour
+    /// (see [`Config`]), and with [`Error::Io`] (of kind
     /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)) if another process
     /// has the store open: its `sediment.lock` stays locked for 2 s.
     pub fn open(self) -> Result<Database> {
+        self.validate()?;
         Database::open(self)
     }
 

@@ -1,14 +1,15 @@
 //! The database: shared state, opening and recovery, reads.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use okaywal::fs::{FileHandle, FileSystem, LockGuard, OpenMode};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::cache::BlobCache;
 use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
@@ -58,8 +59,9 @@ pub(crate) struct Meta {
     pub checkpointed_to: u64,
     pub last_committed: u64,
     /// Sequences of transactions that have started writing and not
-    /// finished.
-    pub in_flight: BTreeSet<u64>,
+    /// finished, with the thread that began each (a checkpoint that would
+    /// wait for the calling thread's own transaction fails instead).
+    pub in_flight: BTreeMap<u64, ThreadId>,
     /// Transactions waiting for their WAL entry (which may wait for the
     /// WAL's checkpoints, so no lock is held meanwhile): the lowest id each
     /// can get, with a count. Their sequences are not known yet, so nothing
@@ -103,7 +105,7 @@ pub(crate) struct Meta {
 impl Meta {
     /// Every transaction with a sequence at or below this has finished.
     pub fn finished_through(&self) -> u64 {
-        let through = match self.in_flight.first() {
+        let through = match self.in_flight.keys().next() {
             Some(first) => first - 1,
             None => self.last_committed,
         };
@@ -140,13 +142,26 @@ pub(crate) struct Shared {
     /// Recently read small blobs.
     pub cache: BlobCache,
     pub meta: Mutex<Meta>,
+    /// Signalled (with `meta`) when a transaction leaves
+    /// `Meta::in_flight`; a checkpointing commit waits on it.
+    pub finished: Condvar,
     pub store: Mutex<Store>,
     pub shut_down: AtomicBool,
-    /// Set after a failed sync: nothing more may be acknowledged.
-    pub failure: Mutex<Option<String>>,
+    /// The store's one failure state, set by the first failed sync (or
+    /// commit): nothing more may be acknowledged. Every later error is
+    /// built from it (see `Shared::check_usable`).
+    pub failure: Mutex<Option<Failure>>,
     /// Keeps other processes out of the directory while this store (or
     /// its WAL's maintenance thread) can write to it.
     pub _lock: LockGuard,
+}
+
+/// The first failure of a store: the kind of the underlying I/O error
+/// (`Other` if there was none) and the whole message.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    pub kind: io::ErrorKind,
+    pub message: String,
 }
 
 /// A crash-safe blob store. See the [crate docs](crate).
@@ -188,7 +203,9 @@ impl Wal {
 }
 
 impl Shared {
-    /// Fails if the database was shut down or hit a failed sync.
+    /// Fails if the database was shut down or hit a failed sync. After a
+    /// failure the error has the first failure's I/O error kind and
+    /// message (a full disk stays `StorageFull`).
     pub fn check_usable(&self) -> Result<()> {
         if self.shut_down.load(Ordering::Acquire) {
             return Err(Error::ShutDown);
@@ -197,17 +214,25 @@ impl Shared {
             return Err(Error::Io {
                 context: "the database stopped accepting commits after a failed sync; reopen it"
                     .into(),
-                source: io::Error::other(failure.clone()),
+                source: io::Error::new(failure.kind, failure.message.clone()),
             });
         }
         Ok(())
     }
 
-    /// Records a failed sync: every later commit fails until reopened.
+    /// Records a failed sync (unless an earlier failure is recorded): every
+    /// later commit fails until reopened.
     pub fn poison(&self, err: &Error) {
         let mut failure = self.failure.lock();
         if failure.is_none() {
-            *failure = Some(err.to_string());
+            let kind = match err {
+                Error::Io { source, .. } => source.kind(),
+                _ => io::ErrorKind::Other,
+            };
+            *failure = Some(Failure {
+                kind,
+                message: err.to_string(),
+            });
         }
     }
 
@@ -398,7 +423,9 @@ impl Shared {
                 .split_off(&meta.checkpointed_to.saturating_add(1));
         }
         meta.last_committed = meta.last_committed.max(sequence);
-        meta.in_flight.remove(&sequence);
+        if meta.in_flight.remove(&sequence).is_some() {
+            self.finished.notify_all();
+        }
         if sequence > meta.checkpointed_to {
             meta.recent.insert(sequence, record);
         }
@@ -739,6 +766,7 @@ impl Database {
             superseded: Mutex::default(),
             cache: BlobCache::new(config.cache_bytes),
             meta: Mutex::new(meta),
+            finished: Condvar::new(),
             store: Mutex::new(Store {
                 index_file,
                 index,
@@ -749,12 +777,16 @@ impl Database {
             failure: Mutex::new(None),
             _lock: lock,
         });
-        let mut wal_config = config.wal;
-        wal_config.directory = directory;
-        wal_config.file_system = fs;
+        // `Config::open` checked that the WAL's directory and file system
+        // are the database's.
+        let wal_config = config.wal;
         // Sequences are WAL entry ids: never hand out one the strata have
-        // already seen, whatever happened to the WAL's files.
-        wal_config = wal_config.minimum_next_entry_id(wal_floor.saturating_add(1));
+        // already seen, whatever happened to the WAL's files (and never one
+        // below a floor the configuration asks for).
+        let floor = wal_floor
+            .saturating_add(1)
+            .max(wal_config.minimum_next_entry_id);
+        let wal_config = wal_config.minimum_next_entry_id(floor);
         let wal = if writable {
             wal_config.open(Manager::new(shared.clone())).map(Wal::Live)
         } else {
@@ -937,6 +969,16 @@ impl Database {
     }
 
     /// The highest committed sequence (0 for an empty database).
+    ///
+    /// A sequence is committed once its transaction's changes are durable
+    /// and visible, just before its [`commit`](crate::Transaction::commit)
+    /// returns it; so this is at least every sequence any commit has
+    /// returned, on any thread. Transactions with lower sequences may still
+    /// be running (sequences are handed out when transactions start
+    /// writing, and commits return in any order). Every sequence up to this
+    /// one is accepted by
+    /// [`checkpoint_to`](crate::Transaction::checkpoint_to), which waits
+    /// for those transactions when it commits.
     #[must_use]
     pub fn last_committed(&self) -> SequenceId {
         SequenceId(self.shared.meta.lock().last_committed)

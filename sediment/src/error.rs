@@ -8,7 +8,10 @@ use crate::grain_id::GrainId;
 use crate::verify::VerifyReport;
 
 /// Everything that can go wrong in sediment.
+///
+/// New variants may be added: a `match` needs a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The value is not a well-formed grain id (reserved bits set, or a
     /// part out of range).
@@ -40,15 +43,38 @@ pub enum Error {
         /// The configured maximum.
         maximum: u64,
     },
-    /// The sequence given to `checkpoint_to` is not committed yet (or a
-    /// transaction at or before it is still running).
-    #[error("sequence {requested} is not committed yet (committed through {committed})")]
+    /// The sequence given to `checkpoint_to` is not committed yet: it is
+    /// above every sequence a commit has returned
+    /// ([`Database::last_committed`](crate::Database::last_committed)).
+    #[error(
+        "sequence {requested} is not committed yet (the last committed sequence is {committed})"
+    )]
     FutureSequence {
         /// What was asked for.
         requested: u64,
-        /// The highest sequence through which every transaction finished.
+        /// The highest committed sequence
+        /// ([`Database::last_committed`](crate::Database::last_committed)).
         committed: u64,
     },
+    /// A commit with `checkpoint_to(requested)` would have to wait for
+    /// transaction `open`, which the calling thread began and has neither
+    /// committed nor rolled back: it would wait forever. The checkpointing
+    /// transaction is rolled back; finish `open` first.
+    #[error(
+        "checkpoint_to({requested}) must wait for transaction {open}, which the calling thread \
+         holds open: commit or roll it back first"
+    )]
+    CheckpointBlockedByOwnTransaction {
+        /// The sequence the transaction checkpoints to.
+        requested: u64,
+        /// The sequence of the calling thread's open transaction.
+        open: u64,
+    },
+    /// A setting of [`Config`](crate::Config) cannot be honoured (the
+    /// message names it); [`Config::open`](crate::Config::open) refuses it
+    /// rather than replace it.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     /// The database was shut down.
     #[error("the database has been shut down")]
     ShutDown,

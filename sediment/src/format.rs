@@ -126,6 +126,7 @@ pub struct StratumHeader {
 
 /// Why bytes did not decode as a header.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderError {
     /// Not enough bytes.
     Truncated,

@@ -47,7 +47,8 @@
 //! readers. A transaction that did not commit is never visible, after a
 //! crash or otherwise. Many threads may commit at once; their WAL entries
 //! share `fdatasync` calls. A failed sync stops the database from
-//! acknowledging anything more until it is reopened. Every stored grain and
+//! acknowledging anything more until it is reopened; every later error
+//! has that failure's I/O error kind and includes its message. Every stored grain and
 //! header is checksummed: damaged bytes give an error, never wrong data.
 //!
 //! # Layout

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use okaywal::{EntryWriter, LogPosition};
 
 use crate::commit_log::{CommitRecord, NewGrain, SequenceId};
-use crate::db::Database;
+use crate::db::{Database, Meta};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
@@ -20,6 +20,7 @@ use crate::stratum::Stratum;
 /// [`Transaction::commit`] has made it durable. Dropping a transaction
 /// without committing rolls it back.
 #[derive(Debug)]
+#[must_use = "a transaction dropped without `commit` is rolled back"]
 pub struct Transaction<'db> {
     db: &'db Database,
     entry: Option<EntryWriter<'db>>,
@@ -82,7 +83,8 @@ impl<'db> Transaction<'db> {
             }
             let entry = begun.context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
-            meta.in_flight.insert(self.sequence);
+            meta.in_flight
+                .insert(self.sequence, std::thread::current().id());
             drop(meta);
             self.entry = Some(entry);
         }
@@ -91,6 +93,14 @@ impl<'db> Transaction<'db> {
 
     fn entry(&mut self) -> &mut EntryWriter<'db> {
         self.entry.as_mut().expect("ensure_entry was called")
+    }
+
+    /// The sequence this transaction commits as, once it is known: it is
+    /// fixed by the first `write` (`None` before; a transaction that
+    /// writes nothing gets its sequence at `commit`).
+    #[must_use]
+    pub fn sequence(&self) -> Option<SequenceId> {
+        self.entry.as_ref().map(|_| SequenceId(self.sequence))
     }
 
     /// Stores `data` as a new blob and returns its id. The blob becomes
@@ -198,25 +208,103 @@ impl<'db> Transaction<'db> {
 
     /// Frees, when this transaction commits, every grain archived by a
     /// transaction with sequence ≤ `sequence`, and drops the commit records
-    /// up to it. `sequence` must be committed (with every transaction
-    /// before it finished).
+    /// up to it.
+    ///
+    /// `sequence` may be any committed sequence: any that a
+    /// [`commit`](Self::commit) has returned, on any thread, or anything
+    /// below [`Database::last_committed`](crate::Database::last_committed).
+    /// Only a higher one is refused, with [`Error::FutureSequence`].
+    /// Transactions with lower sequences may still be running (sequences
+    /// are handed out when transactions start writing, and commits return
+    /// in any order): the commit then waits until every transaction with a
+    /// sequence ≤ `sequence` has committed or rolled back, and frees what
+    /// those archived, nothing archived by a later one. If the calling
+    /// thread itself holds one of those transactions open, the commit
+    /// fails with [`Error::CheckpointBlockedByOwnTransaction`] instead of
+    /// waiting forever.
+    ///
+    /// If this transaction's own sequence is below `sequence` (it began
+    /// writing before `sequence` was handed out), its record cannot free
+    /// what later transactions archived: the commit then makes its own
+    /// changes durable first and frees the grains with a second,
+    /// checkpoint-only transaction right after, and returns once both are
+    /// committed. (If that second commit fails, say because a sync failed
+    /// or the store was shut down meanwhile, its error is returned although
+    /// this transaction's own changes are committed; the grains then stay
+    /// archived until a later checkpoint.) Calling `checkpoint_to` before
+    /// the first [`write`](Self::write) keeps everything in one
+    /// transaction.
     ///
     /// If another transaction is committing a `checkpoint_to` at the same
     /// moment, this one stops just below the grains that one is freeing
     /// (see [`Database::checkpointed_to`](crate::Database::checkpointed_to)).
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
         self.db.shared.check_usable()?;
-        let meta = self.db.shared.meta.lock();
-        let through = meta.finished_through();
-        if sequence.0 > through {
+        let committed = self.db.shared.meta.lock().last_committed;
+        if sequence.0 > committed {
             return Err(Error::FutureSequence {
                 requested: sequence.0,
-                committed: through,
+                committed,
             });
         }
-        drop(meta);
         self.checkpoint_to = Some(self.checkpoint_to.unwrap_or(0).max(sequence.0));
         Ok(())
+    }
+
+    /// Waits until every transaction with a sequence ≤ `through` (other
+    /// than this one) has committed or rolled back, so that every grain
+    /// they archive is known before a checkpoint takes them.
+    ///
+    /// Two sources together cover every such transaction: the WAL's open
+    /// entries (from the moment a transaction's sequence is handed out
+    /// until its commit record is written) and `Meta::in_flight` (from just
+    /// after that until its commit is applied). Transactions still waiting
+    /// for their WAL entry get sequences above `through`, which was handed
+    /// out already, so they are not waited for (they may be waiting for a
+    /// WAL checkpoint that this transaction's own entry holds back).
+    fn wait_until_finished_through(&self, through: u64) -> Result<()> {
+        let shared = &self.db.shared;
+        loop {
+            shared.check_usable()?;
+            let open_in_wal = self
+                .db
+                .wal
+                .live()?
+                .oldest_open_entry()
+                .is_some_and(|oldest| oldest.0 <= through && oldest.0 != self.sequence);
+            let mut meta = shared.meta.lock();
+            self.check_not_held_by_this_thread(&meta, through)?;
+            let running = meta
+                .in_flight
+                .range(..=through)
+                .any(|(sequence, _)| *sequence != self.sequence);
+            if !running && !open_in_wal {
+                return Ok(());
+            }
+            // Woken when a transaction finishes (signalled under the lock
+            // held since the check); the timeout covers one that got its
+            // sequence from the WAL and is not in `in_flight` yet.
+            shared
+                .finished
+                .wait_for(&mut meta, std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Fails if the calling thread holds open a transaction (other than this
+    /// one) with a sequence ≤ `through`: waiting for it would never end.
+    fn check_not_held_by_this_thread(&self, meta: &Meta, through: u64) -> Result<()> {
+        let me = std::thread::current().id();
+        let held = meta
+            .in_flight
+            .range(..=through)
+            .find(|(sequence, thread)| **sequence != self.sequence && **thread == me);
+        match held {
+            Some((&open, _)) => Err(Error::CheckpointBlockedByOwnTransaction {
+                requested: through,
+                open,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Commits: returns the transaction's sequence once everything it did is
@@ -233,7 +321,41 @@ impl<'db> Transaction<'db> {
     fn commit_inner(&mut self) -> Result<SequenceId> {
         let shared = self.db.shared.clone();
         shared.check_usable()?;
+        if let (Some(requested), None) = (self.checkpoint_to, &self.entry) {
+            // Waiting before the WAL entry begins holds nothing back.
+            self.wait_until_finished_through(requested)?;
+        }
         let sequence = self.ensure_entry()?;
+        // A checkpoint past this transaction's own sequence is committed by
+        // a checkpoint-only transaction after this one (see
+        // `checkpoint_to`): a record may only free grains that records
+        // before it archived, which is the order replay, the WAL
+        // checkpoint and replicas apply them in.
+        let mut checkpoint_after = None;
+        if let Some(requested) = self.checkpoint_to {
+            if requested >= sequence {
+                // Refused now rather than by the checkpoint-only transaction
+                // once this one has committed.
+                self.check_not_held_by_this_thread(&shared.meta.lock(), requested)?;
+                checkpoint_after = Some(requested);
+                self.checkpoint_to = None;
+            } else {
+                self.wait_until_finished_through(requested)?;
+            }
+        }
+        let committed = self.commit_entry(sequence)?;
+        if let Some(requested) = checkpoint_after {
+            let mut checkpoint = Transaction::new(self.db);
+            checkpoint.checkpoint_to = Some(requested);
+            checkpoint.commit()?;
+        }
+        Ok(committed)
+    }
+
+    /// Writes the commit record into the transaction's WAL entry, commits
+    /// it and applies it.
+    fn commit_entry(&mut self, sequence: u64) -> Result<SequenceId> {
+        let shared = self.db.shared.clone();
         let mut freed = Vec::new();
         if let Some(requested) = self.checkpoint_to {
             let mut meta = shared.meta.lock();
@@ -310,11 +432,15 @@ impl<'db> Transaction<'db> {
     }
 
     /// Abandons the transaction: its grains are released and nothing it did
-    /// is ever visible.
-    pub fn rollback(mut self) -> Result<()> {
+    /// is ever visible, after a crash or otherwise.
+    ///
+    /// It cannot fail: nothing of the transaction is committed, so there is
+    /// nothing to undo on disk. (Its WAL entry gets a rollback record if
+    /// that can still be written; an entry without a commit record is never
+    /// replayed either way.)
+    pub fn rollback(mut self) {
         self.finished = true;
         self.abort();
-        Ok(())
     }
 
     fn abort(&mut self) {
@@ -334,7 +460,9 @@ impl<'db> Transaction<'db> {
             meta.archived.entry(sequence).or_default().extend(grains);
         }
         if self.sequence != 0 {
-            meta.in_flight.remove(&self.sequence);
+            if meta.in_flight.remove(&self.sequence).is_some() {
+                shared.finished.notify_all();
+            }
             shared.release_freed(&mut meta);
         }
         drop(meta);

@@ -167,7 +167,7 @@ fn records_list_exactly_what_happened() {
     let mut tx = db.begin_transaction().unwrap();
     tx.write(b"rolled back").unwrap();
     tx.archive(b).unwrap();
-    tx.rollback().unwrap();
+    tx.rollback();
     let mut tx = db.begin_transaction().unwrap();
     tx.set_embedded_header(None).unwrap();
     drop(tx);
@@ -248,7 +248,7 @@ fn records_after_a_running_transaction_wait_for_it() {
         vec![first],
         "a record after a running transaction is listed"
     );
-    running.rollback().unwrap();
+    running.rollback();
     let seen: Vec<SequenceId> = db.commit_log(first).unwrap().map(|r| r.sequence).collect();
     assert_eq!(seen, vec![first, after]);
 
@@ -307,7 +307,7 @@ fn random_history_matches_the_log_through_checkpoints_and_reopens() {
             plan.checkpoint_to = Some(to);
         }
         if rng.percent(10) {
-            tx.rollback().unwrap();
+            tx.rollback();
             live.extend(plan.archives);
             continue;
         }

@@ -267,7 +267,7 @@ fn check_archived(db: &Database, fixture: &Fixture, damage: &CommitLogDamage, co
                 "{context}: {grain} archived by {by} should still be archived: {again:?}"
             );
         }
-        tx.rollback().unwrap();
+        tx.rollback();
     }
 }
 

@@ -114,7 +114,7 @@ fn worker(db: &Database, thread: u64, seed: u64, transactions: u64, checkpoints:
         }
         if rng.percent(15) {
             if rng.percent(50) {
-                tx.rollback().unwrap();
+                tx.rollback();
             } else {
                 drop(tx);
             }
@@ -307,7 +307,7 @@ fn eight_threads_commit_archive_and_roll_back() {
     {
         tx.archive(blob.id).unwrap();
     }
-    tx.rollback().unwrap();
+    tx.rollback();
 
     // A clean shutdown and one more reopen.
     db.shutdown().unwrap();

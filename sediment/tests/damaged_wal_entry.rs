@@ -70,8 +70,12 @@ fn open_copy(files: &[(String, Vec<u8>)]) -> sediment::Result<Database> {
     config(fs).open()
 }
 
-#[test]
-fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction() {
+/// Files by name, with their bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
+/// The two runs: the files they leave, the indexes of the WAL segments
+/// among them, the first run's blobs and the second run's sequence.
+fn two_runs() -> (Files, Vec<usize>, Blobs, sediment::SequenceId) {
     let fs = CrashFileSystem::new();
     // A transaction of eight blobs, one of them large enough to go
     // straight into its grains; then the process dies.
@@ -100,6 +104,12 @@ fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction()
         "{:?}",
         files.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
+    (files, segments, first, second)
+}
+
+#[test]
+fn a_flipped_byte_in_an_earlier_wal_segment_is_an_error_not_a_lost_transaction() {
+    let (files, segments, first, second) = two_runs();
     let earlier = *segments
         .iter()
         .min_by_key(|&&i| files[i].0[4..].parse::<u64>().unwrap())

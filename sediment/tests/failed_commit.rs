@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{HeldStratumSync, HookedFs, ReleaseOnDrop};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
-use sediment::{Config, Database};
+use sediment::{Config, Database, Error};
 
 const DIR: &str = "/db";
 
@@ -119,4 +119,112 @@ fn a_commit_is_refused_once_a_sync_of_its_stratum_failed() {
     }
     db.verify().unwrap();
     db.shutdown().unwrap();
+}
+
+/// Waits until nothing touches the disk any more (the WAL makes a spare
+/// segment file in the background after opening).
+fn quiesce(fs: &CrashFileSystem) {
+    const ALL: [Operation; 8] = [
+        Operation::Write,
+        Operation::Sync,
+        Operation::SyncDir,
+        Operation::Rename,
+        Operation::Read,
+        Operation::Create,
+        Operation::Remove,
+        Operation::SetLen,
+    ];
+    let counts = || ALL.map(|op| fs.operation_count(op));
+    let mut last = counts();
+    for _ in 0..250 {
+        std::thread::sleep(Duration::from_millis(40));
+        let now = counts();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+    panic!("the disk never went quiet");
+}
+
+/// Once a commit's sync has failed, every later error of the store has
+/// that first failure's I/O error kind (a full disk stays `StorageFull`,
+/// not a generic error) and mentions its message, whatever reports it.
+#[test]
+fn later_errors_keep_the_kind_and_message_of_the_first_failure() {
+    // A blob through the WAL (its WAL sync fails) and one written straight
+    // into its grains (the stratum's sync fails).
+    for size in [100, 100_000] {
+        let fs = CrashFileSystem::new();
+        let db = open(&fs).unwrap();
+        let mut warm_up = db.begin_transaction().unwrap();
+        warm_up.write(b"names the WAL segment").unwrap();
+        warm_up.commit().unwrap();
+        let mut begun_before = db.begin_transaction().unwrap();
+        begun_before.write(b"begun before the failure").unwrap();
+        let mut failing = db.begin_transaction().unwrap();
+        failing.write(&vec![0x33; size]).unwrap();
+        quiesce(&fs);
+        fs.inject(
+            Operation::Sync,
+            fs.operation_count(Operation::Sync),
+            FaultKind::Error(std::io::ErrorKind::StorageFull),
+        );
+        let first = failing.commit().unwrap_err();
+        let what = format!("a {size}-byte blob");
+        let kind = |err: &Error| match err {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        };
+        assert_eq!(
+            kind(&first),
+            Some(std::io::ErrorKind::StorageFull),
+            "{what}: {first}"
+        );
+        let first_message = first.to_string();
+        assert!(
+            first_message.contains("injected"),
+            "{what}: {first_message}"
+        );
+
+        let later = [
+            (
+                "a write of a transaction begun before",
+                begun_before.write(b"more").map(drop).unwrap_err(),
+            ),
+            (
+                "the commit of that transaction",
+                begun_before.commit().map(drop).unwrap_err(),
+            ),
+            (
+                "a write of a new transaction",
+                db.begin_transaction()
+                    .unwrap()
+                    .write(b"after")
+                    .map(drop)
+                    .unwrap_err(),
+            ),
+            (
+                "the commit of an empty transaction",
+                db.begin_transaction()
+                    .unwrap()
+                    .commit()
+                    .map(drop)
+                    .unwrap_err(),
+            ),
+        ];
+        for (call, err) in later {
+            assert_eq!(
+                kind(&err),
+                Some(std::io::ErrorKind::StorageFull),
+                "{what}, {call}: {err}"
+            );
+            assert!(
+                err.to_string().contains(&first_message),
+                "{what}, {call}: {err} does not mention the first failure, {first_message:?}"
+            );
+        }
+        fs.clear_faults();
+        drop(db);
+    }
 }

@@ -83,7 +83,7 @@ fn child_process() {
                         }
                     }
                     if counter % 13 == 12 {
-                        tx.rollback().expect("rollback");
+                        tx.rollback();
                         continue;
                     }
                     let sequence = tx.commit().expect("commit");

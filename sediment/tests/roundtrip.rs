@@ -268,7 +268,7 @@ fn embedded_header_round_trips_across_reopen() {
         // A rolled-back change is invisible, before and after reopening.
         let mut tx = db.begin_transaction().unwrap();
         tx.set_embedded_header(Some(root)).unwrap();
-        tx.rollback().unwrap();
+        tx.rollback();
         let mut tx = db.begin_transaction().unwrap();
         let orphan = tx.write(b"orphan root").unwrap();
         tx.set_embedded_header(Some(orphan)).unwrap();
@@ -356,7 +356,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
         tx.archive(kept).unwrap();
         tx.set_embedded_header(Some(a)).unwrap();
         if explicit {
-            tx.rollback().unwrap();
+            tx.rollback();
         } else {
             drop(tx);
         }
@@ -369,7 +369,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
         // The archive claim was released: another transaction may archive.
         let mut tx = db.begin_transaction().unwrap();
         tx.archive(kept).unwrap();
-        tx.rollback().unwrap();
+        tx.rollback();
 
         // The same sizes get the same grains back (first fit).
         let mut tx = db.begin_transaction().unwrap();
@@ -383,7 +383,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
             b2, b,
             "{context}: the rolled-back large grains were not reused"
         );
-        tx.rollback().unwrap();
+        tx.rollback();
     }
 
     // A rolled-back checkpoint frees nothing.
@@ -392,7 +392,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
     let archived_at = tx.commit().unwrap();
     let mut tx = db.begin_transaction().unwrap();
     tx.checkpoint_to(archived_at).unwrap();
-    tx.rollback().unwrap();
+    tx.rollback();
     assert_blob(
         &db,
         archived_later,
@@ -406,7 +406,7 @@ fn rollback_is_invisible_and_its_space_is_reused() {
     let mut tx = db.begin_transaction().unwrap();
     let unused_small = tx.write(&blob(3, 5000)).unwrap();
     let unused_large = tx.write(&blob(4, 3 << 20)).unwrap();
-    tx.rollback().unwrap();
+    tx.rollback();
     let mut tx = db.begin_transaction().unwrap();
     let committed = tx.write(b"after the rollbacks").unwrap();
     tx.commit().unwrap();
@@ -455,11 +455,18 @@ fn blobs_larger_than_the_maximum_are_refused() {
     let mut tx = db.begin_transaction().unwrap();
     assert!(matches!(tx.write(&huge), Err(Error::TooLarge { .. })));
     drop(huge);
-    tx.rollback().unwrap();
+    tx.rollback();
     assert_eq!(db.last_committed().0, 0);
     db.shutdown().unwrap();
 
-    // A configured maximum above what the format holds is clamped.
+    // A configured maximum above what the format holds is refused, not
+    // clamped (tests/config.rs has more).
     let config = Config::for_directory(dir.path()).max_blob_bytes(u64::MAX);
-    assert_eq!(config.max_blob_bytes, MAX_FORMAT_BLOB_BYTES);
+    assert_eq!(config.blob_size_limit(), u64::MAX);
+    assert!(matches!(config.open(), Err(Error::InvalidConfig(_))));
+    let db = Config::for_directory(dir.path())
+        .max_blob_bytes(MAX_FORMAT_BLOB_BYTES)
+        .open()
+        .unwrap();
+    db.shutdown().unwrap();
 }
