@@ -120,7 +120,11 @@
 mod checkpoint;
 mod config;
 mod failure;
+#[cfg(feature = "internals")]
 pub mod format;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unreachable_pub)]
+mod format;
 pub mod fs;
 mod group_commit;
 mod inspect;

@@ -164,7 +164,7 @@ impl StateMachine {
     pub fn open_with(config: StateMachineConfig) -> Result<Self> {
         let db = sediment::Config::for_directory(&config.directory)
             .shared_file_system(config.file_system.clone())
-            .max_blob_bytes(sediment::format::MAX_FORMAT_BLOB_BYTES)
+            .max_blob_bytes(sediment::MAX_FORMAT_BLOB_BYTES)
             .open()?;
         let mut state = SmState {
             sequence: db.last_committed().0,

@@ -75,7 +75,11 @@ mod commit_log;
 mod config;
 mod db;
 mod error;
+#[cfg(feature = "internals")]
 pub mod format;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unreachable_pub)]
+mod format;
 mod grain_id;
 mod grains;
 mod manager;
@@ -91,6 +95,7 @@ pub use config::{
 };
 pub use db::{CommitLog, Database, GrainReader};
 pub use error::{Error, Result};
+pub use format::MAX_FORMAT_BLOB_BYTES;
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
 pub use stats::{BasinStats, Stats};

@@ -476,22 +476,23 @@ impl Expected {
             .max()
             .unwrap_or(0)
             .max(meta.checkpointed_to);
-        // Only finished transactions: a WAL checkpoint can carry a record
-        // into the commit log files while its transaction still waits for
-        // its sync, before its blobs are live.
-        let finished = meta.finished_through();
+        // `recent` holds the records of applied transactions (whose blobs
+        // are live), in any order of commit. A WAL checkpoint can carry a
+        // record into the commit log files while its transaction still
+        // waits for its sync, before it is applied: such records are left
+        // out.
         let mut records: BTreeMap<u64, CommitRecord> = meta
             .recent
             .range(after.saturating_add(1)..)
-            .take_while(|(&sequence, _)| sequence <= finished)
             .map(|(&sequence, record)| (sequence, record.clone()))
             .collect();
-        drop(meta);
+        let unapplied = |sequence: u64| meta.in_flight.contains_key(&sequence);
         for record in from_files {
-            if record.sequence.0 > after && record.sequence.0 <= finished {
+            if record.sequence.0 > after && !unapplied(record.sequence.0) {
                 records.entry(record.sequence.0).or_insert(record);
             }
         }
+        drop(meta);
         let mut blobs = HashMap::new();
         for (sequence, record) in records {
             for id in &record.freed {

@@ -6,14 +6,18 @@
 //!
 //! - [`StdFileSystem`]: the real disk (the default);
 //! - [`MemoryFileSystem`]: an in-memory tree, for tests and ephemeral logs;
-//! - [`CrashFileSystem`]: an in-memory tree that remembers which bytes and
-//!   directory entries were synced, can inject I/O errors on the Nth
-//!   operation of a kind, and can "lose power", keeping only what was durable
-//!   (optionally with a torn last write).
+//! - `CrashFileSystem` (with the cargo feature `testing`): an in-memory
+//!   tree that remembers which bytes and directory entries were synced, can
+//!   inject I/O errors on the Nth operation of a kind, and can "lose
+//!   power", keeping only what was durable (optionally with a torn last
+//!   write). For testing code built on the log.
 //!
 //! Positioned I/O (`read_at`/`write_all_at`) lets many threads write their own
 //! reserved ranges of one file without sharing a cursor or a lock.
 
+// The crash simulator is always built (the in-memory file system runs on
+// it); it is public with the `testing` feature.
+#[cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
 mod crash;
 mod memory;
 mod std_fs;
@@ -23,7 +27,11 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+#[cfg(feature = "testing")]
 pub use crash::{CrashFileSystem, FaultKind, Operation, PowerLoss};
+#[cfg(not(feature = "testing"))]
+#[allow(unused_imports)]
+pub(crate) use crash::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 pub use memory::MemoryFileSystem;
 pub use std_fs::StdFileSystem;
 
