@@ -814,6 +814,17 @@ fn judge_failed_commits(segments: &mut [FoundSegment]) {
             .map(|(_, previous_end)| previous_end);
         if let Some(previous_end) = recorded_end {
             segment.scan.truncate(previous_end);
+            // Bytes at or past the recorded end were not part of the
+            // segment for the open that recorded it: whatever they hold is
+            // not damage.
+            if segment
+                .scan
+                .damage
+                .as_ref()
+                .is_some_and(|(offset, _)| *offset >= previous_end)
+            {
+                segment.scan.damage = None;
+            }
             if let Some(failed) = segment.scan.failed_commit.take() {
                 segment.scan.damage.get_or_insert((
                     failed.at,
