@@ -80,8 +80,9 @@
 //! # Space and memory
 //!
 //! Grains freed by a committed `checkpoint_to` are handed to the next
-//! transactions at once: a store that deletes as much as it writes stays
-//! the same size, with no compaction. Memory is bounded by configuration:
+//! transactions at once (freed by a buffered commit: once it is durable):
+//! a store that deletes as much as it writes stays the same size, with no
+//! compaction. Memory is bounded by configuration:
 //! the WAL's write buffer and a cache of recently read small blobs
 //! ([`Config::cache_bytes`], [`DEFAULT_CACHE_BYTES`]), plus the in-memory
 //! allocation bitmaps (five bits per grain of every stratum).
