@@ -1,6 +1,6 @@
 //! Checking every header, allocation, grain and commit record.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
@@ -476,19 +476,21 @@ impl Expected {
             .max()
             .unwrap_or(0)
             .max(meta.checkpointed_to);
-        // Only finished transactions: a WAL checkpoint can carry a record
+        // Only applied transactions: a WAL checkpoint can carry a record
         // into the commit log files while its transaction still waits for
-        // its sync, before its blobs are live.
-        let finished = meta.finished_through();
+        // its sync, before its blobs are live. Every applied record counts,
+        // also those above a transaction still running: a later record may
+        // already have freed an earlier record's blobs (and its free moved
+        // the epoch before it was taken here).
+        let running: HashSet<u64> = meta.in_flight.keys().copied().collect();
         let mut records: BTreeMap<u64, CommitRecord> = meta
             .recent
             .range(after.saturating_add(1)..)
-            .take_while(|(&sequence, _)| sequence <= finished)
             .map(|(&sequence, record)| (sequence, record.clone()))
             .collect();
         drop(meta);
         for record in from_files {
-            if record.sequence.0 > after && record.sequence.0 <= finished {
+            if record.sequence.0 > after && !running.contains(&record.sequence.0) {
                 records.entry(record.sequence.0).or_insert(record);
             }
         }
