@@ -1,5 +1,7 @@
 //! The systems of the blob and scale sections: each stores blobs in durable
-//! transactions, reads them back by key and deletes them.
+//! transactions (or, for the variants in [`COMMIT_VARIANTS`], buffered
+//! ones with a sync now and then), reads them back by key and deletes
+//! them.
 
 use std::path::Path;
 
@@ -7,8 +9,9 @@ use sediment::{Database, GrainId};
 
 /// A blob store, used from many threads at once.
 pub trait BlobSystem: Sync {
-    /// Stores `blobs` in one transaction that is durable when this returns;
-    /// returns their keys in order.
+    /// Stores `blobs` in one transaction that is durable when this returns
+    /// (for the [`COMMIT_VARIANTS`], as each says); returns their keys in
+    /// order.
     fn write(&self, thread: usize, blobs: &[&[u8]]) -> Result<Vec<u64>, String>;
 
     /// Reads the blob at `key`; returns its length, or `None` if absent.
@@ -52,11 +55,24 @@ pub const ALL: &[&str] = &[
     "postgresql",
 ];
 
+/// Variants of the systems above that trade durability for speed: they
+/// run in the commit cells of the blob section ((a) and (b)) beside the
+/// durable numbers, not in the read and space cells.
+pub const COMMIT_VARIANTS: &[&str] = &["sediment-buffered"];
+
+/// `sediment-buffered` calls `Database::sync` after this many
+/// transactions (counted over all threads).
+pub const BUFFERED_SYNC_EVERY: u64 = 16;
+
 /// Opens `name` in the empty directory `dir`, for up to `threads` threads.
 pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn BlobSystem>, String> {
     let _ = threads;
     match name {
         "sediment" => Ok(Box::new(SedimentBlobs::open(dir)?)),
+        "sediment-buffered" => Ok(Box::new(SedimentBlobs::open_buffered(
+            dir,
+            BUFFERED_SYNC_EVERY,
+        )?)),
         "floor" => Ok(Box::new(FloorBlobs::open(dir)?)),
         #[cfg(feature = "redb")]
         "redb" => Ok(Box::new(crate::peers::redb::RedbBlobs::open(dir)?)),
@@ -119,9 +135,16 @@ impl BlobSystem for FloorBlobs {
     }
 }
 
-/// Sediment with its default configuration.
+/// Sediment with its default configuration: durable commits, or (as
+/// `sediment-buffered`) `commit_buffered` with a `Database::sync` every
+/// `sync_every` transactions, so that a write may return before it is
+/// durable (it survives a crash of the process; a power cut may take the
+/// transactions since the last sync).
 pub struct SedimentBlobs {
     db: Option<Database>,
+    /// `Some(n)`: commit buffered and sync every `n` transactions.
+    sync_every: Option<u64>,
+    transactions: std::sync::atomic::AtomicU64,
 }
 
 impl SedimentBlobs {
@@ -129,7 +152,33 @@ impl SedimentBlobs {
     pub fn open(dir: &Path) -> Result<Self, String> {
         Ok(Self {
             db: Some(Database::recover(dir).map_err(|e| e.to_string())?),
+            sync_every: None,
+            transactions: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Opens (creates) the database in `dir`, committing with
+    /// `commit_buffered` and syncing every `sync_every` transactions.
+    pub fn open_buffered(dir: &Path, sync_every: u64) -> Result<Self, String> {
+        let mut store = Self::open(dir)?;
+        store.sync_every = Some(sync_every.max(1));
+        Ok(store)
+    }
+
+    /// Commits `tx` as this system does.
+    fn commit(&self, tx: sediment::Transaction<'_>) -> Result<(), String> {
+        let Some(every) = self.sync_every else {
+            return tx.commit().map(|_| ()).map_err(|e| e.to_string());
+        };
+        tx.commit_buffered().map_err(|e| e.to_string())?;
+        let done = self
+            .transactions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if done % every == 0 {
+            self.db().sync().map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     fn db(&self) -> &Database {
@@ -148,7 +197,7 @@ impl BlobSystem for SedimentBlobs {
         for blob in blobs {
             keys.push(tx.write(blob).map_err(|e| e.to_string())?.as_u64());
         }
-        tx.commit().map_err(|e| e.to_string())?;
+        self.commit(tx)?;
         Ok(keys)
     }
 

@@ -15,7 +15,8 @@ pub const DEFAULT_WAL_SEGMENT_BYTES: u64 = 4 << 20;
 /// Default size of the cache of small blobs that `get` keeps: 128 MiB.
 pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 /// Blobs at least this large are written straight into their grains
-/// (synced before the commit) instead of passing through the WAL.
+/// (synced before the commit, buffered or not) instead of passing through
+/// the WAL.
 pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
 
 /// How to open a [`Database`].
@@ -133,6 +134,33 @@ impl Config {
     #[must_use]
     pub fn max_blob_bytes(mut self, bytes: u64) -> Self {
         self.max_blob_bytes = bytes;
+        self
+    }
+
+    /// Bounds how long a [`commit_buffered`](crate::Transaction::commit_buffered)
+    /// transaction stays unsynced: a background thread of the WAL syncs
+    /// at least every `interval` while buffered commits wait, so each is
+    /// durable (survives a power loss) within about `interval` of its
+    /// return, without a [`Database::sync`]. (The WAL's
+    /// [`max_unsynced`](okaywal::Configuration::max_unsynced); no bound
+    /// by default.) Durable commits are not affected.
+    #[must_use]
+    pub fn max_unsynced(mut self, interval: std::time::Duration) -> Self {
+        self.wal = self.wal.max_unsynced(interval);
+        self
+    }
+
+    /// Bounds how many bytes of [`commit_buffered`](crate::Transaction::commit_buffered)
+    /// transactions' WAL entries stay unsynced: the buffered commit that
+    /// brings them to `bytes` syncs the WAL before it returns, and is
+    /// durable then with every commit before it. (The WAL's
+    /// [`max_unsynced_bytes`](okaywal::Configuration::max_unsynced_bytes);
+    /// no bound by default.) Blobs that bypass the WAL count only with
+    /// their line in the commit record: their bytes are synced into their
+    /// grains before any commit returns.
+    #[must_use]
+    pub fn max_unsynced_bytes(mut self, bytes: u64) -> Self {
+        self.wal = self.wal.max_unsynced_bytes(bytes);
         self
     }
 

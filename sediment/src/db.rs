@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::ThreadId;
 
@@ -88,6 +88,12 @@ pub(crate) struct Meta {
     /// transaction with a lower sequence has finished (see
     /// `Shared::release_freed`).
     pub freeing: BTreeMap<u64, Vec<GrainId>>,
+    /// Grains freed by buffered commits that are not known to be durable
+    /// yet, by the freeing sequence. A power cut may still take such a
+    /// commit away, and with it the free: the grain would then hold its
+    /// archived blob again, so it must keep that blob's bytes until a sync
+    /// covers the free (see `Shared::frees_became_durable`).
+    pub unsynced_frees: BTreeMap<u64, UnsyncedFrees>,
     /// Set while a WAL checkpoint copies the blobs of entries up to this
     /// sequence into the strata.
     pub checkpointing_through: Option<u64>,
@@ -100,6 +106,19 @@ pub(crate) struct Meta {
     /// Commit records not yet in the commit log files.
     pub recent: BTreeMap<u64, CommitRecord>,
     pub wal_checkpointed_entry: u64,
+}
+
+/// The grains one buffered commit freed, waiting for it to be durable.
+#[derive(Debug)]
+pub(crate) struct UnsyncedFrees {
+    /// The commit's place among buffered commits (`Shared::buffered_applied`
+    /// once it was applied): a durable commit or a sync that began after
+    /// it was applied covers it.
+    pub order: u64,
+    /// Each grain, with the sequence that wrote its blob if that blob was
+    /// still only in the WAL when it was freed (a WAL checkpoint may copy
+    /// it into the grain until the free is made durable).
+    pub grains: Vec<(GrainId, Option<u64>)>,
 }
 
 impl Meta {
@@ -145,6 +164,11 @@ pub(crate) struct Shared {
     /// Signalled (with `meta`) when a transaction leaves
     /// `Meta::in_flight`; a checkpointing commit waits on it.
     pub finished: Condvar,
+    /// How many buffered commits have been applied (their WAL entries
+    /// handed to the OS) since the store was opened; increased under
+    /// `meta`. A durable commit or a sync reads it before it begins: every
+    /// buffered commit counted then is durable once it returns.
+    pub buffered_applied: AtomicU64,
     pub store: Mutex<Store>,
     pub shut_down: AtomicBool,
     /// The store's one failure state, set by the first failed sync (or
@@ -251,8 +275,9 @@ impl Shared {
         Ok(basin.strata.read().get(id.stratum() as usize).cloned())
     }
 
-    /// Reserves grains for a blob of `len` bytes.
-    pub fn allocate(&self, len: u64) -> Result<(GrainId, Arc<Stratum>)> {
+    /// Reserves grains for a blob of `len` bytes; `None` if no stratum
+    /// has room and `may_grow` is false (otherwise a stratum is added).
+    pub fn allocate(&self, len: u64, may_grow: bool) -> Result<Option<(GrainId, Arc<Stratum>)>> {
         if len > self.max_blob_bytes {
             return Err(Error::TooLarge {
                 length: len,
@@ -273,6 +298,7 @@ impl Shared {
         let reserved = found(&basin.strata.read());
         let (stratum, index) = match reserved {
             Some(found) => found,
+            None if !may_grow => return Ok(None),
             None => {
                 let _grow = basin.grow.lock();
                 // Another thread may have added a stratum meanwhile.
@@ -300,7 +326,7 @@ impl Shared {
         };
         let id = GrainId::new(basin_number, stratum.number, index, count)
             .ok_or_else(|| Error::InvalidGrainId("stratum numbers exhausted".into()))?;
-        Ok((id, stratum))
+        Ok(Some((id, stratum)))
     }
 
     /// Makes reserved (never committed) grains available again.
@@ -319,17 +345,23 @@ impl Shared {
     }
 
     /// Applies a committed transaction's record to the in-memory state:
-    /// at commit time (`replay` false) or while replaying the WAL.
+    /// at commit time or while replaying the WAL (see [`Applied`]).
     pub fn apply_commit(
         &self,
         meta: &mut Meta,
         record: CommitRecord,
         positions: &HashMap<GrainId, LogPosition>,
-        replay: bool,
+        applied: Applied,
     ) -> Result<()> {
         let sequence = record.sequence.0;
+        let replay = applied == Applied::Replayed;
+        let buffered = applied == Applied::Buffered;
         let mut in_wal = Vec::new();
         let mut reusable = Vec::new();
+        // A buffered commit's frees wait for it to be durable (see
+        // `Meta::unsynced_frees`), with the sequence of each freed blob
+        // that is still only in the WAL.
+        let mut unsynced = Vec::new();
         {
             let mut pending = self.pending.write();
             // A WAL checkpoint may already have moved this sequence into the
@@ -373,6 +405,10 @@ impl Shared {
                 }
                 self.cache.remove(*id);
                 match pending.remove(id) {
+                    // Not `superseded` yet: until the free is durable, a
+                    // WAL checkpoint must still copy the blob into its
+                    // grains, where a power cut would bring it back.
+                    freed if buffered => unsynced.push((*id, freed.map(|f| f.sequence))),
                     Some(freed) => {
                         self.superseded.lock().insert((*id, freed.sequence));
                         if meta
@@ -400,6 +436,18 @@ impl Shared {
         }
         if !reusable.is_empty() {
             meta.freeing.entry(sequence).or_default().extend(reusable);
+        }
+        if buffered {
+            let order = self.buffered_applied.fetch_add(1, Ordering::AcqRel) + 1;
+            if !unsynced.is_empty() {
+                meta.unsynced_frees.insert(
+                    sequence,
+                    UnsyncedFrees {
+                        order,
+                        grains: unsynced,
+                    },
+                );
+            }
         }
         for (written_by, id) in in_wal {
             meta.freed_in_wal
@@ -433,6 +481,60 @@ impl Shared {
         Ok(())
     }
 
+    /// Hands the frees of buffered commits that are durable now (those
+    /// `covered` says are: by their sequence and their
+    /// [`UnsyncedFrees::order`]) on to `Meta::freeing`, where they wait
+    /// as the frees of durable commits do, and releases what may be
+    /// released.
+    ///
+    /// Their blobs that were still only in the WAL are marked
+    /// `superseded` only now: until the free was durable, a WAL
+    /// checkpoint had to copy them into their grains, where a power cut
+    /// that took the free away would bring them back.
+    pub fn frees_became_durable(&self, meta: &mut Meta, covered: impl Fn(u64, u64) -> bool) {
+        if meta.unsynced_frees.is_empty() {
+            return;
+        }
+        let durable: Vec<u64> = meta
+            .unsynced_frees
+            .iter()
+            .filter(|(sequence, frees)| covered(**sequence, frees.order))
+            .map(|(sequence, _)| *sequence)
+            .collect();
+        if durable.is_empty() {
+            return;
+        }
+        let mut superseded = self.superseded.lock();
+        for freed_by in durable {
+            let Some(frees) = meta.unsynced_frees.remove(&freed_by) else {
+                continue;
+            };
+            for (id, written_by) in frees.grains {
+                if let Some(written_by) = written_by {
+                    if written_by > meta.wal_checkpointed_entry {
+                        // The same rule as for a durable commit's free:
+                        // a checkpoint that may have checked the blob
+                        // already holds the grain until it ends.
+                        superseded.insert((id, written_by));
+                        if meta
+                            .checkpointing_through
+                            .is_some_and(|through| written_by <= through)
+                        {
+                            meta.freed_in_wal
+                                .entry(written_by)
+                                .or_default()
+                                .push((freed_by, id));
+                            continue;
+                        }
+                    }
+                }
+                meta.freeing.entry(freed_by).or_default().push(id);
+            }
+        }
+        drop(superseded);
+        self.release_freed(meta);
+    }
+
     /// Makes freed grains reusable once every transaction with a lower
     /// sequence than the one that freed them has finished.
     ///
@@ -457,6 +559,19 @@ impl Shared {
             }
         }
     }
+}
+
+/// How a commit record reaches [`Shared::apply_commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// Replayed from the WAL at open (okaywal syncs what it recovers, so
+    /// it is durable).
+    Replayed,
+    /// Committed with `Transaction::commit`: durable.
+    Durable,
+    /// Committed with `Transaction::commit_buffered`: handed to the OS,
+    /// not yet known to be durable.
+    Buffered,
 }
 
 /// What [`Database::open`] found before the WAL replays.
@@ -767,6 +882,7 @@ impl Database {
             cache: BlobCache::new(config.cache_bytes),
             meta: Mutex::new(meta),
             finished: Condvar::new(),
+            buffered_applied: AtomicU64::new(0),
             store: Mutex::new(Store {
                 index_file,
                 index,
@@ -970,10 +1086,15 @@ impl Database {
 
     /// The highest committed sequence (0 for an empty database).
     ///
-    /// A sequence is committed once its transaction's changes are durable
-    /// and visible, just before its [`commit`](crate::Transaction::commit)
-    /// returns it; so this is at least every sequence any commit has
-    /// returned, on any thread. Transactions with lower sequences may still
+    /// A sequence is committed once its transaction's changes are visible,
+    /// just before its [`commit`](crate::Transaction::commit) or
+    /// [`commit_buffered`](crate::Transaction::commit_buffered) returns it;
+    /// so this is at least every sequence any commit has returned, on any
+    /// thread. A sequence `commit` returned is durable; one
+    /// `commit_buffered` returned may still be lost to a power loss (with
+    /// every commit after it) until a durable commit or
+    /// [`Database::sync`] that began after it returns. After a reopen this
+    /// is the highest sequence that survived. Transactions with lower sequences may still
     /// be running (sequences are handed out when transactions start
     /// writing, and commits return in any order). Every sequence up to this
     /// one is accepted by
@@ -988,6 +1109,13 @@ impl Database {
     /// to the point through which every transaction has finished (so a
     /// reader never sees a gap that fills in later). Records at or below
     /// [`Database::checkpointed_to`] have been dropped.
+    ///
+    /// Transactions committed with
+    /// [`commit_buffered`](crate::Transaction::commit_buffered) are listed
+    /// as soon as they are visible, before they are durable: until a
+    /// durable commit or [`Database::sync`] that began after them returns,
+    /// a power loss may still take them away (only as a suffix of the
+    /// commits), and a reopened store then no longer lists them.
     ///
     /// If commit log bytes are damaged and hide records with sequences
     /// ≥ `since`, the call fails with [`Error::CommitLogDamaged`] naming the
@@ -1078,6 +1206,67 @@ impl Database {
     pub fn stats(&self) -> Result<crate::Stats> {
         self.check_open()?;
         crate::stats::collect(self)
+    }
+
+    /// Makes every transaction whose commit returned before this call
+    /// durable, [`commit_buffered`](crate::Transaction::commit_buffered)
+    /// ones included, and returns [`Database::last_committed`] as it was
+    /// when the call began: a sequence at or above every sequence a commit
+    /// returned before the call, on any thread. Once this returns `Ok`, a
+    /// power loss takes away none of those transactions. (Transactions
+    /// with lower sequences may still have been running; they are durable
+    /// once their own commits, or a later sync, return.)
+    ///
+    /// It costs one `fdatasync` of the WAL, shared with concurrent commits,
+    /// or nothing if everything was synced already. Blobs written straight
+    /// into their grains need no sync here: every commit syncs them before
+    /// it returns. Grains freed by buffered commits this sync covers
+    /// become reusable.
+    ///
+    /// A failed sync stops the store from acknowledging anything more, as
+    /// a failed commit does. Fails with [`Error::ReadOnly`] on a store
+    /// opened read-only.
+    pub fn sync(&self) -> Result<SequenceId> {
+        self.check_open()?;
+        let wal = self.wal.live()?;
+        self.sync_wal(wal)
+    }
+
+    fn sync_wal(&self, wal: &WriteAheadLog) -> Result<SequenceId> {
+        let shared = &self.shared;
+        shared.check_usable()?;
+        let (buffered_before, last_committed) = {
+            // Read together: every commit counted in `last_committed` was
+            // applied, and so counted in `buffered_applied` if buffered.
+            let meta = shared.meta.lock();
+            (
+                shared.buffered_applied.load(Ordering::Acquire),
+                meta.last_committed,
+            )
+        };
+        if let Err(err) = wal
+            .sync()
+            .context(|| "syncing the write-ahead log".to_string())
+        {
+            shared.poison(&err);
+            return Err(err);
+        }
+        let mut meta = shared.meta.lock();
+        shared.frees_became_durable(&mut meta, |_, order| order <= buffered_before);
+        Ok(SequenceId(last_committed))
+    }
+
+    /// Syncs the WAL if grains freed by buffered commits wait for it, so
+    /// that they become reusable; returns whether it synced. Called before
+    /// a stratum is added: the store grows only if the grains it already
+    /// has cannot be reused.
+    pub(crate) fn sync_for_space(&self) -> Result<bool> {
+        let wal = self.wal.live()?;
+        if self.shared.meta.lock().unsynced_frees.is_empty() {
+            return Ok(false);
+        }
+        self.sync_wal(wal)?;
+        Ok(true)
     }
 
     /// The directory of the database.
@@ -1415,6 +1604,42 @@ mod tests {
         let archived = meta.archived_set.get(&id) == Some(&archived_by.0);
         assert_eq!(listed, archived, "the map and the set agree");
         archived
+    }
+
+    #[test]
+    fn a_full_basin_syncs_to_reuse_grains_freed_by_buffered_commits_before_it_grows() {
+        let db = Database::in_memory();
+        let data = [7_u8; 100];
+        let mut tx = db.begin_transaction().unwrap();
+        let old = tx.write(&data).unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(old).unwrap();
+        let archived = tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.checkpoint_to(archived).unwrap();
+        tx.commit_buffered().unwrap();
+        // Fill every other grain of the blob's stratum.
+        let basin = &db.shared.basins[usize::from(old.basin())];
+        let stratum = basin.strata.read()[0].clone();
+        while stratum.bits.write().reserve(1).is_some() {}
+        assert!(!db.shared.meta.lock().unsynced_frees.is_empty());
+        let syncs = db.wal_stats().unwrap().syncs;
+
+        let mut tx = db.begin_transaction().unwrap();
+        let new = tx.write(&data).unwrap();
+        tx.commit_buffered().unwrap();
+        assert_eq!(new, old, "the freed grains are reused after a sync");
+        assert_eq!(basin.strata.read().len(), 1, "no stratum was added");
+        assert!(db.wal_stats().unwrap().syncs > syncs);
+        assert!(db.shared.meta.lock().unsynced_frees.is_empty());
+
+        // With nothing waiting for a sync, a full basin grows.
+        let mut tx = db.begin_transaction().unwrap();
+        let grown = tx.write(&data).unwrap();
+        tx.commit_buffered().unwrap();
+        assert_eq!(grown.stratum(), 1);
+        assert_eq!(db.get(new).unwrap().as_deref(), Some(&data[..]));
     }
 
     #[test]

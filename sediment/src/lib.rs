@@ -51,6 +51,25 @@
 //! has that failure's I/O error kind and includes its message. Every stored grain and
 //! header is checksummed: damaged bytes give an error, never wrong data.
 //!
+//! Where a transaction may be lost to a power cut in exchange for not
+//! waiting for a sync, choose per commit:
+//!
+//! | call | returns when | process crash | power loss |
+//! | --- | --- | --- | --- |
+//! | [`Transaction::commit`] | the transaction is durable | survives | survives |
+//! | [`Transaction::commit_buffered`] | its WAL entry is handed to the OS, in commit order | survives | may be lost, only as a suffix of the commits |
+//! | [`Database::sync`] | every commit returned before it is durable | survives | survives |
+//!
+//! A buffered transaction is visible (to `get`, [`Database::last_committed`],
+//! [`Database::commit_log`] and `checkpoint_to`) as soon as it returns. It
+//! is never lost while a transaction whose commit began after it returned
+//! survives, so a durable commit or a sync makes every earlier buffered
+//! one durable. [`Config::max_unsynced`] and [`Config::max_unsynced_bytes`]
+//! bound how long or how many bytes buffered commits stay unsynced. Blobs
+//! that bypass the WAL are synced into their grains before any commit
+//! returns, and grains a buffered transaction frees are reused only once
+//! it is durable.
+//!
 //! # Layout
 //!
 //! A database directory holds the WAL's segment files, an `index` file,
@@ -61,8 +80,9 @@
 //! # Space and memory
 //!
 //! Grains freed by a committed `checkpoint_to` are handed to the next
-//! transactions at once: a store that deletes as much as it writes stays
-//! the same size, with no compaction. Memory is bounded by configuration:
+//! transactions at once (freed by a buffered commit: once it is durable):
+//! a store that deletes as much as it writes stays the same size, with no
+//! compaction. Memory is bounded by configuration:
 //! the WAL's write buffer and a cache of recently read small blobs
 //! ([`Config::cache_bytes`], [`DEFAULT_CACHE_BYTES`]), plus the in-memory
 //! allocation bitmaps (five bits per grain of every stratum).

@@ -16,7 +16,7 @@ use okaywal::{
 };
 
 use crate::commit_log::CommitRecord;
-use crate::db::Shared;
+use crate::db::{Applied, Shared};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
@@ -148,7 +148,7 @@ impl LogManager for Manager {
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
         let mut meta = shared.meta.lock();
         shared
-            .apply_commit(&mut meta, record, &positions, true)
+            .apply_commit(&mut meta, record, &positions, Applied::Replayed)
             .map_err(to_io)
     }
 
@@ -174,6 +174,11 @@ fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Res
     let held = std::mem::take(&mut meta.freed_in_wal);
     for (freed_by, id) in held.into_values().flatten() {
         meta.freeing.entry(freed_by).or_default().push(id);
+    }
+    if result.is_ok() {
+        // The strata and the index now durably hold every entry up to
+        // `last_id`, buffered commits included: their frees are durable.
+        shared.frees_became_durable(&mut meta, |freed_by, _| freed_by <= last_id);
     }
     shared.release_freed(&mut meta);
     result

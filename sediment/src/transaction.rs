@@ -1,12 +1,13 @@
 //! Transactions: one WAL entry each, published once durable.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use okaywal::{EntryWriter, LogPosition};
+use okaywal::{Durability, EntryWriter, LogPosition};
 
 use crate::commit_log::{CommitRecord, NewGrain, SequenceId};
-use crate::db::{Database, Meta};
+use crate::db::{Applied, Database, Meta};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
@@ -17,8 +18,10 @@ use crate::stratum::Stratum;
 /// that commit together or not at all.
 ///
 /// Nothing a transaction does is visible to others until
-/// [`Transaction::commit`] has made it durable. Dropping a transaction
-/// without committing rolls it back.
+/// [`Transaction::commit`] has made it durable, or
+/// [`Transaction::commit_buffered`] has handed it to the operating system
+/// (see there for what a power loss may take away). Dropping a
+/// transaction without committing rolls it back.
 #[derive(Debug)]
 #[must_use = "a transaction dropped without `commit` is rolled back"]
 pub struct Transaction<'db> {
@@ -116,7 +119,7 @@ impl<'db> Transaction<'db> {
             });
         }
         let sequence = self.ensure_entry()?;
-        let (id, stratum) = shared.allocate(length)?;
+        let (id, stratum) = self.reserve(length)?;
         self.reserved.push(id);
         let crc = grain_crc(sequence, data);
         if length >= shared.direct_write_bytes {
@@ -158,6 +161,25 @@ impl<'db> Transaction<'db> {
             crc,
         });
         Ok(id)
+    }
+
+    /// Reserves grains for a blob of `length` bytes, adding a stratum only
+    /// if none has room even after a sync has made the grains that
+    /// buffered commits freed reusable.
+    fn reserve(&self, length: u64) -> Result<(GrainId, Arc<Stratum>)> {
+        let shared = &self.db.shared;
+        if let Some(found) = shared.allocate(length, false)? {
+            return Ok(found);
+        }
+        if self.db.sync_for_space()? {
+            if let Some(found) = shared.allocate(length, false)? {
+                return Ok(found);
+            }
+        }
+        shared.allocate(length, true)?.ok_or_else(|| Error::Io {
+            context: format!("allocating grains for a blob of {length} bytes"),
+            source: std::io::Error::other("a new stratum had no room for the blob"),
+        })
     }
 
     /// Marks a committed blob as no longer needed. It stays readable until
@@ -238,6 +260,17 @@ impl<'db> Transaction<'db> {
     /// If another transaction is committing a `checkpoint_to` at the same
     /// moment, this one stops just below the grains that one is freeing
     /// (see [`Database::checkpointed_to`](crate::Database::checkpointed_to)).
+    ///
+    /// With buffered commits ([`commit_buffered`](Self::commit_buffered))
+    /// in the mix: the grains freed are those archived by transactions
+    /// whose commits returned before this one was written, so the free
+    /// comes after every archive it undoes in commit order, and a power
+    /// loss never keeps the free without the archive. Whether this
+    /// transaction commits durably or buffered, its freed grains are
+    /// handed to later writes only once it is durable (a durable commit
+    /// or [`Database::sync`](crate::Database::sync) after it, or a WAL
+    /// checkpoint): until then a power loss could take the free away, and
+    /// the archived blob must still be there, with its bytes.
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
         self.db.shared.check_usable()?;
         let committed = self.db.shared.meta.lock().last_committed;
@@ -309,16 +342,57 @@ impl<'db> Transaction<'db> {
 
     /// Commits: returns the transaction's sequence once everything it did is
     /// durable, and only then makes it visible to others.
-    pub fn commit(mut self) -> Result<SequenceId> {
+    ///
+    /// Its WAL entry shares an `fdatasync` with concurrent commits. When it
+    /// returns, every [`commit_buffered`](Self::commit_buffered) that had
+    /// returned before this call began is durable too.
+    pub fn commit(self) -> Result<SequenceId> {
+        self.commit_with(Durability::Durable)
+    }
+
+    /// Commits without waiting for a sync: returns the transaction's
+    /// sequence once its WAL entry is handed to the operating system, in
+    /// commit order, and makes it visible to others then.
+    ///
+    /// - A crash of the process loses nothing this call has returned: the
+    ///   operating system still writes it out.
+    /// - A power loss (or an operating system crash) may lose it, but only
+    ///   as a suffix: never a buffered transaction while a transaction
+    ///   whose commit began after this one returned survives. So if any
+    ///   later [`commit`](Self::commit) or [`Database::sync`] has returned,
+    ///   this transaction survives a power loss too.
+    /// - It becomes durable with the next durable commit, the next
+    ///   [`Database::sync`], the next WAL checkpoint, or within the bounds
+    ///   set by [`Config::max_unsynced`](crate::Config::max_unsynced) and
+    ///   [`Config::max_unsynced_bytes`](crate::Config::max_unsynced_bytes).
+    ///
+    /// Blobs that bypass the WAL (at least
+    /// [`Config::direct_write_bytes`](crate::Config::direct_write_bytes))
+    /// are synced into their grains before the entry is handed over, as
+    /// for [`commit`](Self::commit): a transaction that survives a power
+    /// loss never comes back without its blobs' bytes. Grains this
+    /// transaction's [`checkpoint_to`](Self::checkpoint_to) frees are
+    /// reused only once the transaction is durable: until then a power
+    /// loss could take the free away and leave the archived blob in place.
+    ///
+    /// The returned sequence counts as committed at once: it is in
+    /// [`Database::last_committed`], in [`Database::commit_log`] and
+    /// accepted by `checkpoint_to`, although a power loss may still take it
+    /// away.
+    pub fn commit_buffered(self) -> Result<SequenceId> {
+        self.commit_with(Durability::Buffered)
+    }
+
+    fn commit_with(mut self, durability: Durability) -> Result<SequenceId> {
         self.finished = true;
-        let result = self.commit_inner();
+        let result = self.commit_inner(durability);
         if result.is_err() {
             self.abort();
         }
         result
     }
 
-    fn commit_inner(&mut self) -> Result<SequenceId> {
+    fn commit_inner(&mut self, durability: Durability) -> Result<SequenceId> {
         let shared = self.db.shared.clone();
         shared.check_usable()?;
         if let (Some(requested), None) = (self.checkpoint_to, &self.entry) {
@@ -343,18 +417,20 @@ impl<'db> Transaction<'db> {
                 self.wait_until_finished_through(requested)?;
             }
         }
-        let committed = self.commit_entry(sequence)?;
+        let committed = self.commit_entry(sequence, durability)?;
         if let Some(requested) = checkpoint_after {
+            // With the same durability: it comes after this transaction in
+            // commit order either way.
             let mut checkpoint = Transaction::new(self.db);
             checkpoint.checkpoint_to = Some(requested);
-            checkpoint.commit()?;
+            checkpoint.commit_with(durability)?;
         }
         Ok(committed)
     }
 
     /// Writes the commit record into the transaction's WAL entry, commits
     /// it and applies it.
-    fn commit_entry(&mut self, sequence: u64) -> Result<SequenceId> {
+    fn commit_entry(&mut self, sequence: u64, durability: Durability) -> Result<SequenceId> {
         let shared = self.db.shared.clone();
         let mut freed = Vec::new();
         if let Some(requested) = self.checkpoint_to {
@@ -399,6 +475,18 @@ impl<'db> Transaction<'db> {
         self.entry()
             .write_chunk(&scratch)
             .context(|| "writing the commit record to the WAL".to_string())?;
+        // Blobs written straight into their grains are synced before the
+        // entry that makes them visible is handed to the WAL, for a
+        // buffered commit too. Syncing them later (with the next durable
+        // commit or `Database::sync`) would not do: the WAL is also synced
+        // where this store cannot step in first (okaywal's `max_unsynced`
+        // thread and `max_unsynced_bytes`, its checkpoints and segment
+        // switches, any other thread's durable commit), and each of those
+        // could make the entry durable while its grains' bytes are still
+        // only in the page cache; after a power cut the entry would come
+        // back with blobs that fail their checksums. Large blobs are the
+        // ones that bypass the WAL, so this sync is a small part of their
+        // cost.
         for stratum in &self.direct {
             if let Err(err) = stratum.sync() {
                 // After a failed fsync the kernel may have dropped other
@@ -407,9 +495,13 @@ impl<'db> Transaction<'db> {
                 return Err(err);
             }
         }
+        // Every buffered commit applied before this durable one's commit
+        // record is written is handed to the OS before it, so the sync
+        // that makes this one durable covers them too.
+        let buffered_before = shared.buffered_applied.load(Ordering::Acquire);
         let entry = self.entry.take().expect("ensure_entry was called");
         if let Err(err) = entry
-            .commit()
+            .commit_with(durability)
             .context(|| format!("committing sequence {sequence} to the WAL"))
         {
             // Whether the transaction committed is unknown: its records may
@@ -423,7 +515,14 @@ impl<'db> Transaction<'db> {
             return Err(err);
         }
         let mut meta = shared.meta.lock();
-        shared.apply_commit(&mut meta, record, &self.positions, false)?;
+        let applied = match durability {
+            Durability::Durable => Applied::Durable,
+            Durability::Buffered => Applied::Buffered,
+        };
+        shared.apply_commit(&mut meta, record, &self.positions, applied)?;
+        if durability == Durability::Durable {
+            shared.frees_became_durable(&mut meta, |_, order| order <= buffered_before);
+        }
         meta.taking.remove(&sequence);
         self.reserved.clear();
         self.archived.clear();

@@ -1,6 +1,8 @@
 //! The blob section:
 //! (a) one thread, small transactions of one 16-byte blob;
 //! (b) 8 threads, transactions of 1–20 blobs of 0–4 KiB;
+//! both also for `sediment-buffered` (`commit_buffered` with a sync every
+//! 16 transactions) beside the durable numbers;
 //! (c) random gets of 1 KiB blobs from a loaded store, 1 and 4 threads;
 //! (d) space: load, delete half, write the same volume again.
 
@@ -107,23 +109,42 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         );
     }
     println!();
-    if systems.is_empty() {
+    // (a) and (b) also run the buffered variants (next to the system they
+    // vary), and (a) `floor` (no store), unless `--systems` leaves them
+    // out.
+    let (variants, _) = select(blob::COMMIT_VARIANTS, options);
+    if systems.is_empty() && variants.is_empty() {
         println!("No blob system selected.\n");
         return Vec::new();
     }
     let mut files = Vec::new();
-    // (a) also runs `floor` (no store) unless `--systems` leaves it out.
+    let mut committing = Vec::new();
+    for system in &systems {
+        committing.push(*system);
+        committing.extend(
+            variants
+                .iter()
+                .filter(|v| v.starts_with(&format!("{system}-"))),
+        );
+    }
+    for variant in &variants {
+        if !committing.contains(variant) {
+            committing.push(variant);
+        }
+    }
     let floor_wanted = options
         .systems
         .as_ref()
         .map_or(true, |names| names.iter().any(|n| n == "floor"));
-    let mut with_floor = systems.clone();
+    let mut with_floor = committing.clone();
     if floor_wanted {
         with_floor.push("floor");
     }
     small_transactions(&with_floor, &plan, options, &mut files);
-    mixed_transactions(&systems, &plan, options, &mut files);
-    gets_and_space(&systems, &plan, options, &mut files);
+    mixed_transactions(&committing, &plan, options, &mut files);
+    if !systems.is_empty() {
+        gets_and_space(&systems, &plan, options, &mut files);
+    }
     files
 }
 
@@ -191,6 +212,19 @@ fn rounds_of(
     results
 }
 
+/// Says what `sediment-buffered` trades, if it ran.
+fn buffered_note(table: &mut Table, systems: &[&str]) {
+    if systems.contains(&"sediment-buffered") {
+        table.note(format!(
+            "sediment-buffered: `commit_buffered` (returns once the transaction is handed to \
+             the OS; survives a process crash, a power cut may take the transactions since the \
+             last sync) and a `Database::sync` every {} transactions over all threads; every \
+             other row commits durably",
+            blob::BUFFERED_SYNC_EVERY
+        ));
+    }
+}
+
 /// (a): 1 thread, one 16-byte blob per transaction.
 fn small_transactions(
     systems: &[&'static str],
@@ -238,6 +272,7 @@ fn small_transactions(
             "floor: no store; one `pwrite` of the 16-byte blob into a preallocated, zero-filled file and one `fdatasync` per transaction, in the same rounds",
         );
     }
+    buffered_note(&mut table, systems);
     table.note(format!(
         "{} of {} transactions, each on a fresh store",
         if plan.rounds == 1 {
@@ -316,6 +351,7 @@ fn mixed_transactions(
             Err(err) => table.row(vec![system.to_string(), format!("failed: {err}")]),
         }
     }
+    buffered_note(&mut table, systems);
     table.note(format!(
         "{}; each round on a fresh store; blob sizes uniform in 0–4096 bytes",
         plan.describe()

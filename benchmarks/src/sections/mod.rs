@@ -122,7 +122,7 @@ fn postgres_server_info() -> Result<String, String> {
 #[must_use]
 pub fn known_systems() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = crate::wal::ALL.to_vec();
-    for system in crate::blob::ALL {
+    for system in crate::blob::ALL.iter().chain(crate::blob::COMMIT_VARIANTS) {
         if !all.contains(system) {
             all.push(system);
         }
