@@ -5,34 +5,14 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use okaywal::{
-    Configuration, Entry, EntryId, LogManager, LogVoid, RecoveryMode, SegmentReader, WriteAheadLog,
-};
+mod common;
 
-/// Records every recovered entry; refuses checkpoints, so that segments
-/// stay live.
-#[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<BTreeMap<u64, Vec<Vec<u8>>>>>);
-
-impl LogManager for Recorder {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let chunks = entry.read_all_chunks()?.expect("complete");
-        self.0.lock().unwrap().insert(entry.id().0, chunks);
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        _: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        Err(io::Error::other("checkpoints are refused in this test"))
-    }
-}
+// Records every recovered entry's chunks and refuses checkpoints, so
+// that segments stay live.
+use common::follow::ChunkRecorder as Recorder;
+use okaywal::{Configuration, EntryId, LogVoid, RecoveryMode};
 
 fn config(dir: &Path) -> Configuration {
     Configuration::default_for(dir)
@@ -81,7 +61,7 @@ fn a_read_only_open_recovers_every_entry_and_changes_nothing() {
 
     let recorder = Recorder::default();
     let log = config(dir.path()).open_read_only(recorder.clone()).unwrap();
-    let recovered = recorder.0.lock().unwrap().clone();
+    let recovered = recorder.recovered.lock().unwrap().clone();
     assert_eq!(
         recovered,
         committed
@@ -108,7 +88,7 @@ fn a_read_only_open_recovers_every_entry_and_changes_nothing() {
     // Opening for writing afterwards still recovers everything.
     let recorder = Recorder::default();
     config(dir.path()).open(recorder.clone()).unwrap();
-    assert_eq!(recorder.0.lock().unwrap().len(), committed.len());
+    assert_eq!(recorder.recovered.lock().unwrap().len(), committed.len());
 }
 
 #[test]
@@ -206,7 +186,7 @@ fn inspection_reports_a_damaged_committed_entry_with_its_chunks_and_writes_nothi
         .recovery_mode(RecoveryMode::SkipCorrupted)
         .open_read_only(recorder.clone())
         .unwrap();
-    let recovered = recorder.0.lock().unwrap().clone();
+    let recovered = recorder.recovered.lock().unwrap().clone();
     assert_eq!(recovered.len(), committed.len() - 1);
     assert!(!recovered.contains_key(lost_id));
     let recorder = Recorder::default();
@@ -214,7 +194,7 @@ fn inspection_reports_a_damaged_committed_entry_with_its_chunks_and_writes_nothi
         .recovery_mode(RecoveryMode::PointInTime)
         .open_read_only(recorder.clone())
         .unwrap();
-    assert!(recorder.0.lock().unwrap().is_empty());
+    assert!(recorder.recovered.lock().unwrap().is_empty());
     assert_eq!(
         snapshot(dir.path()),
         before,
