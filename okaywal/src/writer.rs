@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::failure::ErrorRecord;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
-use crate::segment::Segment;
+use crate::segment::{EndMark, Segment};
 use crate::stats::Counters;
 use crate::WriteAheadLog;
 
@@ -183,7 +183,10 @@ impl<'log> EntryWriter<'log> {
     /// commit, [`WriteAheadLog::sync`], or the background sync that
     /// [`Configuration::max_unsynced`](crate::Configuration::max_unsynced)
     /// sets up). After a power loss, buffered entries may be lost, but only
-    /// as a suffix of the log.
+    /// as a suffix of the log. (An entry held open across a segment switch
+    /// for longer than the switch waits finishes in the old segment, where
+    /// recovery could not tell its loss from a torn tail while keeping
+    /// later segments: such an entry is synced before this returns.)
     pub fn commit_buffered(self) -> io::Result<EntryId> {
         self.commit_with(Durability::Buffered)
     }
@@ -212,7 +215,20 @@ impl<'log> EntryWriter<'log> {
                 Counters::add(&inner.counters.durable_commits, 1);
             }
             Durability::Buffered => {
-                inner.hand_to_os(self.segment.id, end)?;
+                if *self.segment.end_mark.lock() == EndMark::Due {
+                    // The entry began before a segment switch and outlived
+                    // the switch's wait, so it ends in the old segment,
+                    // whose successor does not record where it ends (its
+                    // end mark is still owed). Recovery then keeps the
+                    // later segment's entries whatever became of this
+                    // one's unsynced tail: a power cut could lose this
+                    // entry and keep entries committed after it. So it is
+                    // made durable before it returns, as `commit` does
+                    // (rare: only for entries held open across a switch).
+                    inner.wait_durable(&self.segment, end)?;
+                } else {
+                    inner.hand_to_os(self.segment.id, end)?;
+                }
                 Counters::add(&inner.counters.buffered_commits, 1);
                 if inner
                     .buffered_followers
