@@ -357,13 +357,14 @@ impl<'db> Transaction<'db> {
     /// - A crash of the process loses nothing this call has returned: the
     ///   operating system still writes it out.
     /// - A power loss (or an operating system crash) may lose it, but only
-    ///   as a suffix: never a buffered transaction while a transaction
-    ///   whose commit began after this one returned survives. So if any
-    ///   later [`commit`](Self::commit) or [`Database::sync`] has returned,
-    ///   this transaction survives a power loss too.
-    /// - It becomes durable with the next durable commit, the next
-    ///   [`Database::sync`], the next WAL checkpoint, or within the bounds
-    ///   set by [`Config::max_unsynced`](crate::Config::max_unsynced) and
+    ///   as a suffix of the commits: it is never lost while a transaction
+    ///   whose commit began after this call returned survives. So once a
+    ///   [`commit`](Self::commit) or [`Database::sync`] that began after
+    ///   this call returned has returned, on any thread, this transaction
+    ///   survives a power loss too.
+    /// - It becomes durable with such a durable commit or sync, with the
+    ///   next WAL checkpoint, or within the bounds set by
+    ///   [`Config::max_unsynced`](crate::Config::max_unsynced) and
     ///   [`Config::max_unsynced_bytes`](crate::Config::max_unsynced_bytes).
     ///
     /// Blobs that bypass the WAL (at least
