@@ -19,14 +19,18 @@
 //!
 //! - An append is acknowledged to openraft (`LogFlushed`) only after the
 //!   WAL sync that covers it; concurrent appends share that sync.
-//! - Votes, committed ids, truncations and purges are synced before the
-//!   call that saves them returns.
+//! - Votes, truncations and purges are synced before the call that saves
+//!   them returns; the committed log id rides on the next append's sync.
 //! - Client writes that arrive together are proposed as one entry
 //!   ([`batch`]) and each is acknowledged only once that entry is committed
 //!   and applied.
 //! - Applying entries commits their values, the replaced values' archiving
 //!   and the last applied log id and membership in one sediment
 //!   transaction: the state machine never disagrees with its applied id.
+//!   That transaction is not synced on its own (the store syncs every
+//!   500 ms and before each snapshot): after a crash the node applies the
+//!   lost entries again from its log. A write costs each node one
+//!   `fdatasync`, its log append's (`FORMAT.md`, "One sync per write").
 //!
 //! `FORMAT.md` in the crate describes every file a node writes.
 #![forbid(unsafe_code)]

@@ -4,8 +4,12 @@
 //! with `commit_buffered` (handed to the OS in log order); a sync thread
 //! then calls `WriteAheadLog::sync` once for every append queued meanwhile
 //! and only after it returns fires their `LogFlushed` callbacks, so appends
-//! share fsyncs. Votes, committed ids, truncations and purges are WAL
-//! entries too, synced before their call returns.
+//! share fsyncs. Votes, truncations and purges are WAL entries too, synced
+//! before their call returns. The committed log id is written the same way
+//! but not synced: the next sync of the log (an append's) carries it. Raft
+//! does not need it durable, as a restarted node learns it again from the
+//! leader, and a committed id that did survive only lets the node re-apply
+//! its own log sooner (see `FORMAT.md`, "One sync per write").
 //!
 //! When the WAL checkpoints a segment, the entries in it that are still in
 //! the log are copied to an archive file (`archive-{id}`) and a metadata
@@ -547,6 +551,16 @@ impl LogStore {
     /// Applies `record` in memory, then writes it and waits until it is
     /// durable.
     fn write_durably(&self, record: WalRecord) -> Result<()> {
+        self.write_buffered(record)?;
+        let wal = &self.inner.wal;
+        wal.sync().map_err(|e| Error::io("syncing the log", e))?;
+        Ok(())
+    }
+
+    /// Applies `record` in memory, then writes it and hands it to the OS:
+    /// it is durable with the next sync of the log, and a crash before that
+    /// can only drop it with every record after it.
+    fn write_buffered(&self, record: WalRecord) -> Result<()> {
         self.inner.core.state.lock().apply(record.clone(), None);
         let wal = &self.inner.wal;
         let mut writer = wal
@@ -558,7 +572,6 @@ impl LogStore {
         writer
             .commit_buffered()
             .map_err(|e| Error::io("committing a log record", e))?;
-        wal.sync().map_err(|e| Error::io("syncing the log", e))?;
         Ok(())
     }
 
@@ -567,9 +580,11 @@ impl LogStore {
         self.write_durably(WalRecord::Vote(vote))
     }
 
-    /// Saves the committed log id durably.
+    /// Saves the committed log id without waiting for a sync: it becomes
+    /// durable with the next append's (a crash before then may lose it
+    /// with every later record, never alone out of order).
     pub fn save_committed_blocking(&self, committed: Option<LogId>) -> Result<()> {
-        self.write_durably(WalRecord::Committed(committed))
+        self.write_buffered(WalRecord::Committed(committed))
     }
 
     /// Drops the entries from `since` on, durably.
@@ -801,9 +816,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let store = self.clone();
-        blocking(move || store.save_committed_blocking(committed))
-            .await
+        // A small record copied into the WAL's buffer and handed to the OS,
+        // no sync: done in place, as small appends are.
+        self.save_committed_blocking(committed)
             .map_err(storage_error)
     }
 

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use okaywal::fs::{FileSystem, StdFileSystem};
 use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -14,7 +15,7 @@ use crate::batch::WriteBatcher;
 use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::network::{self, Network};
-use crate::state_machine::StateMachine;
+use crate::state_machine::{StateMachine, StateMachineConfig};
 use crate::types::{NodeId, Raft};
 
 /// How to run a node.
@@ -41,6 +42,13 @@ pub struct NodeConfig {
     /// Size of the Raft log's WAL segments: entries move to archive files
     /// (and purged ones are deleted) one segment at a time.
     pub log_segment_bytes: u64,
+    /// The file system the log and the state machine's store run on (the
+    /// real disk by default; a simulated one in crash tests).
+    pub file_system: Arc<dyn FileSystem>,
+    /// Where snapshot files go, if not `directory/state/snapshots`. They
+    /// are always on the real disk (openraft streams them as tokio files),
+    /// so a node on a simulated file system needs a real directory here.
+    pub snapshot_directory: Option<PathBuf>,
 }
 
 impl NodeConfig {
@@ -56,6 +64,8 @@ impl NodeConfig {
             keep_logs: 1_000,
             heartbeat_ms: 500,
             log_segment_bytes: 8 << 20,
+            file_system: Arc::new(StdFileSystem),
+            snapshot_directory: None,
         }
     }
 
@@ -130,13 +140,18 @@ impl std::fmt::Debug for RunningNode {
 /// Opens the node's stores (recovering them), starts Raft and serves HTTP.
 pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     let raft_config = Arc::new(config.raft_config()?);
-    let log_config =
-        LogStoreConfig::new(config.directory.join("log")).segment_bytes(config.log_segment_bytes);
-    let state_dir = config.directory.join("state");
+    let log_config = LogStoreConfig::new(config.directory.join("log"))
+        .segment_bytes(config.log_segment_bytes)
+        .file_system(config.file_system.clone());
+    let mut sm_config = StateMachineConfig::new(config.directory.join("state"))
+        .file_system(config.file_system.clone());
+    if let Some(dir) = &config.snapshot_directory {
+        sm_config.snapshot_directory = dir.clone();
+    }
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
         Ok::<_, Error>((
             LogStore::open_with(log_config)?,
-            StateMachine::open(state_dir)?,
+            StateMachine::open_with(sm_config)?,
         ))
     })
     .await

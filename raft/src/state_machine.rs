@@ -7,6 +7,15 @@
 //! transaction as the values. Replaced values are archived in that
 //! transaction, and freed by a later one's `checkpoint_to` once no reader or
 //! snapshot build still holds a view older than the archiving.
+//!
+//! Applies commit without waiting for a sync ([`sediment::Transaction::commit_buffered`]):
+//! the entries they apply are durable in the Raft log already, so a crash
+//! that drops the newest applies (always a suffix of them, with their
+//! journal records) leaves an older last applied id, and the node applies
+//! those entries again from its log when it restarts. The store syncs on
+//! its own at least every [`SYNC_INTERVAL`], and always before a snapshot
+//! is built, so the log is never purged past what the store holds durably.
+//! Installing a received snapshot commits durably.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -30,6 +39,23 @@ use crate::types::{
 };
 
 const SNAPSHOT_PREFIX: &str = "snapshot-";
+
+/// The longest the store leaves applied entries unsynced: a restart after
+/// a power cut re-applies at most this much of the log.
+pub const SYNC_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The most bytes of applied values the store leaves unsynced before an
+/// apply syncs.
+pub const SYNC_BYTES: u64 = 64 << 20;
+
+/// Whether a journal commit waits for its sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// An apply: re-done from the log after a crash.
+    Buffered,
+    /// A snapshot install: the log before it may be gone.
+    Durable,
+}
 
 /// Where the state machine keeps its store and snapshots.
 #[derive(Debug, Clone)]
@@ -165,6 +191,8 @@ impl StateMachine {
         let db = sediment::Config::for_directory(&config.directory)
             .shared_file_system(config.file_system.clone())
             .max_blob_bytes(sediment::MAX_FORMAT_BLOB_BYTES)
+            .max_unsynced(SYNC_INTERVAL)
+            .max_unsynced_bytes(SYNC_BYTES)
             .open()?;
         let mut state = SmState {
             sequence: db.last_committed().0,
@@ -269,10 +297,18 @@ impl StateMachine {
         match Arc::try_unwrap(self.shared) {
             Ok(shared) => Ok(shared.db.shutdown()?),
             Err(shared) => {
+                shared.db.sync()?;
                 shared.db.checkpoint_wal()?;
                 Ok(())
             }
         }
+    }
+
+    /// Makes every apply so far durable (they are otherwise synced within
+    /// [`SYNC_INTERVAL`]).
+    pub fn sync(&self) -> Result<()> {
+        self.shared.db.sync()?;
+        Ok(())
     }
 
     /// Applies `entries` in one sediment transaction.
@@ -383,7 +419,7 @@ impl StateMachine {
             };
             (record, None)
         };
-        let (journal, sequence) = commit_journal(db, tx, &record, safe)?;
+        let (journal, sequence) = commit_journal(db, tx, &record, safe, Commit::Buffered)?;
         let mut state = shared.state.lock();
         match new_index {
             Some(index) => {
@@ -410,6 +446,11 @@ impl StateMachine {
     /// current snapshot.
     pub fn build_snapshot_file(&self) -> Result<(SnapshotMeta, PathBuf)> {
         let shared = &*self.shared;
+        // openraft purges the log up to a snapshot (less the entries it
+        // keeps): every apply the snapshot covers must be durable in the
+        // store first, or a crash could leave the store behind a log that
+        // no longer holds the entries to re-apply.
+        shared.db.sync()?;
         let (items, last_applied, membership, _pin) = {
             let state = shared.state.lock();
             let items: Vec<(String, GrainId)> =
@@ -539,7 +580,7 @@ impl StateMachine {
                 .map(|(k, v)| (k.clone(), Some(v.as_u64())))
                 .collect(),
         };
-        let (journal, sequence) = commit_journal(db, tx, &record, safe)?;
+        let (journal, sequence) = commit_journal(db, tx, &record, safe, Commit::Durable)?;
         {
             let mut state = shared.state.lock();
             state.index = index;
@@ -727,18 +768,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
 /// Writes `record` as the new head of the journal, frees the archived
 /// grains no reader or snapshot needs any more (those archived at or before
-/// `safe`) and commits `tx`.
+/// `safe`) and commits `tx` as `commit` says.
 fn commit_journal(
     db: &Database,
     mut tx: sediment::Transaction<'_>,
     record: &Journal,
     safe: u64,
+    commit: Commit,
 ) -> sediment::Result<(GrainId, SequenceId)> {
     let journal = tx.write(&record.encode())?;
     tx.set_embedded_header(Some(journal))?;
     if safe > db.checkpointed_to().0 {
         tx.checkpoint_to(SequenceId(safe))?;
     }
-    let sequence = tx.commit()?;
+    let sequence = match commit {
+        Commit::Buffered => tx.commit_buffered()?,
+        Commit::Durable => tx.commit()?,
+    };
     Ok((journal, sequence))
 }
