@@ -18,6 +18,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
 use crate::batch::{WriteBatcher, Written};
+use crate::log_store::LogStore;
+use crate::metrics::{self, Counters, Gauges};
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
 
@@ -39,6 +41,11 @@ pub struct App {
     /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
     /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
     pub write_timeout: std::time::Duration,
+    /// This node's Raft log (for `/metrics`).
+    pub log_store: LogStore,
+    /// What the node counts of the requests it answers (see
+    /// [`crate::metrics`]).
+    pub counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for App {
@@ -496,6 +503,60 @@ async fn metrics(State(app): State<App>) -> Response {
     .into_response()
 }
 
+/// `GET /metrics`: the node's counters and state in the Prometheus text
+/// format (see [`crate::metrics`] for the names).
+async fn prometheus(State(app): State<App>) -> Response {
+    let m = app.raft.metrics().borrow().clone();
+    let log = app.log_store.clone();
+    let log_bytes = tokio::task::spawn_blocking(move || log.disk_bytes())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
+    let gauges = Gauges {
+        term: m.current_term,
+        is_leader: m.current_leader == Some(app.id),
+        leader_id: m.current_leader,
+        last_log_index: m.last_log_index,
+        last_applied_index: m.last_applied.map(|id| id.index),
+        purged_index: m.purged.map(|id| id.index),
+        snapshot_index: m.snapshot.map(|id| id.index),
+        snapshots_built: app.state_machine.snapshots_built(),
+        snapshots_installed: app.state_machine.snapshots_installed(),
+        log_bytes,
+        keys: app.state_machine.len() as u64,
+    };
+    let body = metrics::render(&app.counters, &gauges, app.log_store.sync_latencies());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// Counts every answered request by endpoint and status, and logs the
+/// refused ones (by endpoint and status only: paths hold keys, headers
+/// credentials).
+pub async fn record(
+    State(counters): State<Arc<Counters>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let endpoint = metrics::endpoint(request.method(), request.uri().path());
+    let response = next.run(request).await;
+    let status = response.status();
+    counters.request(endpoint, status.as_u16());
+    if status.is_server_error() {
+        tracing::warn!(endpoint, status = status.as_u16(), "request failed");
+    } else if status.is_client_error() {
+        tracing::info!(endpoint, status = status.as_u16(), "request refused");
+    }
+    response
+}
+
 /// The client routes.
 pub fn routes(app: App) -> Router {
     Router::new()
@@ -510,6 +571,7 @@ pub fn routes(app: App) -> Router {
         .route("/cluster/change-membership", post(change_membership))
         .route("/cluster/snapshot", post(snapshot))
         .route("/cluster/metrics", get(metrics))
+        .route("/metrics", get(prometheus))
         .method_not_allowed_fallback(wrong_method)
         .fallback(no_such_path)
         .layer(DefaultBodyLimit::max(MAX_VALUE_BYTES))

@@ -42,6 +42,7 @@ mod error;
 pub mod journal;
 pub mod log_format;
 pub mod log_store;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod snapshot;

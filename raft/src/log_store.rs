@@ -41,6 +41,7 @@ use crate::log_format::{
     encode_entry_header, ArchiveHeader, ArchiveRange, LogMeta, WalRecord, ARCHIVE_HEADER,
     ENTRY_HEADER,
 };
+use crate::metrics::Histogram;
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 const META: &str = "meta";
@@ -184,6 +185,8 @@ struct Inner {
     core: Arc<Core>,
     wal: WriteAheadLog,
     syncer: Mutex<Option<mpsc::Sender<Durable>>>,
+    /// How long each sync of the sync thread took.
+    syncs: Arc<Histogram>,
 }
 
 impl Drop for Inner {
@@ -436,11 +439,27 @@ impl LogManager for Manager {
     }
 }
 
-fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>) {
+/// A log sync slower than this is logged as a warning.
+const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>, syncs: Arc<Histogram>) {
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
         batch.extend(requests.try_iter());
+        let started = std::time::Instant::now();
         let result = wal.sync();
+        let elapsed = started.elapsed();
+        syncs.observe(elapsed);
+        if elapsed >= SLOW_SYNC {
+            tracing::warn!(
+                millis = elapsed.as_millis() as u64,
+                appends = batch.len(),
+                "slow sync of the Raft log"
+            );
+        }
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "syncing the Raft log failed");
+        }
         for done in batch {
             done(match &result {
                 Ok(_) => Ok(()),
@@ -481,15 +500,18 @@ impl LogStore {
             .map_err(|e| Error::io(format!("opening the WAL in {}", wal_dir.display()), e))?;
         let (sender, receiver) = mpsc::channel();
         let sync_wal = wal.clone();
+        let syncs = Arc::new(Histogram::default());
+        let sync_stats = syncs.clone();
         std::thread::Builder::new()
             .name("raft-log-sync".into())
-            .spawn(move || sync_loop(sync_wal, receiver))
+            .spawn(move || sync_loop(sync_wal, receiver, sync_stats))
             .map_err(|e| Error::io("starting the log sync thread", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 core,
                 wal,
                 syncer: Mutex::new(Some(sender)),
+                syncs,
             }),
         })
     }
@@ -594,7 +616,36 @@ impl LogStore {
 
     /// Drops the entries up to and including `log_id`, durably.
     pub fn purge_blocking(&self, log_id: LogId) -> Result<()> {
-        self.write_durably(WalRecord::Purge(log_id))
+        self.write_durably(WalRecord::Purge(log_id))?;
+        tracing::info!(up_to = log_id.index, "purged the Raft log");
+        Ok(())
+    }
+
+    /// The latencies of the log's syncs so far (each covers every append
+    /// that was waiting for it).
+    #[must_use]
+    pub fn sync_latencies(&self) -> &Histogram {
+        &self.inner.syncs
+    }
+
+    /// Bytes of the log's files: WAL segments, archive files and metadata.
+    pub fn disk_bytes(&self) -> Result<u64> {
+        let core = &self.inner.core;
+        let mut total = 0;
+        for dir in [core.directory.clone(), core.directory.join("wal")] {
+            let names = core
+                .fs
+                .list_files(&dir)
+                .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
+            for name in names {
+                // A file removed meanwhile (a recycled segment, an old
+                // archive) no longer counts.
+                if let Ok(file) = core.fs.open(&dir.join(&name), OpenMode::Read) {
+                    total += file.len().unwrap_or(0);
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// The saved vote.

@@ -11,8 +11,33 @@ use sediment_raft::node::{self, NodeConfig};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// What to log to stderr: a level (`error`, `warn`, `info`, `debug`,
+    /// `trace`) or `RUST_LOG`-style directives (`info,openraft=debug`).
+    /// Without it, `RUST_LOG` is used, else `info`.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Sends `tracing` events (the node's and openraft's) to stderr.
+fn init_logging(level: Option<&str>) -> Result<(), String> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match level {
+        Some(directives) => EnvFilter::try_new(directives)
+            .map_err(|e| format!("--log-level {directives:?}: {e}"))?,
+        None => match std::env::var("RUST_LOG") {
+            Ok(directives) if !directives.is_empty() => EnvFilter::try_new(&directives)
+                .map_err(|e| format!("RUST_LOG={directives:?}: {e}"))?,
+            _ => EnvFilter::new("info"),
+        },
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    Ok(())
 }
 
 #[derive(Debug, Subcommand)]
@@ -47,6 +72,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = init_logging(cli.log_level.as_deref()) {
+        eprintln!("sediment-raft: {e}");
+        return ExitCode::FAILURE;
+    }
     let Command::Node {
         id,
         listen,
@@ -76,6 +105,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         let running = node::start(config).await?;
         eprintln!("node {id} serving on http://{}", running.addr);
+        tracing::info!(id, addr = %running.addr, "node started");
         running.wait().await
     });
     match result {

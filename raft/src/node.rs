@@ -14,6 +14,7 @@ use crate::api::{self, App};
 use crate::batch::WriteBatcher;
 use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
+use crate::metrics::Counters;
 use crate::network::{self, Network};
 use crate::state_machine::{StateMachine, StateMachineConfig};
 use crate::types::{NodeId, Raft};
@@ -115,6 +116,53 @@ impl NodeConfig {
     }
 }
 
+/// Logs elections, leader changes and membership changes as this node's
+/// Raft reports them, until it shuts down.
+async fn log_changes(raft: Arc<Raft>) {
+    let mut watch = raft.metrics();
+    let (mut state, mut term, mut leader, mut membership) = {
+        let m = watch.borrow();
+        (
+            m.state,
+            m.current_term,
+            m.current_leader,
+            m.membership_config.clone(),
+        )
+    };
+    while watch.changed().await.is_ok() {
+        let m = watch.borrow().clone();
+        if m.current_term != term {
+            tracing::info!(term = m.current_term, previous = term, "new term");
+        }
+        if m.state != state {
+            tracing::info!(state = ?m.state, term = m.current_term, "server state changed");
+        }
+        if m.current_leader != leader {
+            match m.current_leader {
+                Some(id) => tracing::info!(leader = id, term = m.current_term, "leader elected"),
+                None => tracing::info!(term = m.current_term, "no leader known"),
+            }
+        }
+        if m.membership_config != membership {
+            let config = m.membership_config.membership();
+            let voters: Vec<NodeId> = config.voter_ids().collect();
+            let learners: Vec<NodeId> = config.learner_ids().collect();
+            tracing::info!(
+                ?voters,
+                ?learners,
+                log_index = m.membership_config.log_id().map(|id| id.index),
+                "membership changed"
+            );
+        }
+        (state, term, leader, membership) = (
+            m.state,
+            m.current_term,
+            m.current_leader,
+            m.membership_config.clone(),
+        );
+    }
+}
+
 /// A started node.
 pub struct RunningNode {
     /// The node's Raft.
@@ -166,6 +214,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     .await
     .map_err(|e| Error::Raft(e.to_string()))?;
     let raft = Arc::new(raft);
+    let counters = Arc::new(Counters::default());
     let app = App {
         id: config.id,
         raft: raft.clone(),
@@ -173,8 +222,13 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         writes: WriteBatcher::start(raft.clone()),
         max_value_bytes: config.max_value_bytes(),
         write_timeout: config.write_timeout(),
+        log_store: log_store.clone(),
+        counters: counters.clone(),
     };
-    let router = api::routes(app).merge(network::routes(raft.clone()));
+    let router = api::routes(app)
+        .merge(network::routes(raft.clone()))
+        .layer(axum::middleware::from_fn_with_state(counters, api::record));
+    tokio::spawn(log_changes(raft.clone()));
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {}", config.listen), e))?;

@@ -109,6 +109,9 @@ struct Shared {
     /// are not freed yet.
     pins: Mutex<BTreeMap<u64, usize>>,
     snapshot_counter: AtomicU64,
+    /// Snapshots built and installed since the store was opened.
+    snapshots_built: AtomicU64,
+    snapshots_installed: AtomicU64,
     /// Files handed out by `begin_receiving_snapshot`, by inode.
     incoming: Mutex<HashMap<u64, PathBuf>>,
 }
@@ -243,6 +246,8 @@ impl StateMachine {
                 state: Mutex::new(state),
                 pins: Mutex::new(BTreeMap::new()),
                 snapshot_counter: AtomicU64::new(0),
+                snapshots_built: AtomicU64::new(0),
+                snapshots_installed: AtomicU64::new(0),
                 incoming: Mutex::new(HashMap::new()),
             }),
         })
@@ -505,6 +510,12 @@ impl StateMachine {
             return Err(e);
         }
         self.make_current(&tmp, &path, meta.clone())?;
+        shared.snapshots_built.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            last_index = meta.last_log_id.map(|id| id.index),
+            keys = items.len(),
+            "built a snapshot"
+        );
         Ok((meta, path))
     }
 
@@ -592,7 +603,25 @@ impl StateMachine {
         let to = shared
             .snapshot_directory
             .join(format!("{SNAPSHOT_PREFIX}{}", meta.snapshot_id));
-        self.make_current(path, &to, meta.clone())
+        self.make_current(path, &to, meta.clone())?;
+        shared.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            last_index = meta.last_log_id.map(|id| id.index),
+            "installed a snapshot from the leader"
+        );
+        Ok(())
+    }
+
+    /// Snapshots this state machine built since it was opened.
+    #[must_use]
+    pub fn snapshots_built(&self) -> u64 {
+        self.shared.snapshots_built.load(Ordering::Relaxed)
+    }
+
+    /// Snapshots received from a leader and installed since it was opened.
+    #[must_use]
+    pub fn snapshots_installed(&self) -> u64 {
+        self.shared.snapshots_installed.load(Ordering::Relaxed)
     }
 
     /// The current snapshot's metadata and file, if any.
