@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use openraft::{CommittedLeaderId, EntryPayload};
 use sediment_raft::node::{self, NodeConfig};
-use sediment_raft::types::{Entry, LogId, Request};
+use sediment_raft::types::{Change, Entry, LogId, Request};
 use sediment_raft::StateMachine;
 use serde_json::Value;
 
@@ -18,6 +18,13 @@ fn log_id(index: u64) -> LogId {
 
 fn put(key: &str, value: &str) -> Request {
     Request::Put {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+fn change(key: &str, value: &str) -> Change {
+    Change::Put {
         key: key.into(),
         value: value.as_bytes().to_vec(),
     }
@@ -40,12 +47,12 @@ fn a_batch_applies_its_commands_in_order_and_survives_reopening() {
             entry(
                 2,
                 Request::Batch(vec![
-                    put("a", "1"),
-                    put("b", "1"),
-                    Request::Delete { key: "a".into() },
-                    put("a", "2"),
-                    put("kept", "after"),
-                    Request::Delete {
+                    change("a", "1"),
+                    change("b", "1"),
+                    Change::Delete { key: "a".into() },
+                    change("a", "2"),
+                    change("kept", "after"),
+                    Change::Delete {
                         key: "never".into(),
                     },
                 ]),
@@ -82,7 +89,7 @@ fn a_batch_applies_its_commands_in_order_and_survives_reopening() {
 fn a_batch_of_one_key_keeps_its_last_value() {
     let dir = tempfile::tempdir().unwrap();
     let sm = StateMachine::open(dir.path()).unwrap();
-    let batch = (0..100).map(|i| put("k", &i.to_string())).collect();
+    let batch = (0..100).map(|i| change("k", &i.to_string())).collect();
     let responses = sm
         .apply_entries(vec![entry(1, Request::Batch(batch))])
         .unwrap();
