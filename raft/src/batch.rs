@@ -293,4 +293,30 @@ mod tests {
         let first = rx.try_recv().unwrap();
         assert_eq!(collect(first, &mut rx, &mut carry).len(), 6);
     }
+
+    #[test]
+    fn a_batch_counts_the_changes_of_queued_batches() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut receivers = Vec::new();
+        let many = |prefix: &str, n: usize| {
+            Request::Batch(
+                (0..n)
+                    .map(|i| Change::Delete {
+                        key: format!("{prefix}{i}"),
+                    })
+                    .collect(),
+            )
+        };
+        for request in [many("a", 1000), many("b", 30)] {
+            let (done, r) = oneshot::channel();
+            tx.send(Pending { request, done }).unwrap();
+            receivers.push(r);
+        }
+        let (first, _r) = put("first", 0);
+        let mut carry = None;
+        let batch = collect(first, &mut rx, &mut carry);
+        let changes: usize = batch.iter().map(|p| p.request.change_count()).sum();
+        assert_eq!(changes, 1001);
+        assert!(carry.is_some(), "30 more changes would pass the limit");
+    }
 }
