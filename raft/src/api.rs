@@ -39,7 +39,9 @@ pub struct App {
     /// [`crate::node::NodeConfig::max_value_bytes`]).
     pub max_value_bytes: usize,
     /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
-    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
+    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]);
+    /// also how long a membership change waits for the nodes it involves to
+    /// catch up, and then for the change to commit.
     pub write_timeout: std::time::Duration,
 }
 
