@@ -100,15 +100,7 @@ impl Change {
     /// Checks the key ([`check_key`]) and that a value is at most
     /// `max_value_bytes` long.
     pub fn check(&self, max_value_bytes: usize) -> Result<(), String> {
-        check_key(self.key())?;
-        match self.value() {
-            Some(value) if value.len() > max_value_bytes => Err(format!(
-                "the value of {:?} is {} bytes long; the limit is {max_value_bytes}",
-                truncated(self.key()),
-                value.len()
-            )),
-            _ => Ok(()),
-        }
+        check_change(self.key(), self.value(), max_value_bytes)
     }
 }
 
@@ -210,18 +202,8 @@ impl Request {
     /// larger values than the follower's own API would.
     pub fn check(&self, max_value_bytes: usize) -> Result<(), String> {
         match self {
-            Request::Put { key, value } => {
-                check_key(key)?;
-                if value.len() > max_value_bytes {
-                    return Err(format!(
-                        "the value of {:?} is {} bytes long; the limit is {max_value_bytes}",
-                        truncated(key),
-                        value.len()
-                    ));
-                }
-                Ok(())
-            }
-            Request::Delete { key } => check_key(key),
+            Request::Put { key, value } => check_change(key, Some(value), max_value_bytes),
+            Request::Delete { key } => check_change(key, None, max_value_bytes),
             Request::Batch(changes) => {
                 if changes.is_empty() {
                     return Err("the batch is empty".into());
@@ -242,6 +224,19 @@ impl Request {
                 changes.iter().try_for_each(|c| c.check(max_value_bytes))
             }
         }
+    }
+}
+
+/// Checks one put (`value` given) or delete.
+fn check_change(key: &str, value: Option<&[u8]>, max_value_bytes: usize) -> Result<(), String> {
+    check_key(key)?;
+    match value {
+        Some(value) if value.len() > max_value_bytes => Err(format!(
+            "the value of {:?} is {} bytes long; the limit is {max_value_bytes}",
+            truncated(key),
+            value.len()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -295,5 +290,36 @@ pub fn check_key(key: &str) -> Result<(), String> {
         ))
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, len: usize) -> Change {
+        Change::Put {
+            key: key.into(),
+            value: vec![0; len],
+        }
+    }
+
+    #[test]
+    fn commands_are_checked_as_the_api_checks_them() {
+        let ok = |r: Request| r.check(MAX_VALUE_BYTES).is_ok();
+        assert!(ok(put("k", MAX_VALUE_BYTES).into()));
+        assert!(!ok(put("k", MAX_VALUE_BYTES + 1).into()));
+        assert!(Request::from(put("k", 11)).check(10).is_err());
+        assert!(!ok(put("", 1).into()));
+        assert!(!ok(Request::Delete { key: String::new() }));
+        assert!(!ok(put(&"k".repeat(MAX_KEY_BYTES + 1), 1).into()));
+        assert!(ok(put(&"k".repeat(MAX_KEY_BYTES), 1).into()));
+
+        assert!(!ok(Request::Batch(Vec::new())));
+        assert!(ok(Request::Batch(vec![put("a", 1); MAX_BATCH_LEN])));
+        assert!(!ok(Request::Batch(vec![put("a", 1); MAX_BATCH_LEN + 1])));
+        assert!(ok(Request::Batch(vec![put("a", MAX_BATCH_BYTES - 1)])));
+        assert!(!ok(Request::Batch(vec![put("a", MAX_BATCH_BYTES)])));
+        assert!(!ok(Request::Batch(vec![put("a", 1), put("", 1)])));
     }
 }
