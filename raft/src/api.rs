@@ -17,11 +17,13 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
-use crate::batch::{WriteBatcher, Written};
+use crate::batch::{WriteBatcher, WriteError, Written};
 use crate::log_store::LogStore;
+use crate::membership;
 use crate::metrics::{self, Counters, Gauges};
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
+use crate::validate::check_addr;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -39,7 +41,9 @@ pub struct App {
     /// [`crate::node::NodeConfig::max_value_bytes`]).
     pub max_value_bytes: usize,
     /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
-    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
+    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]);
+    /// also how long a membership change waits for the nodes it involves to
+    /// catch up, and then for the change to commit.
     pub write_timeout: std::time::Duration,
     /// This node's Raft log (for `/metrics`).
     pub log_store: LogStore,
@@ -145,7 +149,8 @@ async fn put_value(
 async fn propose(app: &App, request: Request, uri: &str) -> Result<Written, Response> {
     match tokio::time::timeout(app.write_timeout, app.writes.write(request)).await {
         Ok(Ok(written)) => Ok(written),
-        Ok(Err(e)) => Err(write_error(*e, uri)),
+        Ok(Err(WriteError::Raft(e))) => Err(write_error(*e, uri)),
+        Ok(Err(WriteError::Invalid(message))) => Err(error(StatusCode::BAD_REQUEST, message)),
         Err(_) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -311,12 +316,41 @@ impl<'de> Deserialize<'de> for AddLearnerRequest {
 
 /// The body of `POST /cluster/change-membership`: `{"members": [1, 2, 3]}`,
 /// the bare list `[1, 2, 3]` that openraft's examples send, or `{"members":
-/// {"1": "127.0.0.1:21001", ...}}` as for `/cluster/init` (the ids count;
-/// every one must already be a member or a learner).
-#[derive(Debug, Serialize)]
+/// {"1": "127.0.0.1:21001", ...}}` as for `/cluster/init`. Every id must
+/// already be a member or a learner; in the map form each address must be
+/// a valid `host:port` (400) and the one the cluster knows the node by
+/// (409): addresses are not changed here, and a new node joins through
+/// `/cluster/add-learner` first.
+#[derive(Debug)]
 pub struct ChangeMembershipRequest {
     /// The ids of the voters after the change.
     pub members: BTreeSet<NodeId>,
+    /// The addresses given with them (the map form), or empty.
+    pub addrs: BTreeMap<NodeId, String>,
+}
+
+impl Serialize for ChangeMembershipRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Ids<'a> {
+            members: &'a BTreeSet<NodeId>,
+        }
+        #[derive(Serialize)]
+        struct Map<'a> {
+            members: &'a BTreeMap<NodeId, String>,
+        }
+        if self.addrs.is_empty() {
+            Ids {
+                members: &self.members,
+            }
+            .serialize(serializer)
+        } else {
+            Map {
+                members: &self.addrs,
+            }
+            .serialize(serializer)
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for ChangeMembershipRequest {
@@ -326,7 +360,7 @@ impl<'de> Deserialize<'de> for ChangeMembershipRequest {
         enum Members {
             Ids(BTreeSet<NodeId>),
             // Buffered map keys stay strings: parsed below.
-            Map(BTreeMap<String, serde_json::Value>),
+            Map(BTreeMap<String, String>),
         }
         #[derive(Deserialize)]
         #[serde(untagged)]
@@ -341,19 +375,27 @@ impl<'de> Deserialize<'de> for ChangeMembershipRequest {
         };
         // Malformed JSON fails here, with the parser's own error (400).
         let value = serde_json::Value::deserialize(deserializer)?;
-        let members = match Shape::deserialize(value).map_err(|_| expected())? {
+        match Shape::deserialize(value).map_err(|_| expected())? {
             Shape::Object {
-                members: Members::Ids(ids),
+                members: Members::Ids(members),
             }
-            | Shape::Bare(ids) => ids,
+            | Shape::Bare(members) => Ok(Self {
+                members,
+                addrs: BTreeMap::new(),
+            }),
             Shape::Object {
                 members: Members::Map(map),
-            } => map
-                .keys()
-                .map(|key| key.parse::<NodeId>().map_err(|_| expected()))
-                .collect::<Result<_, _>>()?,
-        };
-        Ok(Self { members })
+            } => {
+                let addrs: BTreeMap<NodeId, String> = map
+                    .into_iter()
+                    .map(|(key, addr)| Ok((key.parse::<NodeId>().map_err(|_| expected())?, addr)))
+                    .collect::<Result<_, _>>()?;
+                Ok(Self {
+                    members: addrs.keys().copied().collect(),
+                    addrs,
+                })
+            }
+        }
     }
 }
 
@@ -386,29 +428,6 @@ fn too_large(limit: usize) -> Response {
     )
 }
 
-/// Checks a peer address: `host:port`, the way nodes are reached.
-fn check_addr(addr: &str) -> Result<(), String> {
-    let valid = if let Ok(socket) = addr.parse::<std::net::SocketAddr>() {
-        socket.port() > 0
-    } else {
-        addr.rsplit_once(':').is_some_and(|(host, port)| {
-            port.parse::<u16>().is_ok_and(|p| p > 0)
-                && !host.is_empty()
-                && host.len() <= 253
-                && host
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        })
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(format!(
-            "{addr:?} is not a node address (host:port, e.g. 127.0.0.1:21001)"
-        ))
-    }
-}
-
 async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let request = match json_body::<InitRequest>(body) {
         Ok(request) => request,
@@ -434,6 +453,35 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
     }
 }
 
+/// The node `id` as the membership knows it, if any.
+fn known_node(app: &App, id: NodeId) -> Option<Node> {
+    app.raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .cloned()
+}
+
+/// A request that got no answer from Raft within the write timeout.
+fn not_committed(app: &App, what: &str) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "{what} was not committed within {} ms: no quorum answered; it may still be \
+             committed once one does",
+            app.write_timeout.as_millis()
+        ),
+    )
+}
+
+/// `POST /cluster/add-learner`: adds the node as a learner (committed by
+/// the current voters, so it does not need the node), then waits up to the
+/// write timeout for the node to catch up: 200 with `"caught_up": true`
+/// once it has, 202 with `"caught_up": false` if it has not (unreachable,
+/// or still copying a large log); `change-membership` refuses to make it a
+/// voter until it has. An id the cluster knows at another address gets 409.
 async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let request = match json_body::<AddLearnerRequest>(body) {
         Ok(request) => request,
@@ -442,16 +490,59 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
     if let Err(message) = check_addr(&request.addr) {
         return error(StatusCode::BAD_REQUEST, message);
     }
-    match app
-        .raft
-        .add_learner(request.id, Node::new(request.addr), true)
-        .await
-    {
-        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/add-learner"),
+    if let Some(known) = known_node(&app, request.id) {
+        if known.addr != request.addr {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "node {} is already in the cluster at {}, not {}: a node's address cannot \
+                     be changed",
+                    request.id, known.addr, request.addr
+                ),
+            );
+        }
+    }
+    let added = tokio::time::timeout(
+        app.write_timeout,
+        app.raft
+            .add_learner(request.id, Node::new(request.addr.clone()), false),
+    )
+    .await;
+    let log_index = match added {
+        Ok(Ok(response)) => response.log_id.index,
+        Ok(Err(e)) => return write_error(e, "/cluster/add-learner"),
+        Err(_) => return not_committed(&app, "adding the learner"),
+    };
+    let id = request.id;
+    let (_, caught_up) = membership::wait_until(&app.raft, app.write_timeout, |m| {
+        membership::matched(m, id).is_some_and(|at| at >= log_index)
+    })
+    .await;
+    if caught_up {
+        Json(json!({ "log_index": log_index, "caught_up": true })).into_response()
+    } else {
+        (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "log_index": log_index,
+                "caught_up": false,
+                "warning": format!(
+                    "node {id} was added as a learner but has not caught up within {} ms \
+                     (is {} reachable?); change-membership will not make it a voter until it has",
+                    app.write_timeout.as_millis(),
+                    request.addr
+                ),
+            })),
+        )
+            .into_response()
     }
 }
 
+/// `POST /cluster/change-membership`: on the leader, first waits up to the
+/// write timeout until the change can finish ([`membership::voters_ready`])
+/// and answers 409 naming the nodes that have not caught up if it cannot;
+/// then proposes it, answering 503 if it is not committed within the write
+/// timeout.
 async fn change_membership(
     State(app): State<App>,
     body: Result<Bytes, BytesRejection>,
@@ -460,9 +551,67 @@ async fn change_membership(
         Ok(request) => request,
         Err(response) => return response,
     };
-    match app.raft.change_membership(request.members, false).await {
-        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/change-membership"),
+    for addr in request.addrs.values() {
+        if let Err(message) = check_addr(addr) {
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    }
+    for (&id, addr) in &request.addrs {
+        match known_node(&app, id) {
+            None => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "node {id} is not in the cluster: add it with /cluster/add-learner first"
+                    ),
+                )
+            }
+            Some(known) if known.addr != *addr => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "node {id} is in the cluster at {}, not {addr}: a node's address cannot \
+                         be changed",
+                        known.addr
+                    ),
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    let metrics = app.raft.metrics().borrow().clone();
+    if membership::is_leader(&metrics) && !request.members.is_empty() {
+        let target = metrics.last_log_index.unwrap_or(0);
+        let voters = &request.members;
+        let (metrics, ready) = membership::wait_until(&app.raft, app.write_timeout, |m| {
+            !membership::is_leader(m) || membership::voters_ready(m, voters, target).is_ok()
+        })
+        .await;
+        if !ready {
+            let why = match membership::voters_ready(&metrics, voters, target) {
+                Err(not_ready) => not_ready.to_string(),
+                Ok(()) => "the voters were not ready".into(),
+            };
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "the membership was not changed: {why} within {} ms. The new voters could \
+                     not commit the change, and the cluster could not commit anything until \
+                     they answer",
+                    app.write_timeout.as_millis()
+                ),
+            );
+        }
+    }
+    let changed = tokio::time::timeout(
+        app.write_timeout,
+        app.raft.change_membership(request.members, false),
+    )
+    .await;
+    match changed {
+        Ok(Ok(response)) => Json(json!({ "log_index": response.log_id.index })).into_response(),
+        Ok(Err(e)) => write_error(e, "/cluster/change-membership"),
+        Err(_) => not_committed(&app, "the membership change"),
     }
 }
 

@@ -42,12 +42,14 @@ mod error;
 pub mod journal;
 pub mod log_format;
 pub mod log_store;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
+pub mod validate;
 
 pub use error::{Error, Result};
 pub use log_store::{LogStore, LogStoreConfig};

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{Node, NodeId, Raft, TypeConfig};
+use crate::validate;
 
 /// Path of the AppendEntries RPC.
 pub const APPEND_PATH: &str = "/raft/append";
@@ -152,33 +153,37 @@ impl RaftNetwork<TypeConfig> for Connection {
     }
 }
 
+/// Decodes an RPC body with a byte limit and checks it
+/// ([`crate::validate`]) before openraft sees it: anything undecodable or
+/// that no honest leader or candidate sends gets 400.
 #[allow(clippy::result_large_err)] // built on the error path only
-fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    bincode::deserialize(body).map_err(|e| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("undecodable RPC body: {e}"),
-        )
-            .into_response()
-    })
+fn decode<T: DeserializeOwned>(
+    body: &Bytes,
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<T, Response> {
+    let refuse = |message: String| (StatusCode::BAD_REQUEST, message).into_response();
+    let request: T =
+        validate::decode_all(body).map_err(|e| refuse(format!("undecodable RPC body: {e}")))?;
+    check(&request).map_err(|e| refuse(format!("refused RPC: {e}")))?;
+    Ok(request)
 }
 
 async fn append(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+    match decode::<AppendEntriesRequest<TypeConfig>>(&body, validate::check_append) {
         Ok(request) => Json(raft.append_entries(request).await).into_response(),
         Err(response) => response,
     }
 }
 
 async fn vote(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<VoteRequest<NodeId>>(&body) {
+    match decode::<VoteRequest<NodeId>>(&body, validate::check_vote_request) {
         Ok(request) => Json(raft.vote(request).await).into_response(),
         Err(response) => response,
     }
 }
 
 async fn snapshot(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<InstallSnapshotRequest<TypeConfig>>(&body) {
+    match decode::<InstallSnapshotRequest<TypeConfig>>(&body, validate::check_install_snapshot) {
         Ok(request) => Json(raft.install_snapshot(request).await).into_response(),
         Err(response) => response,
     }
