@@ -39,6 +39,9 @@ pub struct App {
     /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
     /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
     pub write_timeout: std::time::Duration,
+    /// `"https"` when the nodes serve TLS, else `"http"`: the scheme of the
+    /// leader's URL in a follower's redirect.
+    pub scheme: &'static str,
 }
 
 impl std::fmt::Debug for App {
@@ -63,10 +66,10 @@ fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, String>
 
 /// A follower's answer: a redirect to the leader's same URL, with a body
 /// that names it; 503 while no leader is known.
-fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
+fn forward(forward: &ForwardToLeader<NodeId, Node>, scheme: &str, path: &str) -> Response {
     match (&forward.leader_id, &forward.leader_node) {
         (Some(id), Some(node)) => {
-            let location = format!("http://{}{path}", node.addr);
+            let location = format!("{scheme}://{}{path}", node.addr);
             (
                 StatusCode::TEMPORARY_REDIRECT,
                 [(header::LOCATION, location)],
@@ -85,9 +88,13 @@ fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>, path: &str) -> Response {
+fn write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, Node>>,
+    scheme: &str,
+    path: &str,
+) -> Response {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, path),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, scheme, path),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             error(StatusCode::CONFLICT, e.to_string())
         }
@@ -138,7 +145,7 @@ async fn put_value(
 async fn propose(app: &App, request: Request, uri: &str) -> Result<Written, Response> {
     match tokio::time::timeout(app.write_timeout, app.writes.write(request)).await {
         Ok(Ok(written)) => Ok(written),
-        Ok(Err(e)) => Err(write_error(*e, uri)),
+        Ok(Err(e)) => Err(write_error(*e, app.scheme, uri)),
         Err(_) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -206,7 +213,7 @@ async fn get_value(
         match app.raft.ensure_linearizable().await {
             Ok(_) => {}
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                return forward(&f, &uri)
+                return forward(&f, app.scheme, &uri)
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
@@ -366,7 +373,7 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
 }
 
 /// The 413 answer, naming the limit and, below the format's own, why.
-fn too_large(limit: usize) -> Response {
+pub(crate) fn too_large(limit: usize) -> Response {
     let why = if limit < MAX_VALUE_BYTES {
         " on this node: a value must reach the followers within one heartbeat \
          interval; start the nodes with a longer --heartbeat-ms for larger values"
@@ -441,7 +448,7 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
         .await
     {
         Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/add-learner"),
+        Err(e) => write_error(e, app.scheme, "/cluster/add-learner"),
     }
 }
 
@@ -455,7 +462,7 @@ async fn change_membership(
     };
     match app.raft.change_membership(request.members, false).await {
         Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/change-membership"),
+        Err(e) => write_error(e, app.scheme, "/cluster/change-membership"),
     }
 }
 
