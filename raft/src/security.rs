@@ -318,6 +318,9 @@ mod tests {
         assert!(Token::new("").is_err());
         assert!(Token::new("two words").is_err());
         assert_eq!(format!("{token:?}"), "Token(<redacted>)");
+        let config =
+            crate::node::NodeConfig::new(1, "127.0.0.1:1".parse().unwrap(), "d").with_token(token);
+        assert!(!format!("{config:?}").contains("s3cret"));
     }
 
     #[test]

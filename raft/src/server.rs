@@ -25,7 +25,9 @@
 //! answers 401 to a request without `Authorization: Bearer <token>`;
 //! then it refuses a body over its limit ([`crate::limits`]) with 413 —
 //! from `Content-Length` before reading any of it, or as soon as a
-//! streamed body passes it.
+//! streamed body passes it. A refused request's connection is closed once
+//! the rest of its body has arrived or after 2 s, whichever is first, so
+//! that a client still sending it reads the answer instead of a reset.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -43,7 +45,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
@@ -129,6 +131,80 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
+/// How long, and for how many bytes, a refused request's body is still
+/// read and thrown away after the answer is sent. A client that is still
+/// sending when the server closes would otherwise get a connection reset
+/// (and lose the answer) instead of the 401 or 413.
+const LINGER: Duration = Duration::from_secs(2);
+/// See [`LINGER`].
+const LINGER_BYTES: usize = 128 << 20;
+
+/// Answers `response` at once, and closes the connection once the rest of
+/// `body` has arrived or [`LINGER`] has passed.
+fn refuse(mut response: Response, body: Body) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    if !body.is_end_stream() {
+        tokio::spawn(async move {
+            let mut body = body;
+            let deadline = tokio::time::Instant::now() + LINGER;
+            let mut drained = 0;
+            while drained < LINGER_BYTES {
+                match tokio::time::timeout_at(deadline, body.frame()).await {
+                    Ok(Some(Ok(frame))) => drained += frame.data_ref().map_or(0, Bytes::len),
+                    _ => break,
+                }
+            }
+        });
+    }
+    response
+}
+
+/// Reads a body of at most `limit` bytes within `timeout`.
+async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<Bytes, BodyError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(BodyError::Timeout),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BodyError::Failed(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total > limit {
+                return Err(BodyError::TooLarge(body));
+            }
+            chunks.push(data);
+        }
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => {
+            let mut whole = Vec::with_capacity(total);
+            for chunk in &chunks {
+                whole.extend_from_slice(chunk);
+            }
+            Bytes::from(whole)
+        }
+    })
+}
+
+/// Why a body was not read whole.
+enum BodyError {
+    /// It passed its limit; the rest of it.
+    TooLarge(Body),
+    /// It did not arrive within the body timeout.
+    Timeout,
+    /// The connection failed or the body was malformed.
+    Failed(String),
+}
+
 /// Checks a request's token and reads its body under the endpoint's
 /// limit and the body timeout (see the module docs), then runs the route.
 pub async fn police(State(policy): State<Arc<Policy>>, request: Request, next: Next) -> Response {
@@ -142,42 +218,40 @@ pub async fn police(State(policy): State<Arc<Policy>>, request: Request, next: N
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
             );
-            return response;
+            let (_, body) = request.into_parts();
+            if body.is_end_stream() {
+                return response;
+            }
+            return refuse(response, body);
         }
     }
     let path = request.uri().path().to_owned();
     let limit = request_body_limit(request.method(), &path, policy.max_value_bytes);
-    if content_length(request.headers()).is_some_and(|length| length > limit as u64) {
-        return too_large(&path, limit);
-    }
     let (parts, body) = request.into_parts();
+    if content_length(&parts.headers).is_some_and(|length| length > limit as u64) {
+        return refuse(too_large(&path, limit), body);
+    }
     if body.is_end_stream() {
         return next.run(Request::from_parts(parts, body)).await;
     }
-    let read = tokio::time::timeout(policy.body_timeout, Limited::new(body, limit).collect());
-    let bytes: Bytes = match read.await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return too_large(&path, limit)
+    match read_body(body, limit, policy.body_timeout).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
         }
-        Ok(Err(e)) => {
-            return closing_error(
-                StatusCode::BAD_REQUEST,
-                format!("reading the request body: {e}"),
-            )
-        }
-        Err(_) => {
-            return closing_error(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} ms",
-                    policy.body_timeout.as_millis()
-                ),
-            )
-        }
-    };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+        Err(BodyError::TooLarge(rest)) => refuse(too_large(&path, limit), rest),
+        Err(BodyError::Failed(e)) => closing_error(
+            StatusCode::BAD_REQUEST,
+            format!("reading the request body: {e}"),
+        ),
+        Err(BodyError::Timeout) => closing_error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} ms",
+                policy.body_timeout.as_millis()
+            ),
+        ),
+    }
 }
 
 /// Milliseconds since the server started, for the connections' clocks.

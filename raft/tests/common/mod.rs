@@ -400,6 +400,22 @@ impl Cluster {
         }
     }
 
+    /// The same as [`Cluster::local_get`], but `None` also while the node
+    /// does not answer (starting, or catching up) instead of failing.
+    pub async fn local_get_or_none(&self, id: u64, key: &str) -> Option<Vec<u8>> {
+        let response = self
+            .client
+            .get(self.nodes[&id].url(&format!("/kv/{key}?consistency=local")))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 200 {
+            return None;
+        }
+        response.bytes().await.ok().map(|b| b.to_vec())
+    }
+
     /// Node id → address.
     pub fn addrs(&self) -> BTreeMap<u64, String> {
         self.nodes
