@@ -73,8 +73,9 @@ enum Command {
         #[arg(long)]
         allow_insecure_network: bool,
         /// Connections served at once; beyond it the connection idle the
-        /// longest is closed. Lowered (with a warning) if the open-file
-        /// limit leaves too little room for it.
+        /// longest is closed. The node raises its open-file soft limit to
+        /// the hard limit at start, and lowers this (with a warning) if
+        /// that leaves fewer than 256 descriptors besides.
         #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
         max_connections: usize,
         /// Time a connection has to complete its TLS handshake and send a

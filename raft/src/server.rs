@@ -212,7 +212,7 @@ pub async fn police(State(policy): State<Arc<Policy>>, request: Request, next: N
         if !bearer(request.headers()).is_some_and(|presented| token.matches(presented)) {
             let mut response = json_error(
                 StatusCode::UNAUTHORIZED,
-                "this node requires Authorization: Bearer <token> (the token missing or wrong)",
+                "this node requires Authorization: Bearer <token> (the token is missing or wrong)",
             );
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
