@@ -50,6 +50,9 @@ pub struct App {
     /// What the node counts of the requests it answers (see
     /// [`crate::metrics`]).
     pub counters: Arc<Counters>,
+    /// `"https"` when the nodes serve TLS, else `"http"`: the scheme of the
+    /// leader's URL in a follower's redirect.
+    pub scheme: &'static str,
 }
 
 impl std::fmt::Debug for App {
@@ -74,10 +77,10 @@ fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, String>
 
 /// A follower's answer: a redirect to the leader's same URL, with a body
 /// that names it; 503 while no leader is known.
-fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
+fn forward(forward: &ForwardToLeader<NodeId, Node>, scheme: &str, path: &str) -> Response {
     match (&forward.leader_id, &forward.leader_node) {
         (Some(id), Some(node)) => {
-            let location = format!("http://{}{path}", node.addr);
+            let location = format!("{scheme}://{}{path}", node.addr);
             (
                 StatusCode::TEMPORARY_REDIRECT,
                 [(header::LOCATION, location)],
@@ -96,9 +99,13 @@ fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>, path: &str) -> Response {
+fn write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, Node>>,
+    scheme: &str,
+    path: &str,
+) -> Response {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, path),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, scheme, path),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             error(StatusCode::CONFLICT, e.to_string())
         }
@@ -149,7 +156,7 @@ async fn put_value(
 async fn propose(app: &App, request: Request, uri: &str) -> Result<Written, Response> {
     match tokio::time::timeout(app.write_timeout, app.writes.write(request)).await {
         Ok(Ok(written)) => Ok(written),
-        Ok(Err(WriteError::Raft(e))) => Err(write_error(*e, uri)),
+        Ok(Err(WriteError::Raft(e))) => Err(write_error(*e, app.scheme, uri)),
         Ok(Err(WriteError::Invalid(message))) => Err(error(StatusCode::BAD_REQUEST, message)),
         Err(_) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -218,7 +225,7 @@ async fn get_value(
         match app.raft.ensure_linearizable().await {
             Ok(_) => {}
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                return forward(&f, &uri)
+                return forward(&f, app.scheme, &uri)
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
@@ -415,7 +422,7 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
 }
 
 /// The 413 answer, naming the limit and, below the format's own, why.
-fn too_large(limit: usize) -> Response {
+pub(crate) fn too_large(limit: usize) -> Response {
     let why = if limit < MAX_VALUE_BYTES {
         " on this node: a value must reach the followers within one heartbeat \
          interval; start the nodes with a longer --heartbeat-ms for larger values"
@@ -510,7 +517,7 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
     .await;
     let log_index = match added {
         Ok(Ok(response)) => response.log_id.index,
-        Ok(Err(e)) => return write_error(e, "/cluster/add-learner"),
+        Ok(Err(e)) => return write_error(e, app.scheme, "/cluster/add-learner"),
         Err(_) => return not_committed(&app, "adding the learner"),
     };
     let id = request.id;
@@ -610,7 +617,7 @@ async fn change_membership(
     .await;
     match changed {
         Ok(Ok(response)) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Ok(Err(e)) => write_error(e, "/cluster/change-membership"),
+        Ok(Err(e)) => write_error(e, app.scheme, "/cluster/change-membership"),
         Err(_) => not_committed(&app, "the membership change"),
     }
 }
