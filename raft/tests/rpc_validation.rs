@@ -56,7 +56,7 @@ async fn write(cluster: &Cluster, key: &str, value: &[u8]) {
     let hint = std::sync::atomic::AtomicU64::new(1);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     assert!(
-        common::put(&cluster.client, &cluster.addrs(), key, value, &hint, || {
+        common::put(&cluster.client, &cluster.bases(), key, value, &hint, || {
             std::time::Instant::now() > deadline
         })
         .await,
@@ -251,7 +251,9 @@ async fn entries_the_api_would_refuse_are_refused_from_a_peer() {
     let addr = cluster.nodes[&follower].addr.clone();
     for (what, entries) in cases {
         let (status, text) = send(&addr, APPEND_PATH, append(vote, Some(last), entries)).await;
-        assert_eq!(status, 400, "{what}: {text}");
+        // 400 from the checks; 413 when the body alone is over what
+        // /raft/append takes (the 70 MiB value), refused before decoding.
+        assert!(status == 400 || status == 413, "{what}: {status} {text}");
         let m = cluster.metrics(follower).await.unwrap();
         assert_eq!(
             m["last_log_index"].as_u64(),
