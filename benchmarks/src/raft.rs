@@ -86,12 +86,61 @@ struct Cluster {
     leader: AtomicUsize,
     /// Version and configuration, for the notes.
     about: String,
+    /// The leader's term once the cluster was up: a later one means an
+    /// election during the measurements.
+    term: u64,
     processes: Processes,
+}
+
+/// What a cluster says about itself: the node that leads, its term, and
+/// the version of the software (etcd only).
+struct Survey {
+    leader: usize,
+    term: u64,
+    version: Option<String>,
 }
 
 impl Cluster {
     fn nodes(&self) -> usize {
         self.urls.len()
+    }
+
+    /// Asks the nodes which one leads; `None` until a node that leads
+    /// answers for itself.
+    fn survey(&self, load: &LoadGenerator) -> Option<Survey> {
+        for (i, url) in self.urls.iter().enumerate() {
+            match self.system {
+                System::SedimentRaft => {
+                    let Ok(metrics) = load.json(&format!("{url}/cluster/metrics"), None) else {
+                        continue;
+                    };
+                    if metrics["current_leader"].as_u64() == Some(i as u64 + 1) {
+                        return Some(Survey {
+                            leader: i,
+                            term: metrics["current_term"].as_u64()?,
+                            version: None,
+                        });
+                    }
+                }
+                System::Etcd => {
+                    // uint64 fields are strings in the gateway's JSON.
+                    let Ok(status) =
+                        load.json(&format!("{url}/v3/maintenance/status"), Some("{}".into()))
+                    else {
+                        continue;
+                    };
+                    let member = status["header"]["member_id"].as_str();
+                    if member.is_some() && member == status["leader"].as_str() {
+                        return Some(Survey {
+                            leader: i,
+                            term: status["header"]["raft_term"].as_str()?.parse().ok()?,
+                            version: status["version"].as_str().map(str::to_string),
+                        });
+                    }
+                }
+            }
+        }
+        None
     }
 }
 
@@ -354,6 +403,7 @@ fn start_sediment_raft(bin: &Path, nodes: usize, load: &LoadGenerator) -> Result
         pids: children.iter().map(Child::id).collect(),
         leader: AtomicUsize::new(0),
         about: format!("sediment-raft: {}", bin.display()),
+        term: 0,
         processes: Processes::Nodes {
             children,
             _dir: dir,
@@ -399,30 +449,16 @@ fn start_sediment_raft(bin: &Path, nodes: usize, load: &LoadGenerator) -> Result
     load.json(&format!("{}/cluster/init", cluster.urls[0]), Some(body))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let seen: Vec<Option<u64>> = cluster
-            .urls
-            .iter()
-            .map(|url| {
-                load.json(&format!("{url}/cluster/metrics"), None)
-                    .ok()
-                    .and_then(|m| m["current_leader"].as_u64())
-            })
-            .collect();
-        if let Some(Some(leader)) = seen.first() {
-            if seen.iter().all(|s| *s == Some(*leader)) && *leader >= 1 {
-                cluster
-                    .leader
-                    .store(*leader as usize - 1, Ordering::Relaxed);
-                return Ok(cluster);
-            }
+        if let Some(survey) = cluster.survey(load) {
+            cluster.leader.store(survey.leader, Ordering::Relaxed);
+            cluster.term = survey.term;
+            return Ok(cluster);
         }
         if let Some(e) = died(&mut cluster) {
             return Err(e);
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "no leader known to every node within 30 s ({seen:?})"
-            ));
+            return Err("no leader within 30 s".to_string());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -477,6 +513,7 @@ fn start_etcd(members: usize, load: &LoadGenerator) -> Result<Cluster, String> {
         pids: Vec::new(),
         leader: AtomicUsize::new(0),
         about: String::new(),
+        term: 0,
         processes: Processes::Etcd {
             script: script.clone(),
             dir,
@@ -496,25 +533,17 @@ fn start_etcd(members: usize, load: &LoadGenerator) -> Result<Cluster, String> {
     cluster.pids = pids;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mut version = String::new();
-        for (i, url) in cluster.urls.iter().enumerate() {
-            let Ok(status) = load.json(&format!("{url}/v3/maintenance/status"), Some("{}".into()))
-            else {
-                continue;
-            };
-            version = status["version"].as_str().unwrap_or("?").to_string();
-            let member = status["header"]["member_id"].as_str();
-            if member.is_some() && member == status["leader"].as_str() {
-                cluster.leader.store(i, Ordering::Relaxed);
-                cluster.about =
-                    format!("etcd {version} (Debian's etcd-server, started by benchmarks/etcd.sh)");
-                return Ok(cluster);
-            }
+        if let Some(survey) = cluster.survey(load) {
+            cluster.leader.store(survey.leader, Ordering::Relaxed);
+            cluster.term = survey.term;
+            cluster.about = format!(
+                "etcd {} (Debian's etcd-server, started by benchmarks/etcd.sh)",
+                survey.version.as_deref().unwrap_or("of unknown version")
+            );
+            return Ok(cluster);
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "no etcd leader found within 30 s (version {version})"
-            ));
+            return Err("no etcd leader found within 30 s".to_string());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -771,6 +800,13 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
             let pool = PayloadPool::new(len, 11);
             let label = human_size(len as u64);
             for round in 0..rounds {
+                // etcd answers on every member, so a change of leader
+                // would go unseen without asking.
+                for cluster in &clusters {
+                    if let Some(survey) = cluster.survey(&load) {
+                        cluster.leader.store(survey.leader, Ordering::Relaxed);
+                    }
+                }
                 let order: Vec<&Cluster> = if round % 2 == 0 {
                     clusters.iter().collect()
                 } else {
@@ -787,6 +823,18 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                     });
                     match result {
                         Ok(m) => {
+                            if m.operations == 0 {
+                                note(
+                                    format!(
+                                        "{}, {nodes} nodes, {clients} clients, {label}, round {}: \
+                                         no write acknowledged in the {seconds} s window \
+                                         (0 writes/s; no latency)",
+                                        system.name(),
+                                        round + 1
+                                    ),
+                                    &mut notes,
+                                );
+                            }
                             eprintln!(
                                 "raft {nodes} node(s), {clients} clients, {label}, round {}/{rounds}: \
                                  {} {} writes/s, p50 {} µs, p99 {} µs",
@@ -862,6 +910,24 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                 }
             }
         }
+        for cluster in &clusters {
+            let name = cluster.system.name();
+            match cluster.survey(&load) {
+                Some(survey) if survey.term != cluster.term => note(
+                    format!(
+                        "{name} ({nodes} nodes): the leader's term went from {} to {} during \
+                         the measurements (an election: writes wait for the new leader)",
+                        cluster.term, survey.term
+                    ),
+                    &mut notes,
+                ),
+                Some(_) => {}
+                None => note(
+                    format!("{name} ({nodes} nodes): no leader after the measurements"),
+                    &mut notes,
+                ),
+            }
+        }
         eprintln!("raft: stopping the {nodes}-node clusters");
         drop(clusters);
     }
@@ -877,15 +943,17 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
 }
 
 /// The medians of one system's rounds in one cell: writes/s, p50, p99.
-fn medians(rounds: Option<&Vec<Measurement>>) -> Option<(f64, Duration, Duration)> {
+fn medians(rounds: Option<&Vec<Measurement>>) -> Option<(f64, Option<Duration>, Option<Duration>)> {
     let rounds = rounds?;
     let per_second: Vec<f64> = rounds.iter().map(Measurement::per_second).collect();
-    let p50: Vec<f64> = rounds.iter().map(|m| m.p50.as_secs_f64()).collect();
-    let p99: Vec<f64> = rounds.iter().map(|m| m.p99.as_secs_f64()).collect();
+    // A round without a single acknowledged write has no latencies.
+    let timed = rounds.iter().filter(|m| m.operations > 0);
+    let p50: Vec<f64> = timed.clone().map(|m| m.p50.as_secs_f64()).collect();
+    let p99: Vec<f64> = timed.map(|m| m.p99.as_secs_f64()).collect();
     Some((
         median(&per_second)?,
-        Duration::from_secs_f64(median(&p50)?),
-        Duration::from_secs_f64(median(&p99)?),
+        median(&p50).map(Duration::from_secs_f64),
+        median(&p99).map(Duration::from_secs_f64),
     ))
 }
 
@@ -931,7 +999,11 @@ fn report(
                 match medians(results.get(&(nodes, clients, len, system))) {
                     Some((per_second, p50, p99)) => {
                         rates.push(Some(per_second));
-                        row.extend([rate(per_second), micros(p50), micros(p99)]);
+                        row.extend([
+                            rate(per_second),
+                            p50.map_or(String::new(), micros),
+                            p99.map_or(String::new(), micros),
+                        ]);
                     }
                     None => {
                         rates.push(None);
