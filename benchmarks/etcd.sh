@@ -130,7 +130,11 @@ start() {
     1 | 3) ;;
     *) die "start takes 1 or 3 members, not $count" ;;
   esac
-  bin="$(find_bin)" || { install_etcd; bin="$(find_bin)" || die "no etcd binary after installing"; }
+  if [ -n "${ETCD_BIN:-}" ]; then
+    bin="$(find_bin)" || die "ETCD_BIN=$ETCD_BIN is not an executable"
+  else
+    bin="$(find_bin)" || { install_etcd; bin="$(find_bin)" || die "no etcd binary after installing"; }
+  fi
   if [ -n "$data" ] && [ -f "$data/members" ]; then
     if running; then
       echo "etcd.sh: already running" >&2

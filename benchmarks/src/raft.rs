@@ -487,12 +487,18 @@ fn etcd_sh(script: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
     } else {
         eprint!("{stderr}");
-        let last: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        // The script's own last word, else whatever came last.
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let why = lines
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("etcd.sh: "))
+            .or(lines.last().copied())
+            .unwrap_or("no message");
         Err(format!(
-            "etcd.sh {} failed ({}): {}",
+            "etcd.sh {} failed ({}): {why}",
             args.join(" "),
-            output.status,
-            last[last.len().saturating_sub(2)..].join(" / ")
+            output.status
         ))
     }
 }
@@ -713,6 +719,15 @@ fn cells() -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// `1 node`, `3 nodes`.
+fn node_count(nodes: usize) -> String {
+    if nodes == 1 {
+        "1 node".to_string()
+    } else {
+        format!("{nodes} nodes")
+    }
+}
+
 /// Says a note at once on stderr and keeps it for under the table.
 fn note(text: String, notes: &mut Vec<String>) {
     eprintln!("raft: {text}");
@@ -775,13 +790,14 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
     let mut syncs: BTreeMap<CellKey, SyncCount> = BTreeMap::new();
     let mut about: Vec<String> = Vec::new();
     for nodes in NODES {
+        let count = node_count(nodes);
         let mut clusters: Vec<Cluster> = Vec::new();
         if let Ok(bin) = &bin {
             eprintln!("raft: starting {nodes} sediment-raft node(s)");
             match start_sediment_raft(bin, nodes, &load) {
                 Ok(cluster) => clusters.push(cluster),
                 Err(e) => note(
-                    format!("sediment-raft ({nodes} nodes) skipped: {e}"),
+                    format!("sediment-raft ({}) skipped: {e}", node_count(nodes)),
                     &mut notes,
                 ),
             }
@@ -789,7 +805,10 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         eprintln!("raft: starting {nodes} etcd member(s)");
         match start_etcd(nodes, &load) {
             Ok(cluster) => clusters.push(cluster),
-            Err(e) => note(format!("etcd ({nodes} nodes) skipped: {e}"), &mut notes),
+            Err(e) => note(
+                format!("etcd ({}) skipped: {e}", node_count(nodes)),
+                &mut notes,
+            ),
         }
         for cluster in &clusters {
             if !about.contains(&cluster.about) {
@@ -826,7 +845,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                             if m.operations == 0 {
                                 note(
                                     format!(
-                                        "{}, {nodes} nodes, {clients} clients, {label}, round {}: \
+                                        "{}, {count}, {clients} clients, {label}, round {}: \
                                          no write acknowledged in the {seconds} s window \
                                          (0 writes/s; no latency)",
                                         system.name(),
@@ -836,7 +855,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                                 );
                             }
                             eprintln!(
-                                "raft {nodes} node(s), {clients} clients, {label}, round {}/{rounds}: \
+                                "raft {count}, {clients} clients, {label}, round {}/{rounds}: \
                                  {} {} writes/s, p50 {} µs, p99 {} µs",
                                 round + 1,
                                 system.name(),
@@ -851,7 +870,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                         }
                         Err(e) => note(
                             format!(
-                                "{}, {nodes} nodes, {clients} clients, {label}, round {}: {e}",
+                                "{}, {count}, {clients} clients, {label}, round {}: {e}",
                                 system.name(),
                                 round + 1
                             ),
@@ -889,19 +908,19 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                     .map(|s| s.latencies.len() as u64)
                 });
                 match counted {
-                    Ok(count) => {
+                    Ok(synced) => {
                         eprintln!(
-                            "raft {nodes} node(s), {clients} clients, {label}, traced: {} {} \
+                            "raft {count}, {clients} clients, {label}, traced: {} {} \
                              writes, syncs per node {:?}",
                             system.name(),
-                            count.writes,
-                            count.per_node
+                            synced.writes,
+                            synced.per_node
                         );
-                        syncs.insert((nodes, clients, len, system), count);
+                        syncs.insert((nodes, clients, len, system), synced);
                     }
                     Err(e) => note(
                         format!(
-                            "syncs of {} not measured ({nodes} nodes, {clients} clients, \
+                            "syncs of {} not measured ({count}, {clients} clients, \
                              {label}): {e}",
                             system.name()
                         ),
@@ -915,7 +934,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
             match cluster.survey(&load) {
                 Some(survey) if survey.term != cluster.term => note(
                     format!(
-                        "{name} ({nodes} nodes): the leader's term went from {} to {} during \
+                        "{name} ({count}): the leader's term went from {} to {} during \
                          the measurements (an election: writes wait for the new leader)",
                         cluster.term, survey.term
                     ),
@@ -923,7 +942,7 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                 ),
                 Some(_) => {}
                 None => note(
-                    format!("{name} ({nodes} nodes): no leader after the measurements"),
+                    format!("{name} ({count}): no leader after the measurements"),
                     &mut notes,
                 ),
             }
@@ -1010,6 +1029,9 @@ fn report(
                         row.extend([String::new(), String::new(), String::new()]);
                     }
                 }
+            }
+            if rates.iter().all(Option::is_none) {
+                continue;
             }
             row.push(ratio(rates[0], rates[1]).map_or(String::new(), |r| format!("{r:.2}")));
             table.row(row);
