@@ -185,7 +185,7 @@ fn main() -> ExitCode {
         peers::FEATURES,
         cfg!(feature = "raft"),
     );
-    if let Some(code) = relaunch::relaunch_with_peers(&args, wants_peers) {
+    if let Some(code) = relaunch::relaunch_with_peers(&args, wants_peers, only.as_deref()) {
         return code;
     }
     println!("# Benchmark results\n\n{}\n", machine_description());
