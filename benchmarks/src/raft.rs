@@ -381,6 +381,9 @@ fn start_sediment_raft(bin: &Path, nodes: usize, load: &LoadGenerator) -> Result
             .arg("--dir")
             .arg(dir.path().join(format!("node-{id}")))
             .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
+            // Warnings and errors only in the node's log: no log line per
+            // write in the measurements.
+            .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
