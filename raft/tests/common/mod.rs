@@ -16,27 +16,8 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("a local address").port()
 }
 
-/// A small deterministic generator (xorshift64*), so failures replay from
-/// the printed seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::rng::Rng;
 
 /// A throwaway CA, a certificate for the nodes (for `127.0.0.1` and
 /// `localhost`, usable by servers and clients), one for test clients and
