@@ -1,5 +1,7 @@
 //! Three `sediment-raft node` processes; a client writes from 4 tasks while
-//! the leader is SIGKILLed at seeded random moments, five times. Every
+//! the leader is SIGKILLed at seeded random moments, five times, and after
+//! each, once it is back, one of the followers (its state machine does not
+//! sync its applies; it catches up from its log and the leader's). Every
 //! acknowledged write must be readable, with its value, from every node
 //! afterwards, and nothing that was never written may appear.
 //!
@@ -54,6 +56,25 @@ async fn acknowledged_writes_survive_leader_kills_over_tls_with_a_token() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let credentials = Credentials::generate();
     kill_leaders(Some(&credentials)).await;
+}
+
+/// Waits until node `id` has applied at least `target`.
+async fn wait_applied(cluster: &Cluster, id: u64, target: Option<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let applied = cluster
+            .metrics(id)
+            .await
+            .and_then(|m| m["last_applied"].as_u64());
+        if applied.is_some() && applied >= target {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restarted node {id} did not catch up to {target:?} (at {applied:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 async fn kill_leaders(credentials: Option<&Credentials>) {
@@ -121,6 +142,7 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
     }
 
     let mut kills = 0;
+    let mut follower_kills = 0;
     for round in 0..KILLS {
         tokio::time::sleep(Duration::from_millis(300 + rng.below(900))).await;
         if let Some(now) = cluster.leader(None).await {
@@ -145,22 +167,29 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
             .await
             .and_then(|m| m["last_applied"].as_u64());
         cluster.nodes.get_mut(&leader).unwrap().start();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let applied = cluster
-                .metrics(leader)
-                .await
-                .and_then(|m| m["last_applied"].as_u64());
-            if applied.is_some() && applied >= target {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "restarted node {leader} did not catch up to {target:?} (at {applied:?})"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        wait_applied(&cluster, leader, target).await;
         leader = new_leader;
+
+        // Then a follower: the leader keeps its quorum with the other one,
+        // and the killed follower catches up from the leader's log when it
+        // is back.
+        let followers: Vec<u64> = cluster
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| *id != leader)
+            .collect();
+        let follower = followers[rng.below(followers.len() as u64) as usize];
+        cluster.nodes.get_mut(&follower).unwrap().kill();
+        follower_kills += 1;
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(500))).await;
+        let target = cluster
+            .metrics(leader)
+            .await
+            .and_then(|m| m["last_applied"].as_u64());
+        println!("round {round}: killed follower {follower}; the leader applied {target:?} meanwhile");
+        cluster.nodes.get_mut(&follower).unwrap().start();
+        wait_applied(&cluster, follower, target).await;
     }
     stop.store(true, Ordering::Relaxed);
     for writer in writers {
@@ -215,7 +244,7 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
         assert_eq!(keys, present, "node {id} holds keys nobody wrote");
     }
     println!(
-        "writes acknowledged: {}, attempted: {}, kills: {kills}, elections observed: {elections}, \
+        "writes acknowledged: {}, attempted: {}, leader kills: {kills}, follower kills: {follower_kills}, elections observed: {elections}, \
          last applied index: {applied}, took {:?}",
         ledger.acknowledged.len() + ledger.hot_acknowledged.len(),
         ledger.attempted.len()
@@ -227,6 +256,7 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
         started.elapsed()
     );
     assert!(kills >= KILLS);
+    assert!(follower_kills >= KILLS);
     assert!(
         started.elapsed() < Duration::from_secs(120),
         "the test took too long"
