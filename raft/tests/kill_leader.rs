@@ -187,7 +187,9 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
             .metrics(leader)
             .await
             .and_then(|m| m["last_applied"].as_u64());
-        println!("round {round}: killed follower {follower}; the leader applied {target:?} meanwhile");
+        println!(
+            "round {round}: killed follower {follower}; the leader applied {target:?} meanwhile"
+        );
         cluster.nodes.get_mut(&follower).unwrap().start();
         wait_applied(&cluster, follower, target).await;
     }

@@ -65,7 +65,7 @@ impl Credentials {
         }
         let token = format!(
             "test-token-{:016x}",
-            Rng::new(std::process::id().into()).next()
+            Rng::new(std::process::id().into()).next_u64()
         );
         std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
         Self { dir, token }
