@@ -135,10 +135,12 @@ mod position;
 mod reader;
 mod recovery;
 mod segment;
+mod segments;
 mod stats;
 mod sync_ledger;
 mod tail;
 mod trace;
+mod tuning;
 mod writer;
 
 pub use config::{

@@ -17,6 +17,7 @@ use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
 use crate::segment::FileName;
 use crate::segment::Segment;
+use crate::tuning::{MIN_AHEAD, PREFETCH_CHUNK_BYTES, WINDOW_BYTES};
 
 /// Where one chunk record starts and how much data it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -842,16 +843,6 @@ fn judge_failed_commits(segments: &mut [FoundSegment]) {
         }
     }
 }
-
-/// Chunks up to this size are read together with their header, through
-/// the reader's window.
-const PREFETCH_CHUNK_BYTES: usize = 64 * 1024;
-
-/// The most a reader's window reads ahead of the record it was asked for.
-const WINDOW_BYTES: usize = 256 * 1024;
-
-/// The least read-ahead a window shrinks to.
-const MIN_AHEAD: usize = 4096;
 
 /// The part of a segment read last, shared by the entries of one
 /// [`SegmentReader`]. Reading small chunks one `pread` each cost a system

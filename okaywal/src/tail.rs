@@ -188,54 +188,17 @@ impl LogEntries {
         let (segments, in_file, stable_through, recycled_through) = {
             let state = inner.state.lock();
             inner.check_usable(&state)?;
-            let segments: Vec<Arc<Segment>> = state
-                .segments
-                .values()
-                .map(|seg| seg.segment.clone())
-                .collect();
+            let segments: Vec<Arc<Segment>> = state.segments.live_segments();
             // With buffered entries: per segment, where the records that
             // are in the file end (none below is still in the write
             // buffer or being written by another thread).
             let in_file: HashMap<u64, u64> = if self.include_buffered {
-                state
-                    .segments
-                    .values()
-                    // Only once the segment's name is durable: until then
-                    // a crash of the process loses the file's records (it
-                    // keeps its spare name), and its predecessor may still
-                    // have writes in flight (see `sync_targets`).
-                    .filter(|seg| seg.segment.name_durable.load(Ordering::Acquire))
-                    .map(|seg| {
-                        let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
-                        let synced = seg.segment.synced_to.load(Ordering::Acquire);
-                        (seg.segment.id, seg.written_to().min(unwritten).max(synced))
-                    })
-                    .collect()
+                state.segments.in_file_ends()
             } else {
                 HashMap::new()
             };
-            // A commit not yet durable holds the reader back; with
-            // buffered entries, only one whose record is not in the file.
-            let pending = if self.include_buffered {
-                state
-                    .pending_commits
-                    .iter()
-                    .find(|(_, (segment, end))| {
-                        in_file.get(segment).map_or(true, |limit| end > limit)
-                    })
-                    .map(|(id, _)| id)
-            } else {
-                state.pending_commits.keys().next()
-            };
-            // Every entry up to here is finished, and every commit among
-            // them readable: the reader may move past all of them.
-            let blocked = [state.open_ids.keys().next(), pending]
-                .into_iter()
-                .flatten()
-                .min()
-                .copied()
-                .unwrap_or(state.next_entry_id);
-            (segments, in_file, blocked - 1, state.recycled_through)
+            let stable_through = state.readable_through(self.include_buffered.then_some(&in_file));
+            (segments, in_file, stable_through, state.recycled_through())
         };
         if self.next <= recycled_through {
             return Err(io::Error::new(

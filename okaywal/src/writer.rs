@@ -8,16 +8,8 @@ use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_
 use crate::position::{EntryId, LogPosition};
 use crate::segment::{EndMark, Segment};
 use crate::stats::Counters;
+use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES};
 use crate::WriteAheadLog;
-
-/// Chunks larger than this are copied into the file by their writers,
-/// outside the log's lock, while their header and trailer go through the
-/// write buffer, so that other committers need not wait for the copy (see
-/// FORMAT.md).
-const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
-/// Entries from this size commit with a sync pass of their own (see
-/// `EntryWriter::commit_with`).
-const OWN_SYNC_BYTES: usize = 256 * 1024;
 
 /// How durable a commit is when it returns; see
 /// [`EntryWriter::commit_with`].
