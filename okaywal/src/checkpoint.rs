@@ -19,9 +19,9 @@ use crate::tuning::{IDLE_WAIT, MAX_BACKOFF, MIN_SYNC_INTERVAL};
 use crate::{EntryId, WriteAheadLog};
 
 pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Result<()> {
-    if let Some(interval) = log.inner.config.max_unsynced {
+    if let Some(interval) = log.inner.config().max_unsynced {
         let weak = weak(log);
-        let signal = log.inner.signal.clone();
+        let signal = log.inner.signal().clone();
         std::thread::Builder::new()
             .name("okaywal-sync".into())
             .spawn(move || sync_periodically(&weak, &signal, interval))?;
@@ -30,8 +30,7 @@ pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Re
     let handle = std::thread::Builder::new()
         .name("okaywal-checkpoint".into())
         .spawn(move || run(&weak, manager))?;
-    *log.inner.maintenance_thread.lock() = Some(handle.thread().id());
-    *log.inner.maintenance.lock() = Some(handle);
+    log.inner.set_maintenance(handle);
     Ok(())
 }
 
@@ -46,10 +45,10 @@ fn sync_periodically(weak: &Weak<Inner>, signal: &crate::log::Signal, interval: 
         let Some(inner) = weak.upgrade() else {
             return;
         };
-        if inner.state.lock().is_shutting_down() {
+        if inner.lock_state().is_shutting_down() {
             return;
         }
-        if inner.counters.unsynced_bytes.load(Ordering::Acquire) > 0 {
+        if inner.counters().unsynced_bytes.load(Ordering::Acquire) > 0 {
             // A failure poisons the log; commits report it.
             let _ = WriteAheadLog::borrowed(inner).sync();
         }
@@ -112,9 +111,9 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         let Some(inner) = weak.upgrade() else {
             return;
         };
-        let signal = inner.signal.clone();
+        let signal = inner.signal().clone();
         let mut wait = None;
-        if std::mem::take(&mut inner.state.lock().checkpoints.requested) {
+        if std::mem::take(&mut inner.lock_state().checkpoints.requested) {
             checkpoint_backoff.retry_now();
         }
         recycle_finished(&inner);
@@ -130,10 +129,10 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
             Work::Spare => match inner.create_spare() {
                 Ok(spare) => {
                     spare_backoff = Backoff::default();
-                    inner.state.lock().segments.spare_made(spare);
+                    inner.lock_state().segments.spare_made(spare);
                 }
                 Err(err) => {
-                    inner.state.lock().checkpoints.error = Some(ErrorRecord::of(&err));
+                    inner.lock_state().checkpoints.error = Some(ErrorRecord::of(&err));
                     spare_backoff.failed();
                 }
             },
@@ -147,7 +146,7 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
                 let nanos = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
                 drop(log);
-                let counters = &inner.counters;
+                let counters = inner.counters();
                 if result.is_ok() {
                     checkpoint_backoff = Backoff::default();
                     Counters::add(&counters.checkpoints, 1);
@@ -204,7 +203,7 @@ impl Backoff {
 }
 
 fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work {
-    let mut state = inner.state.lock();
+    let mut state = inner.lock_state();
     if state.is_shutting_down() {
         return Work::Stop;
     }
@@ -298,8 +297,8 @@ pub(crate) fn checkpoint(
         segment.id,
         segment.file.clone(),
         limit,
-        inner.config.buffer_bytes,
-        inner.config.recovery_mode == RecoveryMode::SkipCorrupted,
+        inner.config().buffer_bytes,
+        inner.config().recovery_mode == RecoveryMode::SkipCorrupted,
         segment.clone(),
     );
     manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
@@ -309,7 +308,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
     match result {
         Ok(()) => {
             let highest_id = {
-                let mut state = inner.state.lock();
+                let mut state = inner.lock_state();
                 let retired = state.segments.finish(segment.id);
                 let committed = retired.and_then(|s| s.highest_committed_id);
                 state.note_recycled(committed);
@@ -324,16 +323,16 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             *segment.end_mark.lock() = EndMark::Retired;
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
-                .fs
+                .fs()
                 .rename(&segment.path, &recycled)
-                .and_then(|()| inner.fs.sync_dir(inner.directory()));
-            let mut state = inner.state.lock();
+                .and_then(|()| inner.fs().sync_dir(inner.directory()));
+            let mut state = inner.lock_state();
             state.checkpoints.checkpointing = None;
             state.checkpoints.attempts += 1;
             match renamed {
                 Ok(()) => {
                     state.checkpoints.error = None;
-                    Counters::add(&inner.counters.recycled_segments, 1);
+                    Counters::add(&inner.counters().recycled_segments, 1);
                     state.segments.retire(segment, recycled);
                 }
                 Err(err) => {
@@ -352,14 +351,14 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                     // Failed before the state is released, so that no
                     // waiter in `checkpoint_active` sees the segment gone
                     // without seeing the failure.
-                    inner.group.fail(&failed);
+                    inner.record_failure(&failed);
                     drop(state);
                     inner.poison(failed);
                 }
             }
         }
         Err(err) => {
-            let mut state = inner.state.lock();
+            let mut state = inner.lock_state();
             state.checkpoints.checkpointing = None;
             state.checkpoints.attempts += 1;
             state.checkpoints.error = Some(ErrorRecord {
@@ -371,15 +370,15 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             });
         }
     }
-    inner.checkpointed.notify_all();
+    inner.checkpoint_attempted();
 }
 
 /// Moves checkpointed segments that no reader holds any more into the
 /// spare pool (or deletes them when the pool is full).
 fn recycle_finished(inner: &Inner) {
-    let finished = inner.state.lock().segments.take_unread_retired();
+    let finished = inner.lock_state().segments.take_unread_retired();
     for (segment, path) in finished {
-        let keep = inner.state.lock().segments.keeps_another_spare();
+        let keep = inner.lock_state().segments.keeps_another_spare();
         if keep {
             let file = segment.file.clone();
             // A segment that grew far past its preallocated size (writers
@@ -387,18 +386,18 @@ fn recycle_finished(inner: &Inner) {
             // keep the disk space of a burst. The usual overshoot of up to
             // one entry is kept: cutting it would only make the next user
             // of the file allocate those blocks again.
-            let preallocated = inner.config.preallocate_bytes.max(HEADER_SIZE);
+            let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
             if file.len().is_ok_and(|len| len > 2 * preallocated) {
                 if let Err(err) = file.set_len(preallocated) {
-                    inner.state.lock().checkpoints.error = Some(ErrorRecord {
+                    inner.lock_state().checkpoints.error = Some(ErrorRecord {
                         kind: err.kind(),
                         message: format!("shrinking recycled segment {}: {err}", path.display()),
                     });
                 }
             }
-            inner.state.lock().segments.add_spare(Spare { file, path });
-        } else if let Err(err) = inner.fs.remove_file(&path) {
-            inner.state.lock().checkpoints.error = Some(ErrorRecord {
+            inner.lock_state().segments.add_spare(Spare { file, path });
+        } else if let Err(err) = inner.fs().remove_file(&path) {
+            inner.lock_state().checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),
                 message: format!("removing surplus segment file: {err}"),
             });
@@ -408,12 +407,11 @@ fn recycle_finished(inner: &Inner) {
 
 pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     let inner = &log.inner;
-    let mut state = inner.state.lock();
+    let mut state = inner.lock_state();
     inner.check_usable(&state)?;
     let active = state.segments.active_id();
     let has_records = state.segments.active_has_records();
-    let on_maintenance_thread =
-        *inner.maintenance_thread.lock() == Some(std::thread::current().id());
+    let on_maintenance_thread = inner.on_maintenance_thread();
     if !on_maintenance_thread {
         // The checkpoint covers the active segment if it holds records,
         // else every segment before it; an entry open in any of those
@@ -437,7 +435,7 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         if !state.segments.has_spare() {
             drop(state);
             let spare = inner.create_spare()?;
-            state = inner.state.lock();
+            state = inner.lock_state();
             state.segments.add_spare(spare);
         }
         if state.segments.active_id() == active {
@@ -448,13 +446,13 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         active.saturating_sub(1)
     };
     if on_maintenance_thread {
-        inner.signal.wake();
+        inner.signal().wake();
         return Ok(());
     }
     // Someone waits for this checkpoint: a failed one is retried now, not
     // after a backoff of up to two seconds.
     state.checkpoints.requested = true;
-    inner.signal.wake();
+    inner.signal().wake();
     let attempts_before = state.checkpoints.attempts;
     loop {
         // A segment being finished has left `segments` but is not yet
@@ -486,20 +484,18 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
                 "the log was shut down before the checkpoint finished",
             ));
         }
-        inner.checkpointed.wait_for(&mut state, IDLE_WAIT);
+        inner.wait_for_checkpoint(&mut state, IDLE_WAIT);
     }
 }
 
 pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
     let inner = &log.inner;
     {
-        let mut state = inner.state.lock();
+        let mut state = inner.lock_state();
         state.begin_shutdown();
-        inner.signal.wake();
-        inner.checkpointed.notify_all();
-        inner.synced.notify_all();
+        inner.wake_all_waiters();
     }
-    let handle = inner.maintenance.lock().take();
+    let handle = inner.take_maintenance();
     if let Some(handle) = handle {
         if handle.thread().id() != std::thread::current().id() {
             handle

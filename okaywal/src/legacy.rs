@@ -696,7 +696,7 @@ impl LegacyLog {
             return Ok(());
         }
         let inner = &log.inner;
-        let fs = &*inner.fs;
+        let fs = inner.fs();
         let directory = inner.directory().to_path_buf();
         // Calls the manager makes on the log from `checkpoint_to` behave
         // as they do on the background thread (`checkpoint_active` seals
@@ -708,15 +708,15 @@ impl LegacyLog {
             if let (false, Some(last)) = (scanned.abandoned, scanned.scan.max_entry_id) {
                 let mut reader = scanned.reader();
                 let id = scanned.segment.id;
-                inner.legacy_files.lock().insert(
+                inner.set_legacy_file(
                     id,
-                    OpenLegacyFile {
+                    Some(OpenLegacyFile {
                         file: scanned.segment.file.clone(),
                         records_start: scanned.segment.header.records_start.unwrap_or(u64::MAX),
-                    },
+                    }),
                 );
                 let result = manager.checkpoint_to(EntryId(last), &mut reader, log);
-                inner.legacy_files.lock().remove(&id);
+                inner.set_legacy_file(id, None);
                 result.map_err(|err| {
                     io::Error::new(
                         err.kind(),
@@ -781,14 +781,15 @@ struct AsMaintenanceThread<'a> {
 
 impl<'a> AsMaintenanceThread<'a> {
     fn enter(log: &'a WriteAheadLog) -> Self {
-        *log.inner.maintenance_thread.lock() = Some(std::thread::current().id());
+        log.inner
+            .set_maintenance_thread(Some(std::thread::current().id()));
         Self { log }
     }
 }
 
 impl Drop for AsMaintenanceThread<'_> {
     fn drop(&mut self) {
-        *self.log.inner.maintenance_thread.lock() = None;
+        self.log.inner.set_maintenance_thread(None);
     }
 }
 

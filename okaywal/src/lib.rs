@@ -137,7 +137,6 @@ mod recovery;
 mod segment;
 mod segments;
 mod stats;
-mod sync_ledger;
 mod tail;
 mod trace;
 mod tuning;

@@ -111,10 +111,7 @@ impl LogEntries {
     pub fn include_buffered(mut self) -> Self {
         if !self.include_buffered {
             self.include_buffered = true;
-            self.log
-                .inner
-                .buffered_followers
-                .fetch_add(1, Ordering::AcqRel);
+            self.log.inner.follow_buffered(true);
         }
         self
     }
@@ -122,9 +119,8 @@ impl LogEntries {
     /// What makes more entries readable: syncs, and buffered commits when
     /// this reader takes them.
     fn progress(&self) -> u64 {
-        let counters = &self.log.inner.counters;
-        let syncs = counters.syncs.load(Ordering::Acquire)
-            + self.log.inner.unblocking_rollbacks.load(Ordering::Acquire);
+        let counters = self.log.inner.counters();
+        let syncs = counters.syncs.load(Ordering::Acquire) + self.log.inner.unblocking_rollbacks();
         if self.include_buffered {
             syncs + counters.buffered_commits.load(Ordering::Acquire)
         } else {
@@ -157,20 +153,14 @@ impl LogEntries {
                 return Ok(Some(entry));
             }
             let inner = &self.log.inner;
-            let mut state = inner.state.lock();
+            let mut state = inner.lock_state();
             // `synced` is shared by every reader: a wake-up that moved
             // nothing this reader counts (a buffered commit, for a reader
             // of durable entries only) waits again instead of refilling.
             // A shut-down or failed log wakes readers too: the refill
             // then returns its error.
             while self.progress() == before && inner.check_usable(&state).is_ok() {
-                let timed_out = match deadline {
-                    Some(deadline) => inner.synced.wait_until(&mut state, deadline).timed_out(),
-                    None => {
-                        inner.synced.wait(&mut state);
-                        false
-                    }
-                };
+                let timed_out = inner.wait_for_sync(&mut state, deadline);
                 if timed_out {
                     drop(state);
                     self.refill()?;
@@ -186,7 +176,7 @@ impl LogEntries {
         let inner = &self.log.inner;
         inner.prune_pending_commits();
         let (segments, in_file, stable_through, recycled_through) = {
-            let state = inner.state.lock();
+            let state = inner.lock_state();
             inner.check_usable(&state)?;
             let segments: Vec<Arc<Segment>> = state.segments.live_segments();
             // With buffered entries: per segment, where the records that
@@ -232,10 +222,10 @@ impl LogEntries {
             let scanner = self
                 .scanners
                 .entry(segment.id)
-                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config.buffer_bytes));
+                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config().buffer_bytes));
             // Damage is skipped where recovery skipped it, so the entries
             // recovery presented after it are not passed over here.
-            let skip_damage = inner.config.recovery_mode == RecoveryMode::SkipCorrupted;
+            let skip_damage = inner.config().recovery_mode == RecoveryMode::SkipCorrupted;
             scanner.advance(&*segment.file, limit, skip_damage, &mut self.buffer)?;
             // Every byte below `limit` is final, so a walk that stops short
             // of it, or finds damage, met bytes that changed after they were
@@ -335,10 +325,7 @@ impl LogEntries {
 impl Drop for LogEntries {
     fn drop(&mut self) {
         if self.include_buffered {
-            self.log
-                .inner
-                .buffered_followers
-                .fetch_sub(1, Ordering::AcqRel);
+            self.log.inner.follow_buffered(false);
         }
     }
 }

@@ -1,4 +1,35 @@
-//! The log: shared state, the write path's reservations, syncing, opening.
+//! The log's front end ([`WriteAheadLog`]) and the state its threads
+//! share ([`Inner`]).
+//!
+//! `Inner`'s methods are split by path: `append` (reserving, buffering and
+//! writing records), `sync` (sync passes, end marks, naming segments, the
+//! sync ledger), `open` (recovery's replay and the first active segment);
+//! this file keeps beginning entries, reading chunks, making spares and
+//! the handles other modules use. Its fields are private to this module
+//! and those three; the rest of the crate goes through named methods.
+//!
+//! Under the one state lock, [`State`] holds three owners, each opaque to
+//! the others: [`Segments`] (active, live, spare and recycled segment
+//! files, `crate::segments`), [`CheckpointStatus`] (`crate::checkpoint`),
+//! and the entry bookkeeping kept here (next id, open entries, commits
+//! not yet durable).
+//!
+//! # Lock order
+//!
+//! Outer before inner; no path takes them the other way round:
+//!
+//! 1. `naming` (held while new segments are renamed and the directory
+//!    synced);
+//! 2. `state` (the [`State`] mutex);
+//! 3. everything that is only ever taken alone or innermost: the group
+//!    commit's lock (then the failure record's), a segment's `end_mark`
+//!    and `pending_name`, `maintenance_thread`, `legacy_files`, and the
+//!    maintenance [`Signal`]'s.
+//!
+//! No file is written or synced with `state` held, except a new segment's
+//! header (see `Segments::switch`), once per segment. A sync pass takes
+//! its targets and buffered records under `state`, releases it, writes,
+//! and runs `fdatasync` through the sync ledger.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -21,11 +52,11 @@ use crate::reader::ChunkReader;
 use crate::segment::{FileName, Segment};
 use crate::segments::{Segments, Spare};
 use crate::stats::{Counters, LogStats};
-use crate::sync_ledger::SyncLedger;
 use crate::tail::LogEntries;
 use crate::tuning::{DRAIN_WAIT, MAX_UNCHECKPOINTED, MIN_PREALLOCATE_BYTES, STALL_WAIT};
 use crate::writer::EntryWriter;
 use crate::EntryId;
+use sync::ledger::SyncLedger;
 
 /// A write-ahead log: many threads append entries; each commit returns once
 /// its entry is durable, and concurrent commits share one `fdatasync`.
@@ -66,44 +97,44 @@ impl Drop for Owner {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub config: Configuration,
-    pub fs: Arc<dyn FileSystem>,
-    pub state: Mutex<State>,
+    config: Configuration,
+    fs: Arc<dyn FileSystem>,
+    state: Mutex<State>,
     /// Signalled when an in-flight write's header lands (a sync leader may
     /// be waiting for a hole below its own record to fill).
-    pub progress: Condvar,
+    progress: Condvar,
     /// Wakes the maintenance thread (which waits without holding the log).
-    pub signal: Arc<Signal>,
+    signal: Arc<Signal>,
     /// Signalled after every checkpoint attempt.
-    pub checkpointed: Condvar,
+    checkpointed: Condvar,
     /// Signalled when a full active segment's last open entry finishes.
-    pub drained: Condvar,
+    drained: Condvar,
     /// The log's one failure state: the first write or sync error, which
     /// stops the log until it is reopened. Shared by `group` and `ledger`.
-    pub failure: Arc<Failure>,
-    pub group: GroupCommit,
+    failure: Arc<Failure>,
+    group: GroupCommit,
     /// Every `fdatasync` of a segment file goes through it.
-    pub ledger: SyncLedger,
-    pub maintenance: Mutex<Option<JoinHandle<()>>>,
-    pub maintenance_thread: Mutex<Option<ThreadId>>,
-    pub counters: Counters,
+    ledger: SyncLedger,
+    maintenance: Mutex<Option<JoinHandle<()>>>,
+    maintenance_thread: Mutex<Option<ThreadId>>,
+    counters: Counters,
     /// The highest entry id whose commit record has been written.
-    pub last_committed_id: AtomicU64,
+    last_committed_id: AtomicU64,
     /// Signalled after every completed sync (for readers tailing the log),
     /// and after buffered commits while `buffered_followers` is above 0.
-    pub synced: Condvar,
+    synced: Condvar,
     /// Readers of the live log that also take buffered entries.
-    pub buffered_followers: std::sync::atomic::AtomicUsize,
+    buffered_followers: std::sync::atomic::AtomicUsize,
     /// Rollbacks of the lowest open entry (they let readers move on).
-    pub unblocking_rollbacks: AtomicU64,
+    unblocking_rollbacks: AtomicU64,
     /// Held while segments are renamed and the directory synced.
-    pub naming: Mutex<()>,
+    naming: Mutex<()>,
     /// Segments in the okaywal 0.2/0.3 format being checkpointed while
     /// the log opens, for `read_at` (see `crate::legacy`).
-    pub legacy_files: Mutex<BTreeMap<u64, crate::legacy::OpenLegacyFile>>,
+    legacy_files: Mutex<BTreeMap<u64, crate::legacy::OpenLegacyFile>>,
     /// Keeps other processes out of the directory while anything (a
     /// handle, the maintenance thread, a reader) can still write to it.
-    pub _lock: LockGuard,
+    _lock: LockGuard,
 }
 
 #[derive(Debug)]
@@ -409,6 +440,146 @@ impl Inner {
             ));
         }
         Ok(Spare { file, path })
+    }
+}
+
+/// What the rest of the crate (the checkpointer, the writers, the live
+/// reader, the okaywal 0.2/0.3 conversion) may use of the log's shared
+/// parts. The fields stay private to `log`.
+impl Inner {
+    /// The log's configuration (fixed once it is open).
+    pub fn config(&self) -> &Configuration {
+        &self.config
+    }
+
+    /// The file system the log's files live on.
+    pub fn fs(&self) -> &dyn FileSystem {
+        &*self.fs
+    }
+
+    /// The counters behind [`WriteAheadLog::stats`].
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Locks the log's state (see the module docs for the lock order).
+    pub fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// The maintenance thread's wake-ups.
+    pub fn signal(&self) -> &Arc<Signal> {
+        &self.signal
+    }
+
+    /// True once a write or sync has failed: the log is stopped.
+    pub fn has_failed(&self) -> bool {
+        self.failure.is_set()
+    }
+
+    /// Records `err` as the log's failure without waking anyone (see
+    /// [`Inner::poison`], which also wakes every waiter).
+    pub fn record_failure(&self, err: &io::Error) {
+        self.group.fail(err);
+    }
+
+    /// Keeps the maintenance thread's handle, to be joined at shutdown.
+    pub fn set_maintenance(&self, handle: JoinHandle<()>) {
+        *self.maintenance_thread.lock() = Some(handle.thread().id());
+        *self.maintenance.lock() = Some(handle);
+    }
+
+    /// Takes the maintenance thread's handle, for joining it.
+    pub fn take_maintenance(&self) -> Option<JoinHandle<()>> {
+        self.maintenance.lock().take()
+    }
+
+    /// Marks (or, with `None`, unmarks) a thread as acting for the
+    /// maintenance thread: it never stalls on checkpoints.
+    pub fn set_maintenance_thread(&self, thread: Option<ThreadId>) {
+        *self.maintenance_thread.lock() = thread;
+    }
+
+    /// The calling thread is the maintenance thread (or acts for it).
+    pub fn on_maintenance_thread(&self) -> bool {
+        *self.maintenance_thread.lock() == Some(std::thread::current().id())
+    }
+
+    /// Wakes the callers of `checkpoint_active` (and stalled writers)
+    /// after a checkpoint attempt.
+    pub fn checkpoint_attempted(&self) {
+        self.checkpointed.notify_all();
+    }
+
+    /// Waits up to `timeout` for the next checkpoint attempt, with `state`
+    /// released meanwhile.
+    pub fn wait_for_checkpoint(&self, state: &mut MutexGuard<'_, State>, timeout: Duration) {
+        self.checkpointed.wait_for(state, timeout);
+    }
+
+    /// Wakes every thread that waits on the log (for a shutdown).
+    pub fn wake_all_waiters(&self) {
+        self.signal.wake();
+        self.checkpointed.notify_all();
+        self.synced.notify_all();
+    }
+
+    /// Waits, with `state` released meanwhile, for the next sync (or
+    /// buffered commit, while a reader takes them) until `deadline`, or
+    /// without a limit; returns true if the deadline passed.
+    pub fn wait_for_sync(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        deadline: Option<std::time::Instant>,
+    ) -> bool {
+        match deadline {
+            Some(deadline) => self.synced.wait_until(state, deadline).timed_out(),
+            None => {
+                self.synced.wait(state);
+                false
+            }
+        }
+    }
+
+    /// Rollbacks of the lowest open entry so far (each lets readers move
+    /// on).
+    pub fn unblocking_rollbacks(&self) -> u64 {
+        self.unblocking_rollbacks.load(Ordering::Acquire)
+    }
+
+    /// A live reader starts (`true`) or stops taking buffered entries.
+    pub fn follow_buffered(&self, follow: bool) {
+        if follow {
+            self.buffered_followers.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.buffered_followers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A buffered commit is in the file: wakes the readers that take
+    /// buffered entries, if any.
+    pub fn buffered_commit_done(&self) {
+        if self.buffered_followers.load(Ordering::Acquire) > 0 {
+            // A reader checks the counter under the state lock before it
+            // waits: taking the lock here means it either saw the new
+            // count or is already waiting.
+            drop(self.state.lock());
+            self.synced.notify_all();
+        }
+    }
+
+    /// Serves `read_at` from a segment in the okaywal 0.2/0.3 format while
+    /// it is being checkpointed (`None`: no longer).
+    pub fn set_legacy_file(&self, id: u64, file: Option<crate::legacy::OpenLegacyFile>) {
+        let mut files = self.legacy_files.lock();
+        match file {
+            Some(file) => {
+                files.insert(id, file);
+            }
+            None => {
+                files.remove(&id);
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::sync::ledger::SyncLedger;
 use super::{Inner, Owner, State};
 use crate::checkpoint::{self, CheckpointStatus};
 use crate::config::Configuration;
@@ -20,7 +21,6 @@ use crate::recovery::{find_segments, FoundSegment, Look, SegmentReader};
 use crate::segment::{EndMark, FileName, Segment, LOCK_FILE};
 use crate::segments::{SegmentSettings, SegmentState, Segments, Spare};
 use crate::stats::Counters;
-use crate::sync_ledger::SyncLedger;
 use crate::tuning::MAX_SPARES;
 use crate::WriteAheadLog;
 

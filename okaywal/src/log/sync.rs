@@ -13,6 +13,8 @@ use crate::segment::{EndMark, Segment};
 use crate::segments::Segments;
 use crate::stats::Counters;
 
+pub(super) mod ledger;
+
 impl Inner {
     /// Returns once every byte below `end` in `segment` is durable.
     pub fn wait_durable(&self, segment: &Arc<Segment>, end: u64) -> io::Result<()> {
