@@ -147,7 +147,8 @@ pub use config::{
     DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
 };
 pub use inspect::{
-    IncompleteEntry, InspectedChunk, InspectedSegment, LogInspection, LogProblem, ReadOnlyLog,
+    HeaderStatus, IncompleteEntry, InspectedChunk, InspectedRecord, InspectedSegment, LogFileName,
+    LogInspection, LogProblem, ReadOnlyLog, RecordType, RecordsEnd, SegmentRecords, TornRecord,
 };
 pub use log::WriteAheadLog;
 pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};
