@@ -12,6 +12,13 @@
 //! finishes it, the maintenance thread hands over new spares. Operations
 //! that should wake a thread say so in their result; waking is the
 //! caller's (this module knows no condition variables).
+//!
+//! The file is a little over 700 lines because `Segments`' methods belong
+//! together: each is a short operation on the same private maps, and
+//! they keep one set of invariants (ids and offsets only grow, a segment
+//! is checkpointed only once sealed, drained and fully written) that a
+//! split would spread over files. The per-segment bookkeeping is apart,
+//! in `live.rs`.
 
 use std::collections::BTreeMap;
 use std::io;
