@@ -12,7 +12,7 @@ use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
-use crate::segment::{EndMark, FileName, Segment};
+use crate::segment::{FileName, Segment};
 use crate::segments::{Checkpointable, Spare};
 use crate::stats::Counters;
 use crate::tuning::{IDLE_WAIT, MAX_BACKOFF, MIN_SYNC_INTERVAL};
@@ -320,7 +320,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             let recycled = FileName::Recycled(highest_id).path_in(inner.directory());
             // No sync pass may write an end mark into the file once it can
             // be reused.
-            *segment.end_mark.lock() = EndMark::Retired;
+            segment.retire();
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
                 .fs()

@@ -212,7 +212,7 @@ impl LogEntries {
             // Only the durable part, or the part in the file: either is
             // final, and large chunks' data not yet copied in is read
             // again at their commit (see `SegmentScanner`).
-            let synced = segment.synced_to.load(Ordering::Acquire);
+            let synced = segment.synced_to();
             let limit = in_file
                 .get(&segment.id)
                 .map_or(synced, |in_file| synced.max(*in_file));

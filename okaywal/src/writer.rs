@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::failure::ErrorRecord;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
-use crate::segment::{EndMark, Segment};
+use crate::segment::Segment;
 use crate::stats::Counters;
 use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES};
 use crate::WriteAheadLog;
@@ -207,7 +207,7 @@ impl<'log> EntryWriter<'log> {
                 Counters::add(&inner.counters().durable_commits, 1);
             }
             Durability::Buffered => {
-                if *self.segment.end_mark.lock() == EndMark::Due {
+                if self.segment.end_mark_due() {
                     // The entry began before a segment switch and outlived
                     // the switch's wait, so it ends in the old segment,
                     // whose successor does not record where it ends (its

@@ -18,7 +18,7 @@ use crate::fs::{FileSystem, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::recovery::{find_segments, FoundSegment, Look, SegmentReader};
-use crate::segment::{EndMark, FileName, Segment, LOCK_FILE};
+use crate::segment::{FileName, Segment, LOCK_FILE};
 use crate::segments::{SegmentSettings, SegmentState, Segments, Spare};
 use crate::stats::Counters;
 use crate::tuning::MAX_SPARES;
@@ -142,17 +142,14 @@ impl WriteAheadLog {
             // the next segment's header vouches for its end), so it must be
             // on the disk before the log goes on.
             file.sync_data()?;
-            let segment = Arc::new(Segment {
+            let segment = Arc::new(Segment::new(
                 id,
-                file: file.clone(),
+                file.clone(),
                 path,
-                pending_name: Mutex::new(None),
-                synced_to: scan.end.into(),
-                marked_to: scan.end.into(),
-                name_durable: true.into(),
-                end_mark: Mutex::new(EndMark::NotDue),
-                version_info: Arc::new(info.version_info.clone()),
-            });
+                None,
+                scan.end,
+                Arc::new(info.version_info.clone()),
+            ));
             let state = SegmentState::recovered(
                 segment,
                 scan.end,

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use parking_lot::MutexGuard;
 
 use super::{Inner, State};
-use crate::format::{RecordHeader, RecordKind};
-use crate::segment::{EndMark, Segment};
+use crate::segment::Segment;
 use crate::segments::Segments;
 use crate::stats::Counters;
 
@@ -99,7 +98,7 @@ impl Inner {
     /// file, named if it is not yet (for a checkpoint, which must find it
     /// durable to its end).
     pub fn sync_whole(&self, segment: &Arc<Segment>, limit: u64) -> io::Result<()> {
-        let name = !segment.name_durable.load(Ordering::Acquire);
+        let name = !segment.name_is_durable();
         self.sync_targets(&[SyncTarget {
             segment: segment.clone(),
             written: limit,
@@ -129,8 +128,7 @@ impl Inner {
         {
             // Data that landed since the last sync (a large chunk's) needs
             // a sync too before a later segment's: see `sync_targets`.
-            let needed = *written > segment.synced_to.load(Ordering::Acquire)
-                || *complete > segment.marked_to.load(Ordering::Acquire);
+            let needed = *written > segment.synced_to() || *complete > segment.marked_to();
             if needed {
                 self.ledger
                     .run(|| segment.file.sync_data())
@@ -161,10 +159,7 @@ impl Inner {
             synced,
         ) in targets.iter().zip(synced)
         {
-            segment.synced_to.fetch_max(*written, Ordering::AcqRel);
-            if synced {
-                segment.marked_to.fetch_max(*complete, Ordering::AcqRel);
-            }
+            segment.synced(*written, synced.then_some(*complete));
         }
         self.prune_pending_commits();
         self.synced.notify_all();
@@ -172,33 +167,16 @@ impl Inner {
     }
 
     /// Writes and syncs a closed segment's end mark at `end`, every byte
-    /// below which is durable: a padding record with no filler whose
-    /// durable mark is `end` (FORMAT.md, "End marks"). Recovery then knows
-    /// that damage anywhere below it is damage, not a torn tail, although
-    /// the next segment's header could not say where this one ends.
+    /// below which is durable (FORMAT.md, "End marks"). Recovery then
+    /// knows that damage anywhere below it is damage, not a torn tail,
+    /// although the next segment's header could not say where this one
+    /// ends.
     fn write_end_mark(&self, segment: &Segment, end: u64) -> io::Result<()> {
-        {
-            // Held for the write only: a sync pass that wants the same
-            // mark writes the same bytes, and does not wait for this
-            // pass's sync to do so.
-            let state = segment.end_mark.lock();
-            if *state != EndMark::Due {
-                return Ok(());
-            }
-            let mark = RecordHeader {
-                kind: RecordKind::Padding,
-                entry_id: segment.id,
-                length: 0,
-                durable_mark: end,
-            }
-            .encode(segment.id);
-            segment.file.write_all_at(&mark, end)?;
+        if !segment.write_end_mark(end)? {
+            return Ok(());
         }
         self.ledger.run(|| segment.file.sync_data())?;
-        let mut state = segment.end_mark.lock();
-        if *state == EndMark::Due {
-            *state = EndMark::NotDue;
-        }
+        segment.end_mark_written();
         Ok(())
     }
 
@@ -213,7 +191,7 @@ impl Inner {
         let _naming = self.naming.lock();
         let unnamed: Vec<&Arc<Segment>> = targets
             .iter()
-            .filter(|target| target.name && !target.segment.name_durable.load(Ordering::Acquire))
+            .filter(|target| target.name && !target.segment.name_is_durable())
             .map(|target| &target.segment)
             .collect();
         if unnamed.is_empty() {
@@ -222,19 +200,15 @@ impl Inner {
             return Ok(());
         }
         for segment in &unnamed {
-            let mut pending = segment.pending_name.lock();
-            if let Some(from) = pending.as_ref() {
-                self.fs
-                    .rename(from, &segment.path)
-                    .map_err(|e| self.poison(e))?;
-                *pending = None;
-            }
+            segment
+                .rename_to_final(&*self.fs)
+                .map_err(|e| self.poison(e))?;
         }
         self.fs
             .sync_dir(self.directory())
             .map_err(|e| self.poison(e))?;
         for segment in unnamed {
-            segment.name_durable.store(true, Ordering::Release);
+            segment.name_made_durable();
         }
         Ok(())
     }
@@ -296,14 +270,14 @@ pub(super) fn sync_targets(segments: &Segments) -> Vec<SyncTarget> {
         let segment = seg.segment();
         let written = seg.written_to();
         let complete = seg.complete_to();
-        let name = !segment.name_durable.load(Ordering::Acquire);
+        let name = !segment.name_is_durable();
         let end_mark = seg.end_mark_due().then_some(seg.reserved_end());
         // A segment whose mark lags its complete bytes is synced again even
         // with no new records: a closed segment must be durable to its end,
         // large chunks' data (and an abandoned chunk's trailer) included,
         // before the next segment's first sync tells recovery it was.
-        if written > segment.synced_to.load(Ordering::Acquire)
-            || complete > segment.marked_to.load(Ordering::Acquire)
+        if written > segment.synced_to()
+            || complete > segment.marked_to()
             || name
             || seg.has_buffered()
             || end_mark.is_some()

@@ -2,7 +2,6 @@
 //! writers, sync leaders and the checkpointer that the public API cannot
 //! pin down, set up step by step on a log's `Inner`.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -165,22 +164,22 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     assert_eq!(other_segment.id, segment.id);
     let end = inner.state.lock().segments.state(segment.id).reserved_end();
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.synced_to(), end);
+    assert_eq!(segment.marked_to(), offset);
 
     // The data lands: the mark stays (the last sync may have started
     // before the data was written) until the next sync, which syncs the
     // segment again although it has no new records.
     inner.data_written(segment.id, offset);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.marked_to(), offset);
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
     let end = inner.state.lock().segments.state(segment.id).reserved_end();
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     log.shutdown().unwrap();
 }
 
@@ -201,8 +200,8 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     inner.complete(first.id, Some(offset), None);
     let end = inner.state.lock().segments.state(first.id).reserved_end();
     inner.sync_pass(first.id, end).unwrap();
-    assert_eq!(first.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(first.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(first.synced_to(), end);
+    assert_eq!(first.marked_to(), offset);
     inner.data_written(first.id, offset);
     inner.complete(first.id, None, Some(id));
     switch_to_a_new_segment(&inner);
@@ -210,8 +209,8 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
     let second_end = inner.state.lock().segments.state(second.id).reserved_end();
     inner.sync_pass(second.id, second_end).unwrap();
-    assert_eq!(first.marked_to.load(Ordering::Acquire), end);
-    assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
+    assert_eq!(first.marked_to(), end);
+    assert_eq!(second.synced_to(), second_end);
     log.shutdown().unwrap();
 }
 
@@ -244,8 +243,8 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     // A sync pass for the later entry returns without the chunk's data and
     // writes the chunk's header and trailer.
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.synced_to(), end);
+    assert_eq!(segment.marked_to(), offset);
     let mut encoded = [0_u8; RECORD_HEADER_SIZE];
     segment.file.read_exact_at(&mut encoded, offset).unwrap();
     let written = RecordHeader::decode(&encoded, segment.id).unwrap();
@@ -274,7 +273,7 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
         .unwrap();
     inner.data_written(segment.id, offset);
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
@@ -297,7 +296,7 @@ fn a_new_segment_header_is_durable_before_any_record_is_written() {
     buffer_entry(&inner, b"in the first segment");
     switch_to_a_new_segment(&inner);
     let (id, segment) = buffer_entry(&inner, b"in the second segment");
-    let spare = segment.pending_name.lock().clone().expect("not named yet");
+    let spare = segment.pending_name().expect("not named yet");
     // The spare's name is durable (not its data): what survives of the file
     // is what was synced.
     inner.fs.sync_dir(inner.directory()).unwrap();
@@ -323,7 +322,7 @@ fn a_checkpoint_sync_covers_entries_buffered_in_later_segments() {
     let limit = inner.state.lock().segments.state(first.id).reserved_end();
     crate::checkpoint::checkpoint(&log, &mut Ids::default(), &first, limit, Some(first_id))
         .unwrap();
-    assert_eq!(first.synced_to.load(Ordering::Acquire), limit);
-    assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
+    assert_eq!(first.synced_to(), limit);
+    assert_eq!(second.synced_to(), second_end);
     log.shutdown().unwrap();
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::Ranges;
-use crate::segment::{EndMark, Segment};
+use crate::segment::Segment;
 use crate::tuning::RANGE_CAPACITY;
 
 /// The write bookkeeping of one live segment, owned by [`super::Segments`].
@@ -107,7 +107,7 @@ impl SegmentState {
             && self.open_entries == 0
             && self.in_flight.is_empty()
             && self.data_in_flight.is_empty()
-            && *self.segment.end_mark.lock() == EndMark::Due
+            && self.segment.end_mark_due()
     }
 
     /// Every record below this offset has its header in the file (page
@@ -189,8 +189,6 @@ mod tests {
     use super::*;
     use std::path::{Path, PathBuf};
 
-    use parking_lot::Mutex;
-
     use crate::fs::{FileSystem, MemoryFileSystem, OpenMode};
 
     #[test]
@@ -200,17 +198,14 @@ mod tests {
         let file = fs
             .open(Path::new("/wal-1"), OpenMode::CreateNew)
             .expect("memory file");
-        let segment = Arc::new(Segment {
-            id: 1,
+        let segment = Arc::new(Segment::new(
+            1,
             file,
-            path: PathBuf::from("/wal-1"),
-            pending_name: Mutex::new(None),
-            synced_to: 0.into(),
-            marked_to: 0.into(),
-            name_durable: true.into(),
-            end_mark: Mutex::new(EndMark::NotDue),
-            version_info: Arc::default(),
-        });
+            PathBuf::from("/wal-1"),
+            None,
+            0,
+            Arc::default(),
+        ));
         let mut state = SegmentState::new(segment, 0);
         // A header and a trailer per large chunk, with the data between.
         for chunk in 0..1_000_u64 {

@@ -23,10 +23,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 pub(crate) use live::SegmentState;
 
@@ -35,7 +32,7 @@ use crate::format::{
     CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
 };
 use crate::fs::FileHandle;
-use crate::segment::{EndMark, FileName, Segment};
+use crate::segment::{FileName, Segment};
 use crate::tuning::MAX_SPARES;
 
 mod live;
@@ -363,20 +360,17 @@ impl Segments {
         let old_state = self.live(old)?;
         old_state.sealed = true;
         if previous.is_none() && old != 0 {
-            *old_state.segment.end_mark.lock() = EndMark::Due;
+            old_state.segment.owe_end_mark();
         }
         let wake = old_state.ready_for_checkpoint();
-        let segment = Arc::new(Segment {
+        let segment = Arc::new(Segment::new(
             id,
-            file: spare.file,
+            spare.file,
             path,
-            pending_name: Mutex::new(Some(spare.path)),
-            synced_to: 0.into(),
-            marked_to: 0.into(),
-            name_durable: false.into(),
-            end_mark: Mutex::new(EndMark::NotDue),
-            version_info: self.settings.version_info.clone(),
-        });
+            Some(spare.path),
+            0,
+            self.settings.version_info.clone(),
+        ));
         self.live
             .insert(id, SegmentState::new(segment, HEADER_SIZE));
         self.active = id;
@@ -400,17 +394,14 @@ impl Segments {
         }
         // The switch seals the previous active segment; a throwaway sealed
         // state stands in for it and is removed right after.
-        let placeholder = Arc::new(Segment {
-            id: 0,
-            file: self.spares[0].file.clone(),
-            path: PathBuf::new(),
-            pending_name: Mutex::new(None),
-            synced_to: 0.into(),
-            marked_to: 0.into(),
-            name_durable: true.into(),
-            end_mark: Mutex::new(EndMark::NotDue),
-            version_info: Arc::default(),
-        });
+        let placeholder = Arc::new(Segment::new(
+            0,
+            self.spares[0].file.clone(),
+            PathBuf::new(),
+            None,
+            0,
+            Arc::default(),
+        ));
         self.live.insert(0, SegmentState::new(placeholder, 0));
         self.active = 0;
         let result = self.switch(next_entry_id);
@@ -452,7 +443,7 @@ impl Segments {
         seg.in_flight.insert(offset, seg.reserved_end);
         seg.data_in_flight.insert(offset);
         let end = seg.reserved_end;
-        let mark = seg.segment.marked_to.load(Ordering::Acquire);
+        let mark = seg.segment.marked_to();
         self.note_size(segment);
         Ok((offset, mark, self.spare_due(segment, offset, end)))
     }
@@ -469,7 +460,7 @@ impl Segments {
         crc: u32,
     ) -> io::Result<Placed> {
         let seg = self.live(segment)?;
-        let mark = seg.segment.marked_to.load(Ordering::Acquire);
+        let mark = seg.segment.marked_to();
         let free = seg.reserved_end;
         let (pad, offset) = aligned_chunk_start(free);
         if pad > 0 {
@@ -536,7 +527,7 @@ impl Segments {
         let seg = self.live(segment)?;
         let offset = seg.reserved_end;
         let header = RecordHeader {
-            durable_mark: seg.segment.marked_to.load(Ordering::Acquire),
+            durable_mark: seg.segment.marked_to(),
             ..header
         };
         seg.reserved_end += header.record_len();
@@ -657,7 +648,7 @@ impl Segments {
     pub fn named_through(&self, segment: u64) -> bool {
         self.live
             .range(..=segment)
-            .all(|(_, seg)| seg.segment.name_durable.load(Ordering::Acquire))
+            .all(|(_, seg)| seg.segment.name_is_durable())
     }
 
     /// Every byte below `end` in `segment` is durable (true for a segment
@@ -678,10 +669,10 @@ impl Segments {
             // of the process loses the file's records (it keeps its spare
             // name), and its predecessor may still have writes in flight
             // (see `crate::log::sync`).
-            .filter(|seg| seg.segment.name_durable.load(Ordering::Acquire))
+            .filter(|seg| seg.segment.name_is_durable())
             .map(|seg| {
                 let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
-                let synced = seg.segment.synced_to.load(Ordering::Acquire);
+                let synced = seg.segment.synced_to();
                 (seg.segment.id, seg.written_to().min(unwritten).max(synced))
             })
             .collect()
