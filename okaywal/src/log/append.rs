@@ -90,8 +90,9 @@ impl Inner {
             }
             state.open_ids.remove(&header.entry_id);
         }
-        state.segments.check_live(segment.id)?;
-        if finishes_entry && state.segments.finish_entry(segment.id)?.drained {
+        if !finishes_entry {
+            state.segments.check_live(segment.id)?;
+        } else if state.segments.finish_entry(segment.id)?.drained {
             self.drained.notify_all();
         }
         if let Some(err) = self.failed().or(refused) {

@@ -144,6 +144,19 @@ impl SegmentState {
         self.sealed && self.open_entries == 0 && self.in_flight.is_empty()
     }
 
+    /// Marks the segment full once it passed `full_at` (given for the
+    /// active segment only).
+    pub(super) fn note_size(&mut self, full_at: Option<u64>) {
+        if full_at.is_some_and(|limit| self.reserved_end >= limit) {
+            self.full = true;
+        }
+    }
+
+    /// Takes the write buffer if it has grown past `buffer_bytes`.
+    pub(super) fn overflow(&mut self, buffer_bytes: usize) -> Option<Ranges> {
+        (self.buffered_bytes >= buffer_bytes).then(|| self.take_buffered())
+    }
+
     /// Appends `bytes`, which start at `offset`, to the write buffer.
     pub(super) fn buffer(&mut self, offset: u64, bytes: &[&[u8]]) {
         let contiguous = self

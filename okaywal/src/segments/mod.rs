@@ -313,12 +313,11 @@ impl Segments {
         self.spares.len() < MAX_SPARES
     }
 
-    /// True if a write from `from` to `to` in the active segment crosses
-    /// its half while a spare is wanted: the maintenance thread should
-    /// make it now.
-    fn spare_due(&self, segment: u64, from: u64, to: u64) -> bool {
-        let half = self.settings.checkpoint_after_bytes / 2;
-        segment == self.active && self.want_spare && from < half && to >= half
+    /// Where a write into `segment` makes a spare due: the half of the
+    /// active segment while a spare is wanted (see [`spare_due`]).
+    fn spare_half(&self, segment: u64) -> Option<u64> {
+        (segment == self.active && self.want_spare)
+            .then_some(self.settings.checkpoint_after_bytes / 2)
     }
 
     // --- Switching --------------------------------------------------------
@@ -411,24 +410,10 @@ impl Segments {
 
     // --- Appending --------------------------------------------------------
 
-    /// Marks `seg` full once the active segment passed its size.
-    fn note_size(&mut self, segment: u64) {
-        let limit = self.settings.checkpoint_after_bytes;
-        if segment == self.active {
-            if let Some(seg) = self.live.get_mut(&segment) {
-                if seg.reserved_end >= limit {
-                    seg.full = true;
-                }
-            }
-        }
-    }
-
-    /// Takes the write buffer of `segment` if it has grown past
-    /// `buffer_bytes`.
-    fn overflow(&mut self, segment: u64) -> Option<Ranges> {
-        let limit = self.settings.buffer_bytes;
-        let seg = self.live.get_mut(&segment)?;
-        (seg.buffered_bytes >= limit).then(|| seg.take_buffered())
+    /// The active segment is full once it passed this many bytes (`None`
+    /// for a segment that is not active).
+    fn full_at(&self, segment: u64) -> Option<u64> {
+        (segment == self.active).then_some(self.settings.checkpoint_after_bytes)
     }
 
     /// Reserves `len` bytes in `segment` for a chunk record its writer
@@ -437,6 +422,7 @@ impl Segments {
     /// The reservation is in flight until [`Segments::header_written`],
     /// its data until [`Segments::data_written`].
     pub fn reserve(&mut self, segment: u64, len: u64) -> io::Result<(u64, u64, bool)> {
+        let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let seg = self.live(segment)?;
         let offset = seg.reserved_end;
         seg.reserved_end += len;
@@ -444,8 +430,8 @@ impl Segments {
         seg.data_in_flight.insert(offset);
         let end = seg.reserved_end;
         let mark = seg.segment.marked_to();
-        self.note_size(segment);
-        Ok((offset, mark, self.spare_due(segment, offset, end)))
+        seg.note_size(full_at);
+        Ok((offset, mark, spare_due(half, offset, end)))
     }
 
     /// Reserves room for a chunk record whose data the caller writes into
@@ -459,6 +445,8 @@ impl Segments {
         header: RecordHeader,
         crc: u32,
     ) -> io::Result<Placed> {
+        let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
+        let buffer_bytes = self.settings.buffer_bytes;
         let seg = self.live(segment)?;
         let mark = seg.segment.marked_to();
         let free = seg.reserved_end;
@@ -493,14 +481,13 @@ impl Segments {
             &[&crc.to_le_bytes()],
         );
         let end = seg.reserved_end;
-        self.note_size(segment);
-        let flush = self.overflow(segment);
+        seg.note_size(full_at);
         Ok(Placed {
             offset,
             end,
             bytes: pad + record_len,
-            flush,
-            wake: self.spare_due(segment, free, end),
+            flush: seg.overflow(buffer_bytes),
+            wake: spare_due(half, free, end),
         })
     }
 
@@ -524,6 +511,8 @@ impl Segments {
         header: RecordHeader,
         data: Option<(&[u8], u32)>,
     ) -> io::Result<Placed> {
+        let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
+        let buffer_bytes = self.settings.buffer_bytes;
         let seg = self.live(segment)?;
         let offset = seg.reserved_end;
         let header = RecordHeader {
@@ -540,18 +529,14 @@ impl Segments {
             Some((bytes, crc)) => seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]),
             None => seg.buffer(offset, &[&encoded]),
         }
-        self.note_size(segment);
-        let checkpointable = self
-            .live
-            .get(&segment)
-            .is_some_and(SegmentState::ready_for_checkpoint);
-        let flush = self.overflow(segment);
+        seg.note_size(full_at);
+        let checkpointable = seg.ready_for_checkpoint();
         Ok(Placed {
             offset,
             end,
             bytes: header.record_len(),
-            flush,
-            wake: checkpointable || self.spare_due(segment, offset, end),
+            flush: seg.overflow(buffer_bytes),
+            wake: checkpointable || spare_due(half, offset, end),
         })
     }
 
@@ -724,4 +709,11 @@ impl Segments {
     pub fn state(&self, segment: u64) -> &SegmentState {
         &self.live[&segment]
     }
+}
+
+/// True if a write from `from` to `to` crosses `half` (the active
+/// segment's, while a spare is wanted): the maintenance thread should
+/// make the spare now.
+fn spare_due(half: Option<u64>, from: u64, to: u64) -> bool {
+    half.is_some_and(|half| from < half && to >= half)
 }
