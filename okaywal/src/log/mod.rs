@@ -3,10 +3,12 @@
 //!
 //! `Inner`'s methods are split by path: `append` (reserving, buffering and
 //! writing records), `sync` (sync passes, end marks, naming segments, the
-//! sync ledger), `open` (recovery's replay and the first active segment);
-//! this file keeps beginning entries, reading chunks, making spares and
-//! the handles other modules use. Its fields are private to this module
-//! and those three; the rest of the crate goes through named methods.
+//! sync ledger), `open` (recovery's replay and the first active segment),
+//! `handles` (what other modules may use); this file keeps beginning
+//! entries, reading chunks and making spares. `Inner`'s fields are private
+//! to `log`; the rest of the crate goes through `handles`' named methods.
+//! The impl is spread over these files, not split into types, because it
+//! is one object's behaviour under one lock.
 //!
 //! Under the one state lock, [`State`] holds three owners, each opaque to
 //! the others: [`Segments`] (active, live, spare and recycled segment
