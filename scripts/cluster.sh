@@ -6,6 +6,12 @@
 #   scripts/cluster.sh            # ports 21001-21003, data in a temp dir
 #   BASE_PORT=22000 scripts/cluster.sh
 #   SEDIMENT_RAFT_BIN=target/release/sediment-raft scripts/cluster.sh
+#   SECURE=1 scripts/cluster.sh   # HTTPS, mutual TLS and a bearer token
+#
+# SECURE=1 makes a throwaway CA, a node certificate, a client certificate
+# and a token with openssl (in the temp dir, deleted at the end), starts
+# the nodes with --tls-cert/--tls-key/--tls-ca/--token-file and runs curl
+# with the CA, the client certificate and the token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +40,46 @@ fi
 
 addr() { echo "127.0.0.1:$((BASE_PORT + $1))"; }
 
+SCHEME=http
+NODE_ARGS=()
+CURL_OPTS=()
+# curl does not repeat a token on a redirect to another port unless told.
+FOLLOW=(-L)
+if [ "${SECURE:-0}" = 1 ]; then
+  if ! command -v openssl >/dev/null 2>&1; then
+    echo "SECURE=1 needs openssl to make the certificates" >&2
+    exit 1
+  fi
+  TLS="$DATA/tls"
+  mkdir -p "$TLS"
+  (
+    cd "$TLS"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+      -keyout ca-key.pem -out ca.pem -subj "/CN=cluster.sh throwaway CA" 2>/dev/null
+    for name in node client; do
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+        -keyout "$name-key.pem" -out "$name.csr" -subj "/CN=cluster.sh $name" 2>/dev/null
+      printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+        "extendedKeyUsage=serverAuth,clientAuth" "basicConstraints=CA:FALSE" >"$name.ext"
+      openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+        -days 1 -extfile "$name.ext" -out "$name.pem" 2>/dev/null
+    done
+    openssl rand -hex 32 >token
+    # curl reads the header from the file: the token stays off command lines.
+    printf 'Authorization: Bearer %s\n' "$(cat token)" >auth-header
+  )
+  SCHEME=https
+  NODE_ARGS=(--tls-cert "$TLS/node.pem" --tls-key "$TLS/node-key.pem"
+    --tls-ca "$TLS/ca.pem" --token-file "$TLS/token")
+  CURL_OPTS=(--cacert "$TLS/ca.pem" --cert "$TLS/client.pem" --key "$TLS/client-key.pem"
+    -H "@$TLS/auth-header")
+  FOLLOW=(--location-trusted)
+  echo "TLS and a token: nodes get ${NODE_ARGS[*]}"
+  echo "curl below runs with ${CURL_OPTS[*]}"
+fi
+# Every curl below goes through the cluster's TLS and token when SECURE=1.
+curl() { command curl "${CURL_OPTS[@]}" "$@"; }
+
 # wait_for WHAT SECONDS COMMAND...: runs COMMAND until it succeeds; gives up
 # (with the end of every node's log) after SECONDS or once a node process
 # that should be running has died, instead of waiting forever.
@@ -57,14 +103,14 @@ wait_for() {
   done
 }
 # Each check is bounded too: something else may hold a node's port.
-up() { curl -sf -m 2 "http://$(addr "$1")/cluster/metrics" >/dev/null; }
+up() { curl -sf -m 2 "$SCHEME://$(addr "$1")/cluster/metrics" >/dev/null; }
 leader_seen_by() {
-  curl -s -m 2 "http://$(addr "$1")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p'
+  curl -s -m 2 "$SCHEME://$(addr "$1")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p'
 }
 
 for id in 1 2 3; do
   "$BIN" node --id "$id" --listen "$(addr "$id")" --dir "$DATA/node-$id" \
-    --heartbeat-ms 100 2>"$DATA/node-$id.log" &
+    --heartbeat-ms 100 "${NODE_ARGS[@]}" 2>"$DATA/node-$id.log" &
   PIDS[id]=$!
 done
 for id in 1 2 3; do
@@ -75,7 +121,7 @@ echo "3 nodes up in $DATA"
 say() { echo; echo "\$ $*"; }
 run() { say "$@"; "$@"; echo; }
 
-run curl -s -X POST "http://$(addr 1)/cluster/init" -H 'content-type: application/json' \
+run curl -s -X POST "$SCHEME://$(addr 1)/cluster/init" -H 'content-type: application/json' \
   -d "{\"members\": {\"1\": \"$(addr 1)\", \"2\": \"$(addr 2)\", \"3\": \"$(addr 3)\"}}"
 
 leader=""
@@ -87,17 +133,23 @@ wait_for "a leader" 60 has_leader
 echo "leader: node $leader"
 follower=$(( leader % 3 + 1 ))
 
-run curl -s -X PUT "http://$(addr "$leader")/kv/greeting" --data-binary 'hello, raft'
-run curl -s -X PUT "http://$(addr "$leader")/kv/colour" --data-binary 'blue'
-run curl -s "http://$(addr "$leader")/kv/greeting"
-say curl -s -i "http://$(addr "$follower")/kv/greeting"
-curl -s -i "http://$(addr "$follower")/kv/greeting" | grep -iE '^(HTTP|location)|error'
-run curl -s -L "http://$(addr "$follower")/kv/colour"
-run curl -s -X DELETE "http://$(addr "$leader")/kv/colour"
-say curl -s -o /dev/null -w '%{http_code}' "http://$(addr "$leader")/kv/colour"
-curl -s -o /dev/null -w '%{http_code}\n' "http://$(addr "$leader")/kv/colour"
-say curl -s -X PUT "http://$(addr "$leader")/kv/" --data-binary x
-curl -s -w ' %{http_code}\n' -X PUT "http://$(addr "$leader")/kv/" --data-binary x
+run curl -s -X PUT "$SCHEME://$(addr "$leader")/kv/greeting" --data-binary 'hello, raft'
+run curl -s -X PUT "$SCHEME://$(addr "$leader")/kv/colour" --data-binary 'blue'
+run curl -s "$SCHEME://$(addr "$leader")/kv/greeting"
+say curl -s -i "$SCHEME://$(addr "$follower")/kv/greeting"
+curl -s -i "$SCHEME://$(addr "$follower")/kv/greeting" | grep -iE '^(HTTP|location)|error'
+run curl -s "${FOLLOW[@]}" "$SCHEME://$(addr "$follower")/kv/colour"
+run curl -s -X DELETE "$SCHEME://$(addr "$leader")/kv/colour"
+say curl -s -o /dev/null -w '%{http_code}' "$SCHEME://$(addr "$leader")/kv/colour"
+curl -s -o /dev/null -w '%{http_code}\n' "$SCHEME://$(addr "$leader")/kv/colour"
+say curl -s -X PUT "$SCHEME://$(addr "$leader")/kv/" --data-binary x
+curl -s -w ' %{http_code}\n' -X PUT "$SCHEME://$(addr "$leader")/kv/" --data-binary x
+if [ "${SECURE:-0}" = 1 ]; then
+  say curl without the token: -s -X PUT "$SCHEME://$(addr "$leader")/kv/greeting" --data-binary nope
+  command curl -s -w ' %{http_code}\n' --cacert "$TLS/ca.pem" --cert "$TLS/client.pem" \
+    --key "$TLS/client-key.pem" -X PUT "$SCHEME://$(addr "$leader")/kv/greeting" --data-binary nope
+  run curl -s "$SCHEME://$(addr "$leader")/kv/greeting"
+fi
 
 echo
 echo "killing the leader (node $leader) with SIGKILL"
@@ -111,19 +163,19 @@ has_new_leader() {
 }
 wait_for "a new leader" 60 has_new_leader
 echo "new leader: node $new"
-run curl -s "http://$(addr "$new")/kv/greeting"
-run curl -s -X PUT "http://$(addr "$new")/kv/after-failover" --data-binary 'still here'
+run curl -s "$SCHEME://$(addr "$new")/kv/greeting"
+run curl -s -X PUT "$SCHEME://$(addr "$new")/kv/after-failover" --data-binary 'still here'
 
 echo "restarting node $leader"
 "$BIN" node --id "$leader" --listen "$(addr "$leader")" --dir "$DATA/node-$leader" \
-  --heartbeat-ms 100 2>>"$DATA/node-$leader.log" &
+  --heartbeat-ms 100 "${NODE_ARGS[@]}" 2>>"$DATA/node-$leader.log" &
 PIDS[leader]=$!
 caught_up() {
-  [ "$(curl -s -m 2 "http://$(addr "$leader")/kv/after-failover?consistency=local")" = "still here" ]
+  [ "$(curl -s -m 2 "$SCHEME://$(addr "$leader")/kv/after-failover?consistency=local")" = "still here" ]
 }
 wait_for "node $leader to catch up" 60 caught_up
-run curl -s "http://$(addr "$leader")/kv/after-failover?consistency=local"
-run curl -s "http://$(addr "$leader")/cluster/metrics"
+run curl -s "$SCHEME://$(addr "$leader")/kv/after-failover?consistency=local"
+run curl -s "$SCHEME://$(addr "$leader")/cluster/metrics"
 
 for id in 1 2 3; do kill "${PIDS[id]}"; done
 wait 2>/dev/null || true

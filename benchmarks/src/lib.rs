@@ -9,6 +9,7 @@ pub mod peers;
 #[cfg(feature = "raft")]
 pub mod raft;
 pub mod relaunch;
+pub mod replication;
 pub mod report;
 pub mod sections;
 pub mod wal;

@@ -5,9 +5,9 @@
 //! `cargo run --release -p benchmarks --bin compare` builds `compare`
 //! without them. Started that way (by cargo, whose path is in `CARGO`), a
 //! run that wants a missing peer builds `compare` again with
-//! `--features peers` (plus `rocksdb` when this build has it) into the
-//! same target directory and profile, then runs that build with the same
-//! arguments. If the build fails, the run goes on without the peers and
+//! `--features peers` (plus `rocksdb` when this build has it; `--only
+//! raft` builds with `--features raft` alone) into the same target
+//! directory and profile, then runs that build with the same arguments. If the build fails, the run goes on without the peers and
 //! says which are missing. `COMPARE_NO_REBUILD=1` turns this off; a binary
 //! started directly (not by cargo) never rebuilds itself.
 
@@ -22,8 +22,9 @@ const RELAUNCHED: &str = "COMPARE_RELAUNCHED";
 /// Whether a run of `systems` (all, when `None`) in section `only` (every
 /// section but scale, when `None`) wants a peer that `features` (name,
 /// cargo feature, compiled in) lacks, or the raft section (which runs
-/// whatever `--systems` says) without `raft_on`. RocksDB never counts: it
-/// needs system packages.
+/// whatever `--systems` says) without `raft_on`. `--only raft` wants no
+/// other peer: its systems are processes of their own. RocksDB never
+/// counts: it needs system packages.
 #[must_use]
 pub fn wants_rebuild(
     systems: Option<&[String]>,
@@ -37,6 +38,9 @@ pub fn wants_rebuild(
             .any(|(name, feature, on)| *name == system && *feature != "rocksdb" && !on)
     };
     let raft_missing = !raft_on && only.map_or(true, |section| section == "raft");
+    if only == Some("raft") {
+        return raft_missing;
+    }
     let peer_missing = match systems {
         Some(list) => list.iter().any(|system| missing(system)),
         None => features.iter().any(|(name, _, _)| missing(name)),
@@ -82,11 +86,24 @@ pub fn layout(exe: &Path) -> Option<Layout> {
     })
 }
 
-/// Builds `compare` with the peers and runs it with `args`, if this run
-/// wants that (see the module docs). Returns the relaunched run's exit
-/// code, or `None` to go on in this process.
+/// The features a rebuild turns on: `raft` alone for `--only raft`,
+/// else `peers` (plus `rocksdb` when this build has it).
 #[must_use]
-pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
+pub fn rebuild_features(only: Option<&str>) -> &'static str {
+    if only == Some("raft") {
+        "raft"
+    } else if cfg!(feature = "rocksdb") {
+        "peers,rocksdb"
+    } else {
+        "peers"
+    }
+}
+
+/// Builds `compare` with the peers (see [`rebuild_features`]) and runs it
+/// with `args`, if this run wants that (see the module docs). Returns the
+/// relaunched run's exit code, or `None` to go on in this process.
+#[must_use]
+pub fn relaunch_with_peers(args: &[String], wanted: bool, only: Option<&str>) -> Option<ExitCode> {
     if !wanted || std::env::var_os(OPT_OUT).is_some() || std::env::var_os(RELAUNCHED).is_some() {
         return None;
     }
@@ -98,11 +115,7 @@ pub fn relaunch_with_peers(args: &[String], wanted: bool) -> Option<ExitCode> {
         profile,
         triple,
     } = layout(&exe)?;
-    let features = if cfg!(feature = "rocksdb") {
-        "peers,rocksdb"
-    } else {
-        "peers"
-    };
+    let features = rebuild_features(only);
     eprintln!(
         "compare: the peers are not compiled in; building compare with `--features \
          {features}` first (several minutes the first time; {OPT_OUT}=1 runs without them)"
@@ -219,6 +232,9 @@ mod tests {
             ALL_BUT_ROCKSDB,
             true
         ));
+        // ...and no other peer.
+        assert!(!wants_rebuild(None, Some("raft"), NONE_ON, true));
+        assert!(wants_rebuild(None, Some("raft"), NONE_ON, false));
     }
 
     #[test]

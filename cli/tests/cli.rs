@@ -1292,47 +1292,11 @@ fn get_refuses_an_output_path_inside_the_store() {
     assert_eq!(fs::read(temp.path().join("target")).unwrap(), b"blob");
 }
 
-/// A second run of the store that commits one transaction (an
-/// embedded-header change) and dies before any checkpoint, as a process
-/// killed right after its commit would: the store's WAL opened with
-/// okaywal directly (its open recovers the first run's segment and starts
-/// a new one, whose header records where the first ended), the entry in
-/// sediment's WAL entry format (one chunk: tag 2, then the encoded commit
-/// record), and every checkpoint refused so the first run's segment stays.
-/// (A second run of sediment itself checkpoints the first segment as it
-/// opens, and closing waits for that checkpoint.)
+/// A second run of the store that commits one transaction and dies before
+/// any checkpoint (see `testkit::sediment_runs`), so the first run's WAL
+/// segment stays.
 fn second_run_without_a_checkpoint(dir: &Path) {
-    #[derive(Debug)]
-    struct Keep;
-    impl okaywal::LogManager for Keep {
-        fn recover(&mut self, _: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn checkpoint_to(
-            &mut self,
-            _: okaywal::EntryId,
-            _: &mut okaywal::SegmentReader,
-            _: &WriteAheadLog,
-        ) -> std::io::Result<()> {
-            Err(std::io::Error::other("this run dies before any checkpoint"))
-        }
-    }
-    let log = Configuration::default_for(dir)
-        .preallocate_bytes(64 << 10)
-        .open(Keep)
-        .unwrap();
-    let mut entry = log.begin_entry().unwrap();
-    let record = sediment::CommitRecord {
-        sequence: sediment::SequenceId(entry.id().0),
-        new_grains: Vec::new(),
-        archived: Vec::new(),
-        freed: Vec::new(),
-        embedded_header: Some(None),
-        checkpointed_to: None,
-    };
-    let mut chunk = vec![2];
-    record.encode(&mut chunk);
-    entry.write_chunk(&chunk).unwrap();
-    entry.commit().unwrap();
-    drop(log);
+    let _ = testkit::sediment_runs::second_run_without_a_checkpoint(
+        Configuration::default_for(dir).preallocate_bytes(64 << 10),
+    );
 }

@@ -8,15 +8,16 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use okaywal::format::{RecordHeader, RecordKind, SegmentHeader};
 use okaywal::fs::{
     CrashFileSystem, FaultKind, FileSystem, MemoryFileSystem, OpenMode, Operation, PowerLoss,
 };
-use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
+use okaywal::Configuration;
 use sediment::format::{GrainHeader, IndexHeader, StratumHeader, BASINS};
 use sediment::{CommitRecord, Config, Database, GrainId, SequenceId};
+use testkit::recorder::Recorder;
 
 /// The names of the targets, matching `../fuzz/fuzz_targets/*.rs`.
 pub const TARGETS: [&str; 4] = ["wal_segment", "headers", "operations", "store_files"];
@@ -32,32 +33,17 @@ pub fn run(name: &str, data: &[u8]) {
     }
 }
 
-/// An entry id with its chunks.
-type Recovered = (u64, Vec<Vec<u8>>);
-
-#[derive(Debug, Clone, Default)]
-struct Recorder(Arc<Mutex<Vec<Recovered>>>);
-
-impl LogManager for Recorder {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        // Recovery only presents entries whose chunks verified: reading
-        // them must succeed.
-        let chunks = entry
-            .read_all_chunks()?
-            .expect("recovered entries are complete");
-        self.0.lock().unwrap().push((id, chunks));
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        _: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> io::Result<()> {
-        Ok(())
-    }
+/// What recovery handed over: each recovered entry's id and chunks, and
+/// no aborted entry (recovery only presents complete entries whose chunks
+/// verified).
+fn recovered(recorder: &Recorder) -> Vec<(u64, Vec<Vec<u8>>)> {
+    let seen = recorder.seen();
+    assert!(
+        seen.aborted.is_empty(),
+        "recovery presented aborted entries {:?}",
+        seen.aborted
+    );
+    seen.recovered.clone()
 }
 
 /// Segment parsing: the input becomes the contents of a segment file
@@ -90,11 +76,11 @@ pub fn wal_segment(data: &[u8]) {
             .preallocate_bytes(64 * 1024)
             .checkpoint_after_bytes(64 * 1024)
     };
-    let recorder = Recorder::default();
+    let recorder = Recorder::new();
     let Ok(log) = config().open(recorder.clone()) else {
         return; // A clear error is an acceptable answer to garbage.
     };
-    let before = recorder.0.lock().unwrap().clone();
+    let before = recovered(&recorder);
     let mut ids: Vec<u64> = before.iter().map(|(id, _)| *id).collect();
     let sorted = {
         let mut s = ids.clone();
@@ -117,9 +103,9 @@ pub fn wal_segment(data: &[u8]) {
     entry.commit().unwrap();
     log.shutdown().unwrap();
     drop(log);
-    let again = Recorder::default();
+    let again = Recorder::new();
     let log = config().open(again.clone()).unwrap();
-    let recovered = again.0.lock().unwrap().clone();
+    let recovered = recovered(&again);
     ids.push(new_id);
     assert!(
         recovered

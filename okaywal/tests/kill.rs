@@ -6,13 +6,12 @@
 //! Replay a failing run with `OKAYWAL_KILL_SEED=<seed>`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
+use testkit::kill::{child_dir, pattern, KillRuns, Report};
 
 const CHILD_ENV: &str = "OKAYWAL_KILL_CHILD_DIR";
 const KILLS: usize = 50;
@@ -26,17 +25,8 @@ fn payload(id: u64) -> Vec<u8> {
         5 => 4096 + (id % 5000) as usize,
         _ => 100_000 + (id % 50_000) as usize,
     };
-    let mut state = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    pattern(id, len)
 }
-
 fn config(dir: &Path) -> Configuration {
     Configuration::default_for(dir)
         .preallocate_bytes(256 * 1024)
@@ -96,17 +86,17 @@ fn recorder(dir: &Path) -> Recorder {
 /// Runs only inside the child process.
 #[test]
 fn child_process() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else {
+    let Some(dir) = child_dir(CHILD_ENV) else {
         return;
     };
-    let dir = Path::new(&dir);
+    let dir = dir.as_path();
     let log = config(dir)
         .open(recorder(dir))
         .expect("child opens the log");
-    let stdout = Arc::new(Mutex::new(io::stdout()));
+    let report = Report::new();
     std::thread::scope(|scope| {
         for thread in 0..4 {
-            let (log, stdout) = (&log, stdout.clone());
+            let (log, report) = (&log, report.clone());
             scope.spawn(move || loop {
                 let mut entry = log.begin_entry().expect("begin");
                 let id = entry.id().0;
@@ -126,70 +116,36 @@ fn child_process() {
                     chunk.finish().expect("finish");
                 }
                 entry.commit().expect("commit");
-                let mut out = stdout.lock().unwrap();
-                writeln!(out, "ACK {id}").unwrap();
-                out.flush().unwrap();
+                report.line(format_args!("ACK {id}"));
             });
         }
     });
 }
 
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
-    let seed: u64 = std::env::var("OKAYWAL_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    println!("seed {seed} (replay with OKAYWAL_KILL_SEED={seed})");
-    let mut rng = seed;
+    let seed = testkit::rng::seed(
+        "OKAYWAL_KILL_SEED",
+        "sigkill_at_random_moments_loses_no_acknowledged_entry",
+    );
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("log");
     let checkpointed_file = dir.with_extension("checkpointed");
     let mut acknowledged_total = 0;
     let mut highest_id = 0;
-    for kill in 0..KILLS {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut acked = BTreeSet::new();
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(id) = line.strip_prefix("ACK ") {
-                    acked.insert(id.trim().parse::<u64>().unwrap());
-                }
-            }
-            acked
-        });
-        let delay = Duration::from_millis(20 + next(&mut rng) % 150);
-        let started = Instant::now();
-        std::thread::sleep(delay);
-        child.kill().expect("SIGKILL the child");
-        child.wait().unwrap();
-        let acked = reader.join().unwrap();
+    let runs = KillRuns {
+        child_test: "child_process",
+        child_env: CHILD_ENV,
+        dir: dir.clone(),
+        kills: KILLS,
+        delay_ms: 20..170,
+    };
+    runs.run(seed, |kill, lines| {
+        let acked: BTreeSet<u64> = lines
+            .iter()
+            .filter_map(|line| line.strip_prefix("ACK "))
+            .map(|id| id.trim().parse::<u64>().unwrap())
+            .collect();
         acknowledged_total += acked.len();
 
         let manager = recorder(&dir);
@@ -210,8 +166,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
             let found = recovered.contains_key(id) || checkpointed.contains_key(id);
             assert!(
                 found,
-                "seed {seed}, kill {kill} after {:?}: acknowledged entry {id} is missing",
-                started.elapsed()
+                "seed {seed}, kill {kill}: acknowledged entry {id} is missing"
             );
         }
         for (id, bytes) in &recovered {
@@ -246,7 +201,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
         entry.write_chunk(b"next").unwrap();
         entry.rollback().unwrap();
         log.shutdown().unwrap();
-    }
+    });
     println!("{KILLS} kills, {acknowledged_total} acknowledged commits checked");
     assert!(
         acknowledged_total > 0,

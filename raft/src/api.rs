@@ -17,11 +17,13 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
-use crate::batch::{WriteBatcher, Written};
+use crate::batch::{WriteBatcher, WriteError, Written};
 use crate::log_store::LogStore;
+use crate::membership;
 use crate::metrics::{self, Counters, Gauges};
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
+use crate::validate::check_addr;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -39,13 +41,18 @@ pub struct App {
     /// [`crate::node::NodeConfig::max_value_bytes`]).
     pub max_value_bytes: usize,
     /// How long a `PUT` or `DELETE` waits for a quorum to commit it before
-    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]).
+    /// the client gets a 503 (see [`crate::node::NodeConfig::write_timeout`]);
+    /// also how long a membership change waits for the nodes it involves to
+    /// catch up, and then for the change to commit.
     pub write_timeout: std::time::Duration,
     /// This node's Raft log (for `/metrics`).
     pub log_store: LogStore,
     /// What the node counts of the requests it answers (see
     /// [`crate::metrics`]).
     pub counters: Arc<Counters>,
+    /// `"https"` when the nodes serve TLS, else `"http"`: the scheme of the
+    /// leader's URL in a follower's redirect.
+    pub scheme: &'static str,
 }
 
 impl std::fmt::Debug for App {
@@ -70,10 +77,10 @@ fn key_from(path: Result<Path<String>, PathRejection>) -> Result<String, String>
 
 /// A follower's answer: a redirect to the leader's same URL, with a body
 /// that names it; 503 while no leader is known.
-fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
+fn forward(forward: &ForwardToLeader<NodeId, Node>, scheme: &str, path: &str) -> Response {
     match (&forward.leader_id, &forward.leader_node) {
         (Some(id), Some(node)) => {
-            let location = format!("http://{}{path}", node.addr);
+            let location = format!("{scheme}://{}{path}", node.addr);
             (
                 StatusCode::TEMPORARY_REDIRECT,
                 [(header::LOCATION, location)],
@@ -92,9 +99,13 @@ fn forward(forward: &ForwardToLeader<NodeId, Node>, path: &str) -> Response {
     }
 }
 
-fn write_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>, path: &str) -> Response {
+fn write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, Node>>,
+    scheme: &str,
+    path: &str,
+) -> Response {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, path),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => forward(&f, scheme, path),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             error(StatusCode::CONFLICT, e.to_string())
         }
@@ -145,7 +156,8 @@ async fn put_value(
 async fn propose(app: &App, request: Request, uri: &str) -> Result<Written, Response> {
     match tokio::time::timeout(app.write_timeout, app.writes.write(request)).await {
         Ok(Ok(written)) => Ok(written),
-        Ok(Err(e)) => Err(write_error(*e, uri)),
+        Ok(Err(WriteError::Raft(e))) => Err(write_error(*e, app.scheme, uri)),
+        Ok(Err(WriteError::Invalid(message))) => Err(error(StatusCode::BAD_REQUEST, message)),
         Err(_) => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -213,7 +225,7 @@ async fn get_value(
         match app.raft.ensure_linearizable().await {
             Ok(_) => {}
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                return forward(&f, &uri)
+                return forward(&f, app.scheme, &uri)
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }
@@ -311,12 +323,41 @@ impl<'de> Deserialize<'de> for AddLearnerRequest {
 
 /// The body of `POST /cluster/change-membership`: `{"members": [1, 2, 3]}`,
 /// the bare list `[1, 2, 3]` that openraft's examples send, or `{"members":
-/// {"1": "127.0.0.1:21001", ...}}` as for `/cluster/init` (the ids count;
-/// every one must already be a member or a learner).
-#[derive(Debug, Serialize)]
+/// {"1": "127.0.0.1:21001", ...}}` as for `/cluster/init`. Every id must
+/// already be a member or a learner; in the map form each address must be
+/// a valid `host:port` (400) and the one the cluster knows the node by
+/// (409): addresses are not changed here, and a new node joins through
+/// `/cluster/add-learner` first.
+#[derive(Debug)]
 pub struct ChangeMembershipRequest {
     /// The ids of the voters after the change.
     pub members: BTreeSet<NodeId>,
+    /// The addresses given with them (the map form), or empty.
+    pub addrs: BTreeMap<NodeId, String>,
+}
+
+impl Serialize for ChangeMembershipRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Ids<'a> {
+            members: &'a BTreeSet<NodeId>,
+        }
+        #[derive(Serialize)]
+        struct Map<'a> {
+            members: &'a BTreeMap<NodeId, String>,
+        }
+        if self.addrs.is_empty() {
+            Ids {
+                members: &self.members,
+            }
+            .serialize(serializer)
+        } else {
+            Map {
+                members: &self.addrs,
+            }
+            .serialize(serializer)
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for ChangeMembershipRequest {
@@ -326,7 +367,7 @@ impl<'de> Deserialize<'de> for ChangeMembershipRequest {
         enum Members {
             Ids(BTreeSet<NodeId>),
             // Buffered map keys stay strings: parsed below.
-            Map(BTreeMap<String, serde_json::Value>),
+            Map(BTreeMap<String, String>),
         }
         #[derive(Deserialize)]
         #[serde(untagged)]
@@ -341,19 +382,27 @@ impl<'de> Deserialize<'de> for ChangeMembershipRequest {
         };
         // Malformed JSON fails here, with the parser's own error (400).
         let value = serde_json::Value::deserialize(deserializer)?;
-        let members = match Shape::deserialize(value).map_err(|_| expected())? {
+        match Shape::deserialize(value).map_err(|_| expected())? {
             Shape::Object {
-                members: Members::Ids(ids),
+                members: Members::Ids(members),
             }
-            | Shape::Bare(ids) => ids,
+            | Shape::Bare(members) => Ok(Self {
+                members,
+                addrs: BTreeMap::new(),
+            }),
             Shape::Object {
                 members: Members::Map(map),
-            } => map
-                .keys()
-                .map(|key| key.parse::<NodeId>().map_err(|_| expected()))
-                .collect::<Result<_, _>>()?,
-        };
-        Ok(Self { members })
+            } => {
+                let addrs: BTreeMap<NodeId, String> = map
+                    .into_iter()
+                    .map(|(key, addr)| Ok((key.parse::<NodeId>().map_err(|_| expected())?, addr)))
+                    .collect::<Result<_, _>>()?;
+                Ok(Self {
+                    members: addrs.keys().copied().collect(),
+                    addrs,
+                })
+            }
+        }
     }
 }
 
@@ -373,7 +422,7 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
 }
 
 /// The 413 answer, naming the limit and, below the format's own, why.
-fn too_large(limit: usize) -> Response {
+pub(crate) fn too_large(limit: usize) -> Response {
     let why = if limit < MAX_VALUE_BYTES {
         " on this node: a value must reach the followers within one heartbeat \
          interval; start the nodes with a longer --heartbeat-ms for larger values"
@@ -384,29 +433,6 @@ fn too_large(limit: usize) -> Response {
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("values are limited to {limit} bytes{why}"),
     )
-}
-
-/// Checks a peer address: `host:port`, the way nodes are reached.
-fn check_addr(addr: &str) -> Result<(), String> {
-    let valid = if let Ok(socket) = addr.parse::<std::net::SocketAddr>() {
-        socket.port() > 0
-    } else {
-        addr.rsplit_once(':').is_some_and(|(host, port)| {
-            port.parse::<u16>().is_ok_and(|p| p > 0)
-                && !host.is_empty()
-                && host.len() <= 253
-                && host
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        })
-    };
-    if valid {
-        Ok(())
-    } else {
-        Err(format!(
-            "{addr:?} is not a node address (host:port, e.g. 127.0.0.1:21001)"
-        ))
-    }
 }
 
 async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -434,6 +460,35 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
     }
 }
 
+/// The node `id` as the membership knows it, if any.
+fn known_node(app: &App, id: NodeId) -> Option<Node> {
+    app.raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .cloned()
+}
+
+/// A request that got no answer from Raft within the write timeout.
+fn not_committed(app: &App, what: &str) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "{what} was not committed within {} ms: no quorum answered; it may still be \
+             committed once one does",
+            app.write_timeout.as_millis()
+        ),
+    )
+}
+
+/// `POST /cluster/add-learner`: adds the node as a learner (committed by
+/// the current voters, so it does not need the node), then waits up to the
+/// write timeout for the node to catch up: 200 with `"caught_up": true`
+/// once it has, 202 with `"caught_up": false` if it has not (unreachable,
+/// or still copying a large log); `change-membership` refuses to make it a
+/// voter until it has. An id the cluster knows at another address gets 409.
 async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let request = match json_body::<AddLearnerRequest>(body) {
         Ok(request) => request,
@@ -442,16 +497,59 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
     if let Err(message) = check_addr(&request.addr) {
         return error(StatusCode::BAD_REQUEST, message);
     }
-    match app
-        .raft
-        .add_learner(request.id, Node::new(request.addr), true)
-        .await
-    {
-        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/add-learner"),
+    if let Some(known) = known_node(&app, request.id) {
+        if known.addr != request.addr {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "node {} is already in the cluster at {}, not {}: a node's address cannot \
+                     be changed",
+                    request.id, known.addr, request.addr
+                ),
+            );
+        }
+    }
+    let added = tokio::time::timeout(
+        app.write_timeout,
+        app.raft
+            .add_learner(request.id, Node::new(request.addr.clone()), false),
+    )
+    .await;
+    let log_index = match added {
+        Ok(Ok(response)) => response.log_id.index,
+        Ok(Err(e)) => return write_error(e, app.scheme, "/cluster/add-learner"),
+        Err(_) => return not_committed(&app, "adding the learner"),
+    };
+    let id = request.id;
+    let (_, caught_up) = membership::wait_until(&app.raft, app.write_timeout, |m| {
+        membership::matched(m, id).is_some_and(|at| at >= log_index)
+    })
+    .await;
+    if caught_up {
+        Json(json!({ "log_index": log_index, "caught_up": true })).into_response()
+    } else {
+        (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "log_index": log_index,
+                "caught_up": false,
+                "warning": format!(
+                    "node {id} was added as a learner but has not caught up within {} ms \
+                     (is {} reachable?); change-membership will not make it a voter until it has",
+                    app.write_timeout.as_millis(),
+                    request.addr
+                ),
+            })),
+        )
+            .into_response()
     }
 }
 
+/// `POST /cluster/change-membership`: on the leader, first waits up to the
+/// write timeout until the change can finish ([`membership::voters_ready`])
+/// and answers 409 naming the nodes that have not caught up if it cannot;
+/// then proposes it, answering 503 if it is not committed within the write
+/// timeout.
 async fn change_membership(
     State(app): State<App>,
     body: Result<Bytes, BytesRejection>,
@@ -460,9 +558,67 @@ async fn change_membership(
         Ok(request) => request,
         Err(response) => return response,
     };
-    match app.raft.change_membership(request.members, false).await {
-        Ok(response) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Err(e) => write_error(e, "/cluster/change-membership"),
+    for addr in request.addrs.values() {
+        if let Err(message) = check_addr(addr) {
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    }
+    for (&id, addr) in &request.addrs {
+        match known_node(&app, id) {
+            None => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "node {id} is not in the cluster: add it with /cluster/add-learner first"
+                    ),
+                )
+            }
+            Some(known) if known.addr != *addr => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "node {id} is in the cluster at {}, not {addr}: a node's address cannot \
+                         be changed",
+                        known.addr
+                    ),
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    let metrics = app.raft.metrics().borrow().clone();
+    if membership::is_leader(&metrics) && !request.members.is_empty() {
+        let target = metrics.last_log_index.unwrap_or(0);
+        let voters = &request.members;
+        let (metrics, ready) = membership::wait_until(&app.raft, app.write_timeout, |m| {
+            !membership::is_leader(m) || membership::voters_ready(m, voters, target).is_ok()
+        })
+        .await;
+        if !ready {
+            let why = match membership::voters_ready(&metrics, voters, target) {
+                Err(not_ready) => not_ready.to_string(),
+                Ok(()) => "the voters were not ready".into(),
+            };
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "the membership was not changed: {why} within {} ms. The new voters could \
+                     not commit the change, and the cluster could not commit anything until \
+                     they answer",
+                    app.write_timeout.as_millis()
+                ),
+            );
+        }
+    }
+    let changed = tokio::time::timeout(
+        app.write_timeout,
+        app.raft.change_membership(request.members, false),
+    )
+    .await;
+    match changed {
+        Ok(Ok(response)) => Json(json!({ "log_index": response.log_id.index })).into_response(),
+        Ok(Err(e)) => write_error(e, app.scheme, "/cluster/change-membership"),
+        Err(_) => not_committed(&app, "the membership change"),
     }
 }
 

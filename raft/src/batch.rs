@@ -28,16 +28,20 @@ use crate::types::{Node, NodeId, Raft, Request};
 /// Entries proposed at once; writes arriving while this many are in flight
 /// wait and share the next entry.
 pub const MAX_IN_FLIGHT: usize = 2;
-/// A batch stops growing once its values reach this many bytes (a larger
-/// write still goes alone): every AppendEntries RPC must finish within a
-/// heartbeat interval.
-pub const MAX_BATCH_BYTES: usize = 1 << 20;
-/// A batch holds at most this many commands.
-pub const MAX_BATCH_LEN: usize = 1024;
+pub use crate::types::{MAX_BATCH_BYTES, MAX_BATCH_LEN};
 
-/// The error a write through the batcher can end with (boxed: openraft's
-/// error is over 200 bytes, and every waiter of a failed batch gets one).
-pub type WriteError = Box<RaftError<NodeId, ClientWriteError<NodeId, Node>>>;
+/// Why a write through the batcher failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    /// The request breaks the rules every node checks entries against
+    /// ([`Request::check`]): it was not proposed.
+    #[error("invalid write: {0}")]
+    Invalid(String),
+    /// Raft did not commit it (boxed: openraft's error is over 200 bytes,
+    /// and every waiter of a failed batch gets one).
+    #[error(transparent)]
+    Raft(Box<RaftError<NodeId, ClientWriteError<NodeId, Node>>>),
+}
 
 /// What a write's caller gets back: the log index of the entry that
 /// carried it, and whether its key held a value before it.
@@ -65,6 +69,10 @@ impl Pending {
     fn bytes(&self) -> usize {
         self.request.payload_bytes()
     }
+
+    fn changes(&self) -> usize {
+        self.request.change_count()
+    }
 }
 
 /// Proposes client writes to Raft, several to an entry when they arrive
@@ -84,9 +92,14 @@ impl WriteBatcher {
         Self { queue }
     }
 
-    /// Proposes `request` (a put or a delete) and waits until it is
-    /// committed and applied, or failed.
+    /// Proposes `request` and waits until it is committed and applied, or
+    /// failed. A request that fails [`Request::check`] with the format's
+    /// value limit is refused without being proposed: every follower would
+    /// refuse the entry that carried it.
     pub async fn write(&self, request: Request) -> WriteResult {
+        request
+            .check(crate::types::MAX_VALUE_BYTES)
+            .map_err(WriteError::Invalid)?;
         let (done, result) = oneshot::channel();
         if self.queue.send(Pending { request, done }).is_err() {
             return Err(stopped());
@@ -96,26 +109,29 @@ impl WriteBatcher {
 }
 
 fn stopped() -> WriteError {
-    Box::new(RaftError::Fatal(openraft::error::Fatal::Stopped))
+    WriteError::Raft(Box::new(RaftError::Fatal(openraft::error::Fatal::Stopped)))
 }
 
 /// Takes `first` and then whatever is already queued, up to the limits.
-/// A write that would take the batch past [`MAX_BATCH_BYTES`] is left in
-/// `carry` for the next batch.
+/// A write that would take the batch past [`MAX_BATCH_BYTES`] or
+/// [`MAX_BATCH_LEN`] changes is left in `carry` for the next batch, so a
+/// batch of several writes always passes [`Request::check`].
 pub fn collect(
     first: Pending,
     queue: &mut mpsc::UnboundedReceiver<Pending>,
     carry: &mut Option<Pending>,
 ) -> Vec<Pending> {
     let mut bytes = first.bytes();
+    let mut changes = first.changes();
     let mut batch = vec![first];
-    while batch.len() < MAX_BATCH_LEN && bytes < MAX_BATCH_BYTES {
+    while changes < MAX_BATCH_LEN && bytes < MAX_BATCH_BYTES {
         let Ok(next) = queue.try_recv() else { break };
-        if bytes + next.bytes() > MAX_BATCH_BYTES {
+        if bytes + next.bytes() > MAX_BATCH_BYTES || changes + next.changes() > MAX_BATCH_LEN {
             *carry = Some(next);
             break;
         }
         bytes += next.bytes();
+        changes += next.changes();
         batch.push(next);
     }
     batch
@@ -156,7 +172,7 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
                 log_index: r.log_id.index,
                 existed: r.data.existed,
             })
-            .map_err(Box::new);
+            .map_err(|e| WriteError::Raft(Box::new(e)));
         let _ = done.send(result);
         return;
     }
@@ -165,13 +181,13 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
     // flattened into this one and answers for its first change).
     let mut first_change = 0;
     let mut waiters = Vec::with_capacity(batch.len());
-    let mut requests = Vec::with_capacity(batch.len());
+    let mut changes = Vec::with_capacity(batch.len());
     for Pending { request, done } in batch {
         waiters.push((first_change, done));
-        first_change += request.changes().len();
-        requests.push(request);
+        first_change += request.change_count();
+        changes.extend(request.into_changes());
     }
-    match raft.client_write(Request::Batch(requests)).await {
+    match raft.client_write(Request::Batch(changes)).await {
         Ok(response) => {
             for (at, done) in waiters {
                 let _ = done.send(Ok(Written {
@@ -182,7 +198,7 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
         }
         Err(e) => {
             for (_, done) in waiters {
-                let _ = done.send(Err(Box::new(e.clone())));
+                let _ = done.send(Err(WriteError::Raft(Box::new(e.clone()))));
             }
         }
     }
@@ -191,6 +207,7 @@ async fn propose(raft: &Raft, mut batch: Vec<Pending>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Change;
 
     fn put(key: &str, len: usize) -> (Pending, oneshot::Receiver<WriteResult>) {
         let (done, result) = oneshot::channel();
@@ -238,11 +255,11 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (done, _r) = oneshot::channel();
         let halves = Request::Batch(vec![
-            Request::Put {
+            Change::Put {
                 key: "x".into(),
                 value: vec![0; MAX_BATCH_BYTES / 2],
             },
-            Request::Put {
+            Change::Put {
                 key: "y".into(),
                 value: vec![0; MAX_BATCH_BYTES / 2],
             },
@@ -275,5 +292,31 @@ mod tests {
         assert_eq!(collect(first, &mut rx, &mut carry).len(), MAX_BATCH_LEN);
         let first = rx.try_recv().unwrap();
         assert_eq!(collect(first, &mut rx, &mut carry).len(), 6);
+    }
+
+    #[test]
+    fn a_batch_counts_the_changes_of_queued_batches() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut receivers = Vec::new();
+        let many = |prefix: &str, n: usize| {
+            Request::Batch(
+                (0..n)
+                    .map(|i| Change::Delete {
+                        key: format!("{prefix}{i}"),
+                    })
+                    .collect(),
+            )
+        };
+        for request in [many("a", 1000), many("b", 30)] {
+            let (done, r) = oneshot::channel();
+            tx.send(Pending { request, done }).unwrap();
+            receivers.push(r);
+        }
+        let (first, _r) = put("first", 0);
+        let mut carry = None;
+        let batch = collect(first, &mut rx, &mut carry);
+        let changes: usize = batch.iter().map(|p| p.request.change_count()).sum();
+        assert_eq!(changes, 1001);
+        assert!(carry.is_some(), "30 more changes would pass the limit");
     }
 }

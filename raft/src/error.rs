@@ -31,6 +31,12 @@ pub enum Error {
     /// openraft refused to start or stopped.
     #[error("raft: {0}")]
     Raft(String),
+    /// The node's configuration cannot be used: a missing or unreadable
+    /// TLS or token file, or a non-loopback address without TLS and
+    /// authentication. The message never includes a token's or a key's
+    /// bytes.
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 impl From<io::Error> for Error {

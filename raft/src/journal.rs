@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::types::{LogId, StoredMembership};
+use crate::validate;
 
 /// One journal grain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,7 +36,14 @@ impl Journal {
 
     /// Decodes a record written by [`Journal::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        bincode::deserialize(bytes).map_err(|e| format!("bad journal record: {e}"))
+        let record: Self =
+            validate::decode_all(bytes).map_err(|e| format!("bad journal record: {e}"))?;
+        validate::check_opt_log_id(record.last_applied.as_ref(), "the last applied log id")?;
+        validate::check_opt_log_id(
+            record.membership.log_id().as_ref(),
+            "the membership's log id",
+        )?;
+        Ok(record)
     }
 }
 

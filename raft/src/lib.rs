@@ -1,7 +1,10 @@
 //! A replicated key-value store: [`openraft`] drives consensus, an
 //! [`okaywal`] write-ahead log is its durable Raft log ([`LogStore`]) and a
 //! [`sediment`] blob store is its state machine ([`StateMachine`]). Nodes
-//! talk HTTP on loopback ([`network`], [`api`]); [`node::start`] starts one.
+//! talk HTTP, or HTTPS with a bearer token or mutual TLS ([`security`]),
+//! through a server that caps and times out connections and bounds bodies
+//! ([`server`], [`limits`]) to the Raft RPCs ([`network`]) and the client
+//! API ([`api`]); [`node::start`] starts one.
 //!
 //! ```no_run
 //! use sediment_raft::node::{self, NodeConfig};
@@ -40,14 +43,19 @@ pub mod api;
 pub mod batch;
 mod error;
 pub mod journal;
+pub mod limits;
 pub mod log_format;
 pub mod log_store;
+pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod security;
+pub mod server;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
+pub mod validate;
 
 pub use error::{Error, Result};
 pub use log_store::{LogStore, LogStoreConfig};

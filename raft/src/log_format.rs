@@ -5,6 +5,7 @@ use openraft::CommittedLeaderId;
 use serde::{Deserialize, Serialize};
 
 use crate::types::{LogId, Vote};
+use crate::validate;
 
 const ENTRY: u8 = 1;
 const VOTE: u8 = 2;
@@ -97,6 +98,26 @@ impl WalRecord {
         out
     }
 
+    /// Checks the terms and indexes the record holds against
+    /// [`validate::MAX_TERM`] and [`validate::MAX_LOG_INDEX`].
+    pub fn check_bounds(&self) -> Result<(), String> {
+        match self {
+            WalRecord::Entry { log_id, .. } => validate::check_log_id(log_id, "a log entry"),
+            WalRecord::Vote(vote) => validate::check_vote(vote, "the saved vote"),
+            WalRecord::Committed(committed) => {
+                validate::check_opt_log_id(committed.as_ref(), "the saved committed log id")
+            }
+            WalRecord::Truncate { since } => {
+                if *since > validate::MAX_LOG_INDEX {
+                    Err(format!("a truncation at index {since}"))
+                } else {
+                    Ok(())
+                }
+            }
+            WalRecord::Purge(log_id) => validate::check_log_id(log_id, "a purge"),
+        }
+    }
+
     /// Decodes a chunk written by [`WalRecord::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         let (&kind, rest) = bytes.split_first().ok_or("empty log record")?;
@@ -108,10 +129,10 @@ impl WalRecord {
                     payload: rest[24..].to_vec(),
                 })
             }
-            VOTE => bincode::deserialize(rest)
+            VOTE => validate::decode_all(rest)
                 .map(WalRecord::Vote)
                 .map_err(|e| format!("bad vote record: {e}")),
-            COMMITTED => bincode::deserialize(rest)
+            COMMITTED => validate::decode_all(rest)
                 .map(WalRecord::Committed)
                 .map_err(|e| format!("bad committed record: {e}")),
             TRUNCATE => Ok(WalRecord::Truncate {
@@ -232,7 +253,13 @@ impl LogMeta {
         if crc32fast::hash(body) != crc {
             return Err("metadata checksum mismatch".into());
         }
-        bincode::deserialize(body).map_err(|e| format!("bad metadata: {e}"))
+        let meta: Self = validate::decode_all(body).map_err(|e| format!("bad metadata: {e}"))?;
+        validate::check_opt_log_id(meta.committed.as_ref(), "the committed log id")?;
+        validate::check_opt_log_id(meta.purged.as_ref(), "the purged log id")?;
+        if let Some(vote) = &meta.vote {
+            validate::check_vote(vote, "the saved vote")?;
+        }
+        Ok(meta)
     }
 }
 

@@ -43,6 +43,7 @@ use crate::log_format::{
 };
 use crate::metrics::Histogram;
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::validate;
 
 const META: &str = "meta";
 const META_TMP: &str = "meta.tmp";
@@ -177,8 +178,8 @@ struct Core {
 /// Called once an append is durable (or with why it cannot be).
 pub type Durable = Box<dyn FnOnce(io::Result<()>) + Send>;
 
-/// An entry to read: its index, location and archive handle.
-type Wanted = (u64, Location, Option<Arc<dyn FileHandle>>);
+/// An entry to read: its log id, location and archive handle.
+type Wanted = (LogId, Location, Option<Arc<dyn FileHandle>>);
 
 #[derive(Debug)]
 struct Inner {
@@ -255,6 +256,10 @@ impl Core {
             while offset + ARCHIVE_HEADER as u64 <= len {
                 file.read_exact_at(&mut header, offset)?;
                 let decoded = ArchiveHeader::decode(&header)
+                    .and_then(|h| {
+                        validate::check_log_id(&h.log_id, &format!("the entry at offset {offset}"))
+                            .map(|()| h)
+                    })
                     .map_err(|e| corrupt(path.display().to_string(), e))?;
                 let index = decoded.log_id.index;
                 let payload_at = offset + ARCHIVE_HEADER as u64;
@@ -414,7 +419,13 @@ impl LogManager for Manager {
                     let position = chunk.position();
                     let bytes = chunk.read_all()?;
                     let record = WalRecord::decode(&bytes)
-                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                        .and_then(|record| record.check_bounds().map(|()| record))
+                        .map_err(|e| {
+                            io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("WAL entry {}: {e}", entry.id().0),
+                            )
+                        })?;
                     records.push((record, position));
                 }
                 ReadChunkResult::EndOfEntry => break,
@@ -469,8 +480,18 @@ fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>, syncs: Arc<H
     }
 }
 
-fn decode_entry(payload: &[u8]) -> io::Result<Entry> {
-    bincode::deserialize(payload).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+/// Decodes a stored entry (reading at most [`validate::MAX_ENTRY_BYTES`])
+/// and checks that it is the one the index expects.
+fn decode_entry(payload: &[u8], expected: &LogId) -> Result<Entry, String> {
+    let entry: Entry = validate::decode(payload, validate::MAX_ENTRY_BYTES)
+        .map_err(|e| format!("undecodable: {e}"))?;
+    if entry.log_id != *expected {
+        return Err(format!(
+            "holds entry {} where {expected} was written",
+            entry.log_id
+        ));
+    }
+    Ok(entry)
 }
 
 impl LogStore {
@@ -688,28 +709,29 @@ impl LogStore {
             state
                 .entries
                 .range((start, end))
-                .map(|(&index, &(_, location))| {
+                .map(|(_, &(log_id, location))| {
                     let handle = match location {
                         Location::Archive { file, .. } => state.archives.get(&file).cloned(),
                         Location::Wal(_) => None,
                     };
-                    (index, location, handle)
+                    (log_id, location, handle)
                 })
                 .collect()
         };
         let mut out = Vec::with_capacity(wanted.len());
-        for (index, location, handle) in wanted {
-            out.push(self.read_one(index, location, handle)?);
+        for (log_id, location, handle) in wanted {
+            out.push(self.read_one(log_id, location, handle)?);
         }
         Ok(out)
     }
 
     fn read_one(
         &self,
-        index: u64,
+        log_id: LogId,
         mut location: Location,
         mut handle: Option<Arc<dyn FileHandle>>,
     ) -> Result<Entry> {
+        let (mut log_id, index) = (log_id, log_id.index);
         // A WAL position goes stale when its segment is recycled; by then
         // the index points into an archive file.
         for _ in 0..8 {
@@ -722,8 +744,8 @@ impl LogStore {
                         if bytes.len() < ENTRY_HEADER {
                             return Err(corrupt(format!("log entry {index}"), "chunk too short"));
                         }
-                        return decode_entry(&bytes[ENTRY_HEADER..])
-                            .map_err(|e| Error::io(format!("decoding log entry {index}"), e));
+                        return decode_entry(&bytes[ENTRY_HEADER..], &log_id)
+                            .map_err(|e| corrupt(format!("log entry {index}"), e));
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(Error::io(format!("reading log entry {index}"), e)),
@@ -750,13 +772,15 @@ impl LogStore {
                             "checksum mismatch",
                         ));
                     }
-                    return decode_entry(&bytes)
-                        .map_err(|e| Error::io(format!("decoding log entry {index}"), e));
+                    return decode_entry(&bytes, &log_id).map_err(|e| {
+                        corrupt(format!("log entry {index} in {}", archive_name(file)), e)
+                    });
                 }
             }
             let state = self.inner.core.state.lock();
             match state.entries.get(&index) {
-                Some(&(_, now)) => {
+                Some(&(now_id, now)) => {
+                    log_id = now_id;
                     location = now;
                     if let Location::Archive { file, .. } = now {
                         handle = state.archives.get(&file).cloned();

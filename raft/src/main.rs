@@ -1,11 +1,19 @@
 //! The `sediment-raft` command: runs one node of the replicated store.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use sediment_raft::node::{self, NodeConfig};
+use sediment_raft::node::{self, NodeConfig, DEFAULT_MAX_CONNECTIONS};
+use sediment_raft::security::{TlsFiles, Token};
+
+/// Descriptors kept for the node's own files (WAL segments, archives,
+/// snapshots), its connections to peers and the runtime, beyond its
+/// server's connections.
+const RESERVED_DESCRIPTORS: u64 = 256;
 
 /// A replicated key-value store on okaywal and sediment.
 #[derive(Debug, Parser)]
@@ -67,7 +75,61 @@ enum Command {
         /// Size of the Raft log's WAL segments, in bytes.
         #[arg(long, default_value_t = 8 << 20)]
         log_segment_bytes: u64,
+        /// Serve HTTPS with this certificate chain (PEM), and reach peers
+        /// over HTTPS presenting it. Needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// The CA (PEM) that signed the cluster's certificates: peers are
+        /// verified with it, and every client must present a certificate
+        /// it signed (mutual TLS). Without it, peers are verified with the
+        /// system's roots and clients need no certificate.
+        #[arg(long, requires = "tls_cert")]
+        tls_ca: Option<PathBuf>,
+        /// A file holding a shared secret (a trailing newline is dropped):
+        /// every request must carry `Authorization: Bearer <secret>`, and
+        /// the node sends it to its peers.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Start on a non-loopback --listen address without TLS and a
+        /// token or mutual TLS (refused otherwise).
+        #[arg(long)]
+        allow_insecure_network: bool,
+        /// Connections served at once; beyond it the connection idle the
+        /// longest is closed. The node raises its open-file soft limit to
+        /// the hard limit at start, and lowers this (with a warning) if
+        /// that leaves fewer than 256 descriptors besides.
+        #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+        max_connections: usize,
+        /// Time a connection has to complete its TLS handshake and send a
+        /// request's headers, in ms.
+        #[arg(long, default_value_t = 10_000)]
+        header_timeout_ms: u64,
+        /// Time a request's whole body has to arrive, in ms (408 after it).
+        #[arg(long, default_value_t = 60_000)]
+        body_timeout_ms: u64,
+        /// Time a connection may stay open with no request in progress, in
+        /// ms.
+        #[arg(long, default_value_t = 60_000)]
+        idle_timeout_ms: u64,
     },
+}
+
+/// Raises the open-file soft limit to the hard limit (a node holds a
+/// descriptor per connection and per log file) and returns the limit in
+/// force; `None` where it cannot be read.
+fn raise_descriptor_limit() -> Option<u64> {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => Some(limit),
+        Err(e) => {
+            eprintln!("sediment-raft: could not raise the open-file limit: {e}");
+            rlimit::getrlimit(rlimit::Resource::NOFILE)
+                .ok()
+                .map(|(soft, _)| soft)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -84,13 +146,69 @@ fn main() -> ExitCode {
         keep_logs,
         heartbeat_ms,
         log_segment_bytes,
+        tls_cert,
+        tls_key,
+        tls_ca,
+        token_file,
+        allow_insecure_network,
+        mut max_connections,
+        header_timeout_ms,
+        body_timeout_ms,
+        idle_timeout_ms,
     } = cli.command;
+    let tls = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert,
+            key,
+            ca: tls_ca,
+        }),
+        _ => None,
+    };
+    let token = match token_file.as_deref().map(Token::from_file).transpose() {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("sediment-raft: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(limit) = raise_descriptor_limit() {
+        let room =
+            usize::try_from(limit.saturating_sub(RESERVED_DESCRIPTORS)).unwrap_or(usize::MAX);
+        if max_connections > room {
+            eprintln!(
+                "sediment-raft: the open-file limit is {limit}: serving at most {} connections \
+                 instead of {max_connections}",
+                room.max(1)
+            );
+            max_connections = room.max(1);
+        }
+    }
     let config = NodeConfig {
         snapshot_logs,
         keep_logs,
         heartbeat_ms,
         log_segment_bytes,
+        tls,
+        token,
+        allow_insecure_network,
+        max_connections,
+        header_timeout: Duration::from_millis(header_timeout_ms),
+        body_timeout: Duration::from_millis(body_timeout_ms),
+        idle_timeout: Duration::from_millis(idle_timeout_ms),
         ..NodeConfig::new(id, listen, dir)
+    };
+    match config.check_network_security() {
+        Ok(Some(warning)) => eprintln!("sediment-raft: {warning}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("sediment-raft: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -104,7 +222,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let running = node::start(config).await?;
-        eprintln!("node {id} serving on http://{}", running.addr);
+        eprintln!("node {id} serving on {scheme}://{}", running.addr);
         tracing::info!(id, addr = %running.addr, "node started");
         running.wait().await
     });

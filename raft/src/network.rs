@@ -20,10 +20,14 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::error::{Error, Result};
+use crate::security::Token;
 use crate::types::{Node, NodeId, Raft, TypeConfig};
+use crate::validate;
 
 /// Path of the AppendEntries RPC.
 pub const APPEND_PATH: &str = "/raft/append";
@@ -37,10 +41,13 @@ pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 #[derive(Debug, Clone)]
 pub struct Network {
     client: reqwest::Client,
+    scheme: &'static str,
+    token: Option<HeaderValue>,
 }
 
 impl Network {
-    /// A network with a fresh HTTP client.
+    /// A network with a fresh HTTP client, over plain HTTP and without a
+    /// token.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -48,7 +55,31 @@ impl Network {
                 .tcp_nodelay(true)
                 .build()
                 .expect("an HTTP client without TLS builds"),
+            scheme: "http",
+            token: None,
         }
+    }
+
+    /// A network that reaches peers over HTTPS with `tls` (the node's
+    /// roots and client identity) when given, and sends `token` as
+    /// `Authorization: Bearer` on every RPC when given.
+    pub fn secured(tls: Option<rustls::ClientConfig>, token: Option<&Token>) -> Result<Self> {
+        let mut builder = reqwest::Client::builder().tcp_nodelay(true);
+        let scheme = match tls {
+            Some(tls) => {
+                builder = builder.use_preconfigured_tls(tls).https_only(true);
+                "https"
+            }
+            None => "http",
+        };
+        let client = builder
+            .build()
+            .map_err(|e| Error::Config(format!("the peers' HTTP client: {e}")))?;
+        Ok(Self {
+            client,
+            scheme,
+            token: token.map(Token::header_value).transpose()?,
+        })
     }
 }
 
@@ -65,7 +96,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Connection {
             client: self.client.clone(),
             target,
-            base: format!("http://{}", node.addr),
+            base: format!("{}://{}", self.scheme, node.addr),
+            token: self.token.clone(),
         }
     }
 }
@@ -76,6 +108,8 @@ pub struct Connection {
     client: reqwest::Client,
     target: NodeId,
     base: String,
+    /// The `Authorization` header (sensitive: not shown by `Debug`).
+    token: Option<HeaderValue>,
 }
 
 impl Connection {
@@ -92,22 +126,22 @@ impl Connection {
     {
         let body =
             bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let response = self
+        let mut request = self
             .client
             .post(format!("{}{path}", self.base))
-            .timeout(option.hard_ttl())
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| {
-                // A peer that is down is backed off from; other failures
-                // are retried at once.
-                if e.is_connect() {
-                    RPCError::Unreachable(Unreachable::new(&e))
-                } else {
-                    RPCError::Network(NetworkError::new(&e))
-                }
-            })?;
+            .timeout(option.hard_ttl());
+        if let Some(token) = &self.token {
+            request = request.header(AUTHORIZATION, token.clone());
+        }
+        let response = request.body(body).send().await.map_err(|e| {
+            // A peer that is down is backed off from; other failures
+            // are retried at once.
+            if e.is_connect() {
+                RPCError::Unreachable(Unreachable::new(&e))
+            } else {
+                RPCError::Network(NetworkError::new(&e))
+            }
+        })?;
         if !response.status().is_success() {
             let status = response.status();
             let text = response.text().await.unwrap_or_default();
@@ -124,12 +158,24 @@ impl Connection {
 }
 
 impl RaftNetwork<TypeConfig> for Connection {
+    /// Sends the first entries that fit in
+    /// [`APPEND_PACK_BYTES`](crate::limits::APPEND_PACK_BYTES) (at least
+    /// one), so that the body stays within what peers accept
+    /// ([`crate::limits`]); openraft sends the rest after the
+    /// `PartialSuccess` this answers with.
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(APPEND_PATH, &rpc, &option).await
+        let held_back = crate::limits::pack_entries(&mut rpc.entries);
+        let last_sent = rpc.entries.last().map(|entry| entry.log_id);
+        match self.call(APPEND_PATH, &rpc, &option).await? {
+            AppendEntriesResponse::Success if held_back > 0 => {
+                Ok(AppendEntriesResponse::PartialSuccess(last_sent))
+            }
+            response => Ok(response),
+        }
     }
 
     async fn install_snapshot(
@@ -152,33 +198,37 @@ impl RaftNetwork<TypeConfig> for Connection {
     }
 }
 
+/// Decodes an RPC body with a byte limit and checks it
+/// ([`crate::validate`]) before openraft sees it: anything undecodable or
+/// that no honest leader or candidate sends gets 400.
 #[allow(clippy::result_large_err)] // built on the error path only
-fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    bincode::deserialize(body).map_err(|e| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("undecodable RPC body: {e}"),
-        )
-            .into_response()
-    })
+fn decode<T: DeserializeOwned>(
+    body: &Bytes,
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<T, Response> {
+    let refuse = |message: String| (StatusCode::BAD_REQUEST, message).into_response();
+    let request: T =
+        validate::decode_all(body).map_err(|e| refuse(format!("undecodable RPC body: {e}")))?;
+    check(&request).map_err(|e| refuse(format!("refused RPC: {e}")))?;
+    Ok(request)
 }
 
 async fn append(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
+    match decode::<AppendEntriesRequest<TypeConfig>>(&body, validate::check_append) {
         Ok(request) => Json(raft.append_entries(request).await).into_response(),
         Err(response) => response,
     }
 }
 
 async fn vote(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<VoteRequest<NodeId>>(&body) {
+    match decode::<VoteRequest<NodeId>>(&body, validate::check_vote_request) {
         Ok(request) => Json(raft.vote(request).await).into_response(),
         Err(response) => response,
     }
 }
 
 async fn snapshot(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
-    match decode::<InstallSnapshotRequest<TypeConfig>>(&body) {
+    match decode::<InstallSnapshotRequest<TypeConfig>>(&body, validate::check_install_snapshot) {
         Ok(request) => Json(raft.install_snapshot(request).await).into_response(),
         Err(response) => response,
     }
@@ -190,7 +240,10 @@ pub fn routes(raft: Arc<Raft>) -> Router {
         .route(APPEND_PATH, post(append))
         .route(VOTE_PATH, post(vote))
         .route(SNAPSHOT_PATH, post(snapshot))
-        // Entries and snapshot chunks can carry values of up to 64 MiB.
-        .layer(axum::extract::DefaultBodyLimit::max(1 << 30))
+        // The node's server enforces each RPC's own limit before this
+        // (see `crate::limits`); this is the largest of them.
+        .layer(axum::extract::DefaultBodyLimit::max(
+            crate::limits::MAX_APPEND_BODY_BYTES,
+        ))
         .with_state(raft)
 }

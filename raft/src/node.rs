@@ -3,9 +3,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use okaywal::fs::{FileSystem, StdFileSystem};
-use openraft::SnapshotPolicy;
+use openraft::{ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -16,8 +17,15 @@ use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::metrics::Counters;
 use crate::network::{self, Network};
+use crate::security::{TlsFiles, Token};
+use crate::server::{self, Policy, ServerOptions};
 use crate::state_machine::{StateMachine, StateMachineConfig};
 use crate::types::{NodeId, Raft};
+
+/// The default cap on a node's open connections. The binary raises its
+/// open-file limit to the hard limit and lowers this cap when that limit
+/// leaves too little room for it (see `sediment-raft node --help`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// How to run a node.
 #[derive(Debug, Clone)]
@@ -50,12 +58,37 @@ pub struct NodeConfig {
     /// are always on the real disk (openraft streams them as tokio files),
     /// so a node on a simulated file system needs a real directory here.
     pub snapshot_directory: Option<PathBuf>,
+    /// Serve HTTPS with this certificate and key, and reach peers over
+    /// HTTPS; with a CA, verify peers with it and require client
+    /// certificates it signed (see [`crate::security`]). `None`: plain
+    /// HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Require `Authorization: Bearer <token>` on every request, and send
+    /// it on the RPCs to peers. `None`: no token (with mutual TLS, client
+    /// certificates authenticate).
+    pub token: Option<Token>,
+    /// Start on a non-loopback `listen` address without TLS and
+    /// authentication (refused otherwise; see
+    /// [`NodeConfig::check_network_security`]).
+    pub allow_insecure_network: bool,
+    /// Connections the server keeps open at once; beyond it, the
+    /// connection idle the longest is closed (see [`crate::server`]).
+    pub max_connections: usize,
+    /// Time a connection has to send a request's headers (and complete
+    /// the TLS handshake).
+    pub header_timeout: Duration,
+    /// Time a request's whole body has to arrive (408 after it).
+    pub body_timeout: Duration,
+    /// Time a connection may stay open with no request in progress.
+    pub idle_timeout: Duration,
 }
 
 impl NodeConfig {
     /// Defaults: a snapshot every 10,000 entries keeping 1,000, 500 ms
     /// heartbeats (room for 64 MiB values) and elections after 2–4 s of
-    /// silence.
+    /// silence; plain HTTP without a token (so only a loopback `listen`
+    /// starts); [`DEFAULT_MAX_CONNECTIONS`] connections, 10 s for headers,
+    /// 60 s for a body and 60 s of idleness.
     pub fn new(id: NodeId, listen: SocketAddr, directory: impl Into<PathBuf>) -> Self {
         Self {
             id,
@@ -67,7 +100,41 @@ impl NodeConfig {
             log_segment_bytes: 8 << 20,
             file_system: Arc::new(StdFileSystem),
             snapshot_directory: None,
+            tls: None,
+            token: None,
+            allow_insecure_network: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
         }
+    }
+
+    /// The same with TLS.
+    #[must_use]
+    pub fn with_tls(mut self, tls: TlsFiles) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The same with a bearer token.
+    #[must_use]
+    pub fn with_token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Whether this node may start on its `listen` address: a loopback
+    /// address always may; any other needs TLS and a token or mutual TLS,
+    /// or `allow_insecure_network`, in which case this returns the warning
+    /// to show. The error names the flags to add.
+    pub fn check_network_security(&self) -> Result<Option<String>> {
+        crate::security::check_listen(
+            self.listen,
+            self.tls.as_ref(),
+            self.token.as_ref(),
+            self.allow_insecure_network,
+        )
     }
 
     /// The largest value a `PUT` accepts on this node: the format's
@@ -108,6 +175,8 @@ impl NodeConfig {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_logs),
             max_in_snapshot_log_to_keep: self.keep_logs,
             purge_batch_size: 64,
+            // Each InstallSnapshot body is one chunk (see `crate::limits`).
+            snapshot_max_chunk_size: crate::limits::SNAPSHOT_CHUNK_BYTES as u64,
             ..Default::default()
         };
         config
@@ -185,8 +254,19 @@ impl std::fmt::Debug for RunningNode {
     }
 }
 
-/// Opens the node's stores (recovering them), starts Raft and serves HTTP.
+/// Checks the configuration's security ([`NodeConfig::check_network_security`]
+/// and the TLS and token files), opens the node's stores (recovering
+/// them), starts Raft and serves HTTP or HTTPS.
 pub async fn start(config: NodeConfig) -> Result<RunningNode> {
+    config.check_network_security()?;
+    if config.max_connections == 0 {
+        return Err(Error::Config("max_connections must be at least 1".into()));
+    }
+    let tls = config.tls.as_ref().map(TlsFiles::load).transpose()?;
+    let network = Network::secured(
+        tls.as_ref().map(|tls| tls.client.clone()),
+        config.token.as_ref(),
+    )?;
     let raft_config = Arc::new(config.raft_config()?);
     let log_config = LogStoreConfig::new(config.directory.join("log"))
         .segment_bytes(config.log_segment_bytes)
@@ -207,7 +287,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     let raft = Raft::new(
         config.id,
         raft_config,
-        Network::new(),
+        network,
         log_store.clone(),
         state_machine.clone(),
     )
@@ -224,11 +304,26 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         write_timeout: config.write_timeout(),
         log_store: log_store.clone(),
         counters: counters.clone(),
+        scheme: if tls.is_some() { "https" } else { "http" },
     };
+    let policy = Arc::new(Policy {
+        token: config.token.clone(),
+        max_value_bytes: config.max_value_bytes(),
+        body_timeout: config.body_timeout,
+    });
+    // Counting is outermost, so requests refused for their credentials or
+    // size are counted too.
     let router = api::routes(app)
         .merge(network::routes(raft.clone()))
+        .layer(axum::middleware::from_fn_with_state(policy, server::police))
         .layer(axum::middleware::from_fn_with_state(counters, api::record));
     tokio::spawn(log_changes(raft.clone()));
+    let options = ServerOptions {
+        tls: tls.map(|tls| tls.server),
+        max_connections: config.max_connections,
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+    };
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| Error::io(format!("listening on {}", config.listen), e))?;
@@ -236,13 +331,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         .local_addr()
         .map_err(|e| Error::io("reading the listening address", e))?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(server::serve(listener, router, options, stopped));
     Ok(RunningNode {
         raft,
         log_store,
@@ -253,8 +342,30 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     })
 }
 
+/// Waits until the Raft core stops (shut down, or failed), and says why.
+async fn core_stopped(raft: &Raft) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            if let Err(fatal) = &m.running_state {
+                return fatal.to_string();
+            }
+            if m.state == ServerState::Shutdown {
+                return "it shut down".into();
+            }
+        }
+        if metrics.changed().await.is_err() {
+            return "its metrics ended".into();
+        }
+    }
+}
+
 impl RunningNode {
-    /// Serves until Ctrl-C or SIGTERM, then shuts down cleanly.
+    /// Serves until Ctrl-C or SIGTERM, then shuts down cleanly and returns
+    /// `Ok`. If the Raft core stops first (a fatal storage error, say), the
+    /// node cannot serve anything any more: this then shuts the rest down
+    /// and returns the error, so that a supervisor can restart it.
     pub async fn wait(self) -> Result<()> {
         let terminate = async {
             #[cfg(unix)]
@@ -268,9 +379,14 @@ impl RunningNode {
             }
             std::future::pending::<()>().await;
         };
+        let raft = self.raft.clone();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             () = terminate => {}
+            reason = core_stopped(&raft) => {
+                let _ = self.shutdown().await;
+                return Err(Error::Raft(format!("the Raft core stopped: {reason}")));
+            }
         }
         self.shutdown().await
     }

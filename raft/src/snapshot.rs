@@ -127,7 +127,7 @@ impl<R: Read> SnapshotReader<R> {
                 let mut len = [0_u8; 4];
                 self.take(&mut len)?;
                 let key_len = u32::from_le_bytes(len) as usize;
-                if key_len > MAX_KEY_BYTES {
+                if key_len == 0 || key_len > MAX_KEY_BYTES {
                     return Err(invalid(format!("snapshot key of {key_len} bytes")));
                 }
                 let mut key = vec![0; key_len];

@@ -36,6 +36,7 @@ use crate::journal::{wants_full_record, Journal};
 use crate::snapshot::{SnapshotReader, SnapshotWriter};
 use crate::types::{
     Entry, LogId, Request, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+    MAX_VALUE_BYTES,
 };
 
 const SNAPSHOT_PREFIX: &str = "snapshot-";
@@ -322,6 +323,19 @@ impl StateMachine {
         let Some(last) = entries.last().map(|e| *e.get_log_id()) else {
             return Ok(Vec::new());
         };
+        // Entries come from the log, which a follower filled from the
+        // network: a command the API would refuse is an error here, never
+        // a value sediment cannot hold or a key no client can name.
+        for entry in &entries {
+            if let EntryPayload::Normal(request) = &entry.payload {
+                request
+                    .check(MAX_VALUE_BYTES)
+                    .map_err(|detail| Error::Corrupt {
+                        what: format!("log entry {}", entry.get_log_id()),
+                        detail,
+                    })?;
+            }
+        }
         let (mut membership, chain, safe, keys_before) = {
             let state = shared.state.lock();
             (
@@ -553,6 +567,8 @@ impl StateMachine {
     /// the start) in one transaction, then keeps the file as the current
     /// snapshot.
     pub fn install_snapshot_file(&self, meta: &SnapshotMeta, path: &Path) -> Result<()> {
+        // The id becomes part of a file name.
+        crate::validate::check_snapshot_id(&meta.snapshot_id).map_err(Error::Invalid)?;
         let shared = &*self.shared;
         let file = File::open(path).map_err(|e| Error::io("opening a received snapshot", e))?;
         let mut reader = SnapshotReader::new(BufReader::new(file))
@@ -656,6 +672,12 @@ fn find_snapshot(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>> {
             .map(|r| r.meta);
         match meta {
             Ok(meta) => {
+                crate::validate::check_opt_log_id(meta.last_log_id.as_ref(), "its last log id")
+                    .and_then(|()| crate::validate::check_snapshot_id(&meta.snapshot_id))
+                    .map_err(|detail| Error::Corrupt {
+                        what: format!("snapshot {}", path.display()),
+                        detail,
+                    })?;
                 if best
                     .as_ref()
                     .map_or(true, |(m, _)| m.last_log_id < meta.last_log_id)

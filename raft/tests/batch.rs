@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use openraft::{CommittedLeaderId, EntryPayload};
 use sediment_raft::node::{self, NodeConfig};
-use sediment_raft::types::{Entry, LogId, Request};
+use sediment_raft::types::{Change, Entry, LogId, Request};
 use sediment_raft::StateMachine;
 use serde_json::Value;
 
@@ -18,6 +18,13 @@ fn log_id(index: u64) -> LogId {
 
 fn put(key: &str, value: &str) -> Request {
     Request::Put {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+    }
+}
+
+fn change(key: &str, value: &str) -> Change {
+    Change::Put {
         key: key.into(),
         value: value.as_bytes().to_vec(),
     }
@@ -40,12 +47,12 @@ fn a_batch_applies_its_commands_in_order_and_survives_reopening() {
             entry(
                 2,
                 Request::Batch(vec![
-                    put("a", "1"),
-                    put("b", "1"),
-                    Request::Delete { key: "a".into() },
-                    put("a", "2"),
-                    put("kept", "after"),
-                    Request::Delete {
+                    change("a", "1"),
+                    change("b", "1"),
+                    Change::Delete { key: "a".into() },
+                    change("a", "2"),
+                    change("kept", "after"),
+                    Change::Delete {
                         key: "never".into(),
                     },
                 ]),
@@ -82,7 +89,7 @@ fn a_batch_applies_its_commands_in_order_and_survives_reopening() {
 fn a_batch_of_one_key_keeps_its_last_value() {
     let dir = tempfile::tempdir().unwrap();
     let sm = StateMachine::open(dir.path()).unwrap();
-    let batch = (0..100).map(|i| put("k", &i.to_string())).collect();
+    let batch = (0..100).map(|i| change("k", &i.to_string())).collect();
     let responses = sm
         .apply_entries(vec![entry(1, Request::Batch(batch))])
         .unwrap();
@@ -239,4 +246,102 @@ async fn concurrent_puts_share_entries_and_are_all_applied() {
     for node in nodes {
         node.shutdown().await.unwrap();
     }
+}
+
+/// The command type as it was when a batch held commands: a batch written
+/// then (puts and deletes only) must read back the same now.
+#[derive(serde::Serialize)]
+enum EarlierRequest {
+    Put {
+        key: String,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
+    Delete {
+        key: String,
+    },
+    Batch(Vec<EarlierRequest>),
+}
+
+#[test]
+fn batches_written_before_changes_were_flat_decode_the_same() {
+    let earlier = EarlierRequest::Batch(vec![
+        EarlierRequest::Put {
+            key: "a".into(),
+            value: vec![1, 2, 3],
+        },
+        EarlierRequest::Delete { key: "b".into() },
+        EarlierRequest::Put {
+            key: "ü".into(),
+            value: Vec::new(),
+        },
+    ]);
+    let now = Request::Batch(vec![
+        change("a", "\u{1}\u{2}\u{3}"),
+        Change::Delete { key: "b".into() },
+        change("ü", ""),
+    ]);
+    let bytes = bincode::serialize(&earlier).unwrap();
+    assert_eq!(bincode::serialize(&now).unwrap(), bytes);
+    assert_eq!(
+        sediment_raft::validate::decode_all::<Request>(&bytes).unwrap(),
+        now
+    );
+    for single in [
+        (
+            EarlierRequest::Put {
+                key: "k".into(),
+                value: b"v".to_vec(),
+            },
+            put("k", "v"),
+        ),
+        (
+            EarlierRequest::Delete { key: "k".into() },
+            Request::Delete { key: "k".into() },
+        ),
+    ] {
+        let bytes = bincode::serialize(&single.0).unwrap();
+        assert_eq!(bincode::serialize(&single.1).unwrap(), bytes);
+    }
+
+    // A log written with the earlier encoding opens and applies: the entry
+    // bytes are the entry's header, then the command's.
+    let dir = tempfile::tempdir().unwrap();
+    let store = sediment_raft::LogStore::open(dir.path().join("log")).unwrap();
+    let written = entry(1, now.clone());
+    let entry_bytes = bincode::serialize(&written).unwrap();
+    assert!(entry_bytes.ends_with(&bytes), "the command ends the entry");
+    let (done, durable) = std::sync::mpsc::channel();
+    store
+        .append_entries(
+            vec![written],
+            Box::new(move |r| {
+                let _ = done.send(r.is_ok());
+            }),
+        )
+        .unwrap();
+    assert!(durable.recv().unwrap());
+    store.shutdown().unwrap();
+    drop(store);
+    let store = sediment_raft::LogStore::open(dir.path().join("log")).unwrap();
+    let read = store.read_entries(1..=1).unwrap();
+    assert_eq!(bincode::serialize(&read[0]).unwrap(), entry_bytes);
+    let sm = StateMachine::open(dir.path().join("state")).unwrap();
+    sm.apply_entries(read).unwrap();
+    assert_eq!(sm.get("a").unwrap().as_deref(), Some(&[1, 2, 3][..]));
+    assert_eq!(sm.get("ü").unwrap().as_deref(), Some(&[][..]));
+    sm.shutdown().unwrap();
+    store.shutdown().unwrap();
+}
+
+#[test]
+fn a_batch_holding_a_batch_does_not_decode() {
+    // Tag 2 inside a batch was never written; it is an error now, not a
+    // recursion.
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&2_u32.to_le_bytes());
+    bytes.extend_from_slice(&1_u64.to_le_bytes());
+    bytes.extend_from_slice(&2_u32.to_le_bytes());
+    bytes.extend_from_slice(&0_u64.to_le_bytes());
+    assert!(sediment_raft::validate::decode_all::<Request>(&bytes).is_err());
 }

@@ -1,5 +1,6 @@
-//! `scripts/cluster.sh` runs to the end, and stops instead of waiting
-//! forever when a node cannot run. The tests hand the script the binary
+//! `scripts/cluster.sh` runs to the end (also with `SECURE=1`: TLS and a
+//! token), and stops instead of waiting forever when a node cannot run.
+//! The tests hand the script the binary
 //! cargo built for them (`SEDIMENT_RAFT_BIN`): the script's own
 //! `cargo build -p sediment-raft` resolves features for that package alone
 //! and, on a fresh checkout, rebuilds half the dependency tree first.
@@ -144,4 +145,33 @@ fn cluster_script_gives_up_when_a_node_cannot_start() {
     assert_ne!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(err.contains("died"), "stderr:\n{err}");
     assert!(err.contains("Address already in use"), "stderr:\n{err}");
+}
+
+#[test]
+fn cluster_script_runs_over_tls_with_a_token() {
+    let base = free_base_port().to_string();
+    let (code, out, err) = run_script(
+        &[
+            ("SEDIMENT_RAFT_BIN", env!("CARGO_BIN_EXE_sediment-raft")),
+            ("BASE_PORT", &base),
+            ("SECURE", "1"),
+        ],
+        Duration::from_secs(90),
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for expected in [
+        "--tls-ca",
+        "--token-file",
+        "{\"initialized\":true}",
+        "hello, raft",
+        "HTTP/1.1 307 Temporary Redirect",
+        "location: https://127.0.0.1:",
+        "\nblue\n",
+        " 401\n",
+        "new leader: node ",
+        "still here",
+        "stopped",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from:\n{out}");
+    }
 }

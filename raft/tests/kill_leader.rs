@@ -3,6 +3,9 @@
 //! acknowledged write must be readable, with its value, from every node
 //! afterwards, and nothing that was never written may appear.
 //!
+//! It runs twice: on plain HTTP, and with mutual TLS and a bearer token
+//! (every RPC and client request then goes through both).
+//!
 //! `SEED=n cargo test -p sediment-raft --test kill_leader -- --nocapture`
 //! replays a run's kill timings.
 
@@ -13,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{put, Cluster, Rng};
+use common::{put, Cluster, Credentials, Rng};
 use parking_lot::Mutex;
 
 const WRITERS: u64 = 4;
@@ -37,8 +40,23 @@ fn value(writer: u64, n: u64, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
+/// The two runs take turns: each keeps the machine's cores busy.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_writes_survive_leader_kills() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    kill_leaders(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_survive_leader_kills_over_tls_with_a_token() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let credentials = Credentials::generate();
+    kill_leaders(Some(&credentials)).await;
+}
+
+async fn kill_leaders(credentials: Option<&Credentials>) {
     let started = Instant::now();
     let seed: u64 = std::env::var("SEED")
         .ok()
@@ -46,7 +64,7 @@ async fn acknowledged_writes_survive_leader_kills() {
         .unwrap_or(0x5eed_0010);
     println!("seed {seed}");
     let mut rng = Rng::new(seed);
-    let mut cluster = Cluster::start(&[1, 2, 3], &["--heartbeat-ms", "100"]);
+    let mut cluster = Cluster::start_with(&[1, 2, 3], &["--heartbeat-ms", "100"], credentials);
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.init().await;
     let mut leader = cluster.wait_for_leader(None, Duration::from_secs(15)).await;
@@ -54,7 +72,7 @@ async fn acknowledged_writes_survive_leader_kills() {
 
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let stop = Arc::new(AtomicBool::new(false));
-    let addrs = cluster.addrs();
+    let addrs = cluster.bases();
     let mut writers = Vec::new();
     for w in 0..WRITERS {
         let (client, addrs, ledger, stop) = (

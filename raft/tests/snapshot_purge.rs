@@ -114,7 +114,7 @@ async fn purged_log_shrinks_and_a_new_learner_catches_up_from_a_snapshot() {
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.init().await;
     let leader = cluster.wait_for_leader(None, Duration::from_secs(15)).await;
-    let addrs = cluster.addrs();
+    let addrs = cluster.bases();
     let hint = AtomicU64::new(leader);
     let value = |i: u64| format!("value {i} ").repeat(200).into_bytes();
     let client = cluster.client.clone();

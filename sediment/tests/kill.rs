@@ -1,22 +1,23 @@
-//! Real-process crash test: a child process (this test binary, re-run with
-//! an environment variable) runs transactions from several threads and
-//! prints each acknowledged one; the parent SIGKILLs it at seeded random
-//! moments, reopens the database and checks every acknowledged blob.
+//! Real-process crash tests: a child process (this test binary, re-run
+//! with an environment variable) runs transactions from several threads
+//! and prints each acknowledged one; the parent SIGKILLs it at seeded
+//! random moments, reopens the database and checks every acknowledged
+//! blob. One child commits every transaction with `commit`; the other
+//! commits two in three with `commit_buffered`, the rest with `commit`,
+//! and now and then calls `Database::sync`. A killed process leaves the
+//! page cache behind, so no acknowledged commit may be lost, buffered or
+//! not.
 //!
 //! Replay a failing run with `SEDIMENT_KILL_SEED=<seed>`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use sediment::{Config, Database, GrainId, SequenceId};
+use testkit::kill::{child_dir, child_run, pattern, KillRuns, Report};
 
-const CHILD_ENV: &str = "SEDIMENT_KILL_CHILD_DIR";
-const RUN_ENV: &str = "SEDIMENT_KILL_RUN";
-const KILLS: usize = 50;
+const DURABLE_CHILD_ENV: &str = "SEDIMENT_KILL_CHILD_DIR";
+const BUFFERED_CHILD_ENV: &str = "SEDIMENT_BUFFERED_KILL_CHILD_DIR";
 
 fn payload(key: u64) -> Vec<u8> {
     let len = match key % 9 {
@@ -25,15 +26,7 @@ fn payload(key: u64) -> Vec<u8> {
         6 | 7 => 8000 + (key % 9000) as usize,
         _ => 70_000 + (key % 60_000) as usize,
     };
-    let mut state = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    pattern(key, len)
 }
 
 fn open(dir: &Path) -> sediment::Result<Database> {
@@ -45,18 +38,29 @@ fn open(dir: &Path) -> sediment::Result<Database> {
         .open()
 }
 
-/// Runs only inside the child process.
-#[test]
-fn child_process() {
-    let Ok(dir) = std::env::var(CHILD_ENV) else {
+/// How the child commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commits {
+    /// Every transaction with `commit`.
+    Durable,
+    /// Two in three with `commit_buffered`, a `Database::sync` now and then.
+    Buffered,
+}
+
+/// The child's work: transactions of 1–3 blobs, archiving an older blob of
+/// its own every fifth, `checkpoint_to` past an archive every seventh, a
+/// rollback every thirteenth. `ARCH grain` is printed before an archive
+/// is committed, `ACK sequence grain key` after each acknowledged commit.
+fn child(env: &str, commits: Commits) {
+    let Some(dir) = child_dir(env) else {
         return;
     };
-    let run: u64 = std::env::var(RUN_ENV).unwrap().parse().unwrap();
-    let db = open(Path::new(&dir)).expect("child opens the database");
-    let stdout = Arc::new(Mutex::new(io::stdout()));
+    let run = child_run();
+    let db = open(&dir).expect("child opens the database");
+    let report = Report::new();
     std::thread::scope(|scope| {
         for thread in 0..3_u64 {
-            let (db, stdout) = (&db, stdout.clone());
+            let (db, report) = (&db, report.clone());
             scope.spawn(move || {
                 let mut mine: Vec<GrainId> = Vec::new();
                 let mut last_archive: Option<SequenceId> = None;
@@ -70,11 +74,7 @@ fn child_process() {
                     }
                     if counter % 5 == 4 && mine.len() > 2 {
                         let victim = mine.remove(0);
-                        {
-                            let mut out = stdout.lock().unwrap();
-                            writeln!(out, "ARCH {victim}").unwrap();
-                            out.flush().unwrap();
-                        }
+                        report.line(format_args!("ARCH {victim}"));
                         tx.archive(victim).expect("archive");
                     }
                     if counter % 7 == 6 {
@@ -86,43 +86,44 @@ fn child_process() {
                         tx.rollback();
                         continue;
                     }
-                    let sequence = tx.commit().expect("commit");
+                    let sequence = if commits == Commits::Buffered && counter % 3 != 0 {
+                        tx.commit_buffered().expect("commit_buffered")
+                    } else {
+                        tx.commit().expect("commit")
+                    };
+                    if commits == Commits::Buffered && counter % 11 == 10 {
+                        db.sync().expect("sync");
+                    }
                     if counter % 5 == 4 {
                         last_archive = Some(sequence);
                     }
-                    let mut out = stdout.lock().unwrap();
                     for (grain, key) in &written {
-                        writeln!(out, "ACK {} {grain} {key}", sequence.0).unwrap();
+                        report.line(format_args!("ACK {} {grain} {key}", sequence.0));
                         mine.push(*grain);
                     }
-                    out.flush().unwrap();
                 }
             });
         }
     });
 }
 
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
+/// Runs only inside a child process.
+#[test]
+fn child_process() {
+    child(DURABLE_CHILD_ENV, Commits::Durable);
 }
 
+/// Runs only inside a child process.
 #[test]
-fn sigkill_at_random_moments_loses_no_acknowledged_transaction() {
-    let seed: u64 = std::env::var("SEDIMENT_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    println!("seed {seed} (replay with SEDIMENT_KILL_SEED={seed})");
-    let mut rng = seed;
+fn buffered_child_process() {
+    child(BUFFERED_CHILD_ENV, Commits::Buffered);
+}
+
+/// Kills `child_test` `kills` times and checks, after each kill, that every
+/// acknowledged blob not offered for archiving is intact, that the store
+/// verifies, and that no acknowledged sequence is beyond the recovered one.
+fn kill_and_check(test: &str, child_test: &'static str, child_env: &'static str, kills: usize) {
+    let seed = testkit::rng::seed("SEDIMENT_KILL_SEED", test);
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("db");
     // Blobs acknowledged and never offered for archiving: must stay intact.
@@ -130,49 +131,34 @@ fn sigkill_at_random_moments_loses_no_acknowledged_transaction() {
     let mut archived: BTreeSet<GrainId> = BTreeSet::new();
     let mut acknowledged_transactions = 0;
     let mut highest_sequence = 0;
-    for kill in 0..KILLS {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &dir)
-            .env(RUN_ENV, kill.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn child");
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut acks = Vec::new();
-            let mut archives = Vec::new();
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                match fields.as_slice() {
-                    ["ACK", sequence, grain, key] => acks.push((
-                        sequence.parse::<u64>().unwrap(),
+    let runs = KillRuns {
+        child_test,
+        child_env,
+        dir: dir.clone(),
+        kills,
+        delay_ms: 30..230,
+    };
+    runs.run(seed, |kill, lines| {
+        let mut sequences = BTreeSet::new();
+        for line in &lines {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            match fields.as_slice() {
+                ["ACK", sequence, grain, key] => {
+                    let sequence = sequence.parse::<u64>().unwrap();
+                    sequences.insert(sequence);
+                    highest_sequence = highest_sequence.max(sequence);
+                    kept.insert(
                         grain.parse::<GrainId>().unwrap(),
                         key.parse::<u64>().unwrap(),
-                    )),
-                    ["ARCH", grain] => archives.push(grain.parse::<GrainId>().unwrap()),
-                    _ => {}
+                    );
                 }
+                ["ARCH", grain] => {
+                    archived.insert(grain.parse::<GrainId>().unwrap());
+                }
+                _ => {}
             }
-            (acks, archives)
-        });
-        std::thread::sleep(Duration::from_millis(30 + next(&mut rng) % 200));
-        child.kill().expect("SIGKILL the child");
-        child.wait().unwrap();
-        let (acks, archives) = reader.join().unwrap();
-        acknowledged_transactions += acks.iter().map(|a| a.0).collect::<BTreeSet<_>>().len();
-        archived.extend(archives);
-        for (sequence, grain, key) in acks {
-            highest_sequence = highest_sequence.max(sequence);
-            kept.insert(grain, key);
         }
+        acknowledged_transactions += sequences.len();
         kept.retain(|grain, _| !archived.contains(grain));
 
         let db =
@@ -196,10 +182,30 @@ fn sigkill_at_random_moments_loses_no_acknowledged_transaction() {
             db.last_committed()
         );
         db.shutdown().unwrap();
-    }
+    });
     println!(
-        "{KILLS} kills, {acknowledged_transactions} acknowledged transactions, {} blobs checked",
+        "{kills} kills, {acknowledged_transactions} acknowledged transactions, {} blobs checked",
         kept.len()
     );
     assert!(acknowledged_transactions > 0);
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_transaction() {
+    kill_and_check(
+        "sigkill_at_random_moments_loses_no_acknowledged_transaction",
+        "child_process",
+        DURABLE_CHILD_ENV,
+        50,
+    );
+}
+
+#[test]
+fn sigkill_loses_no_acknowledged_buffered_or_durable_commit() {
+    kill_and_check(
+        "sigkill_loses_no_acknowledged_buffered_or_durable_commit",
+        "buffered_child_process",
+        BUFFERED_CHILD_ENV,
+        30,
+    );
 }

@@ -26,7 +26,8 @@ compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
 
   --quick        short cells and scaled-down counts (whole run < 3 minutes)
   --only S       one section: wal, blob, scale or raft (scale runs only when asked;
-                 raft needs --features raft, which peers includes)
+                 raft needs --features raft, which peers includes: sediment-raft
+                 and etcd node processes, 3 s x 6 rounds per cell, quick 1 s x 2)
   --systems L    only these systems (see the list below)
   --payloads L   WAL payload sizes in bytes (default 256,4096,1048576)
   --threads L    WAL thread counts (default 1,4,16)
@@ -41,6 +42,9 @@ compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
   --out DIR      where CSV files and charts go (default target/benchmarks)
 
 PostgreSQL runs when PG_URL is set (benchmarks/pg.sh start prints it).
+The raft section starts etcd with benchmarks/etcd.sh (installing Debian's
+etcd-server and strace when missing) and builds sediment-raft in release
+unless SEDIMENT_RAFT_BIN names a binary.
 Started by `cargo run` without the peer features, compare builds itself
 with `--features peers` first and runs that build; COMPARE_NO_REBUILD=1
 runs without the peers instead.";
@@ -181,7 +185,7 @@ fn main() -> ExitCode {
         peers::FEATURES,
         cfg!(feature = "raft"),
     );
-    if let Some(code) = relaunch::relaunch_with_peers(&args, wants_peers) {
+    if let Some(code) = relaunch::relaunch_with_peers(&args, wants_peers, only.as_deref()) {
         return code;
     }
     println!("# Benchmark results\n\n{}\n", machine_description());

@@ -7,20 +7,18 @@
 #![allow(dead_code)]
 
 pub mod follow;
-pub mod hooks;
+#[allow(unused_imports)]
+pub use testkit::hooks;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
-use okaywal::{
-    ChunkRecord, Configuration, Entry, EntryId, LogManager, ReadChunkResult, RecoveredSegment,
-    Recovery, SegmentReader, WriteAheadLog,
-};
+use okaywal::{ChunkRecord, Configuration, WriteAheadLog};
 
 /// A log at `/log` on the simulated disk, with 16 KiB segments so that
 /// a few entries fill one.
@@ -34,17 +32,7 @@ pub fn small_log_on(fs: &CrashFileSystem) -> Configuration {
 /// A seed for a randomized test: `OKAYWAL_TEST_SEED` when set, otherwise
 /// the clock; printed so that a failure can be replayed.
 pub fn test_seed(test: &str) -> u64 {
-    let seed = std::env::var("OKAYWAL_TEST_SEED")
-        .ok()
-        .map(|s| s.trim().parse::<u64>().expect("OKAYWAL_TEST_SEED is a u64"))
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock after 1970")
-                .as_nanos() as u64
-        });
-    println!("{test}: seed {seed} (rerun with OKAYWAL_TEST_SEED={seed})");
-    seed
+    testkit::rng::seed("OKAYWAL_TEST_SEED", test)
 }
 
 /// How long a jittered test runs: `JITTER_SECONDS` when set (a longer
@@ -58,240 +46,10 @@ pub fn jitter_budget(default_seconds: u64) -> Duration {
     )
 }
 
-/// splitmix64: deterministic, seedable, no dependencies.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x5DEE_CE66_D1CE_5EED)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (0 when `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-
-    /// A value in `lo..hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        assert!(lo < hi, "empty range {lo}..{hi}");
-        lo + self.below((hi - lo) as u64) as usize
-    }
-
-    /// True with the given probability in percent.
-    pub fn percent(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        let mut pieces = buf.chunks_exact_mut(8);
-        for piece in &mut pieces {
-            piece.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let rest = pieces.into_remainder();
-        let last = self.next_u64().to_le_bytes();
-        let n = rest.len();
-        rest.copy_from_slice(&last[..n]);
-    }
-
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut bytes = vec![0; len];
-        self.fill(&mut bytes);
-        bytes
-    }
-}
-
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// One successful (or attempted) `checkpoint_to` call.
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
-    pub last_id: u64,
-    pub segment_id: u64,
-    pub entries: Vec<(u64, Vec<Vec<u8>>)>,
-}
-
-/// Everything a [`Recorder`] was handed.
-#[derive(Debug, Default)]
-pub struct Seen {
-    /// `should_recover_segment` calls: (segment id, version info).
-    pub segments: Vec<(u64, Vec<u8>)>,
-    /// Entries passed to `recover`, in call order.
-    pub recovered: Vec<(u64, Vec<Vec<u8>>)>,
-    /// Entries passed to `recover` that reported `AbortedEntry`.
-    pub aborted: Vec<u64>,
-    /// `checkpoint_to` calls that returned `Ok`.
-    pub checkpoints: Vec<Checkpoint>,
-    /// `checkpoint_to` calls that the recorder failed on purpose.
-    pub refused: Vec<Checkpoint>,
-}
-
-impl Seen {
-    pub fn checkpointed_ids(&self) -> Vec<u64> {
-        self.checkpoints
-            .iter()
-            .flat_map(|c| c.entries.iter().map(|(id, _)| *id))
-            .collect()
-    }
-
-    pub fn recovered_ids(&self) -> Vec<u64> {
-        self.recovered.iter().map(|(id, _)| *id).collect()
-    }
-
-    /// The highest id handed over by any callback.
-    pub fn max_id(&self) -> u64 {
-        let checkpointed = self.checkpointed_ids().into_iter().max().unwrap_or(0);
-        let recovered = self.recovered_ids().into_iter().max().unwrap_or(0);
-        let refused = self
-            .refused
-            .iter()
-            .flat_map(|c| c.entries.iter().map(|(id, _)| *id))
-            .max()
-            .unwrap_or(0);
-        checkpointed.max(recovered).max(refused)
-    }
-}
-
-/// A `LogManager` that records every callback into shared state.
-#[derive(Debug, Clone, Default)]
-pub struct Recorder {
-    pub seen: Arc<Mutex<Seen>>,
-    /// While true, `checkpoint_to` lists the entries and then fails.
-    pub refuse: Arc<AtomicBool>,
-    /// `checkpoint_to` reads every entry and then fails, this many more
-    /// times.
-    pub fail_next: Arc<AtomicUsize>,
-    /// Segments whose version info equals this are abandoned.
-    pub abandon: Option<Vec<u8>>,
-}
-
-pub const REFUSAL: &str = "the recording manager refuses this checkpoint";
-
-impl Recorder {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A recorder whose checkpoints fail until `allow_checkpoints`.
-    pub fn refusing() -> Self {
-        let recorder = Self::default();
-        recorder.refuse.store(true, Ordering::SeqCst);
-        recorder
-    }
-
-    pub fn allow_checkpoints(&self) {
-        self.refuse.store(false, Ordering::SeqCst);
-    }
-
-    pub fn seen(&self) -> MutexGuard<'_, Seen> {
-        lock(&self.seen)
-    }
-}
-
-/// Reads an entry chunk by chunk through `Read`, checking every CRC.
-/// `None` if the entry reported itself aborted.
-pub fn read_entry_streaming(entry: &mut Entry<'_>) -> io::Result<Option<Vec<Vec<u8>>>> {
-    let mut chunks = Vec::with_capacity(entry.chunk_count());
-    loop {
-        match entry.read_chunk()? {
-            ReadChunkResult::Chunk(mut chunk) => {
-                let len = chunk.len() as usize;
-                assert_eq!(chunk.bytes_remaining() as usize, len);
-                let mut data = Vec::with_capacity(len);
-                chunk.read_to_end(&mut data)?;
-                assert_eq!(data.len(), len, "chunk at {} is short", chunk.position());
-                if !chunk.check_crc()? {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("chunk at {} fails its CRC in recovery", chunk.position()),
-                    ));
-                }
-                chunks.push(data);
-            }
-            ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
-            ReadChunkResult::AbortedEntry => return Ok(None),
-        }
-    }
-}
-
-impl LogManager for Recorder {
-    fn should_recover_segment(&mut self, segment: &RecoveredSegment) -> io::Result<Recovery> {
-        assert_eq!(segment.version_info(), &segment.version_info[..]);
-        lock(&self.seen)
-            .segments
-            .push((segment.id, segment.version_info.clone()));
-        if self.abandon.as_deref() == Some(segment.version_info()) {
-            Ok(Recovery::Abandon)
-        } else {
-            Ok(Recovery::Recover)
-        }
-    }
-
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        match read_entry_streaming(entry)? {
-            Some(chunks) => lock(&self.seen).recovered.push((id, chunks)),
-            None => lock(&self.seen).aborted.push(id),
-        }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        last_checkpointed_id: EntryId,
-        entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        let mut checkpoint = Checkpoint {
-            last_id: last_checkpointed_id.0,
-            segment_id: entries.segment_id(),
-            entries: Vec::new(),
-        };
-        if self.refuse.load(Ordering::SeqCst) {
-            // Note which entries were offered, without reading their bytes
-            // (refused checkpoints are retried often).
-            while let Some(entry) = entries.read_entry()? {
-                checkpoint.entries.push((entry.id().0, Vec::new()));
-            }
-            lock(&self.seen).refused.push(checkpoint);
-            return Err(io::Error::other(REFUSAL));
-        }
-        while let Some(mut entry) = entries.read_entry()? {
-            let id = entry.id().0;
-            let chunks = entry.read_all_chunks()?.ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("entry {id} was aborted while being checkpointed"),
-                )
-            })?;
-            checkpoint.entries.push((id, chunks));
-        }
-        let fail = self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            lock(&self.seen).refused.push(checkpoint);
-            return Err(io::Error::other(REFUSAL));
-        }
-        lock(&self.seen).checkpoints.push(checkpoint);
-        Ok(())
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::recorder::{lock, read_entry_streaming, Checkpoint, Recorder, Seen, REFUSAL};
+#[allow(unused_imports)]
+pub use testkit::rng::Rng;
 
 /// How an entry ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,25 +16,117 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("a local address").port()
 }
 
-/// A small deterministic generator (xorshift64*), so failures replay from
-/// the printed seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+#[allow(unused_imports)]
+pub use testkit::rng::Rng;
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
+/// A throwaway CA, a certificate for the nodes (for `127.0.0.1` and
+/// `localhost`, usable by servers and clients), one for test clients and
+/// a token, written to a temporary directory.
+#[derive(Debug)]
+pub struct Credentials {
+    pub dir: tempfile::TempDir,
+    pub token: String,
+}
+
+impl Credentials {
+    pub fn generate() -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "sediment-raft test CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        for name in ["node", "client"] {
+            let mut params =
+                CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                    .unwrap();
+            params
+                .distinguished_name
+                .push(DnType::CommonName, format!("sediment-raft test {name}"));
+            params.extended_key_usages = vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &*ca).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.pem")), cert.pem()).unwrap();
+            std::fs::write(
+                dir.path().join(format!("{name}-key.pem")),
+                key.serialize_pem(),
+            )
+            .unwrap();
+        }
+        let token = format!(
+            "test-token-{:016x}",
+            Rng::new(std::process::id().into()).next()
+        );
+        std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+        Self { dir, token }
     }
 
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
     }
 
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+    fn arg(&self, name: &str) -> String {
+        self.path(name).to_str().expect("a UTF-8 path").to_string()
+    }
+
+    /// `--tls-cert`, `--tls-key` and, if `mutual`, `--tls-ca`.
+    pub fn tls_args(&self, mutual: bool) -> Vec<String> {
+        let mut args = vec![
+            "--tls-cert".into(),
+            self.arg("node.pem"),
+            "--tls-key".into(),
+            self.arg("node-key.pem"),
+        ];
+        if mutual {
+            args.extend(["--tls-ca".into(), self.arg("ca.pem")]);
+        }
+        args
+    }
+
+    /// Mutual TLS and the token.
+    pub fn node_args(&self) -> Vec<String> {
+        let mut args = self.tls_args(true);
+        args.extend(["--token-file".into(), self.arg("token")]);
+        args
+    }
+
+    /// A client that trusts the CA and presents the client certificate
+    /// (when `identity`), without a token.
+    pub fn client_builder(&self, identity: bool) -> reqwest::ClientBuilder {
+        let ca = std::fs::read(self.path("ca.pem")).unwrap();
+        let mut builder = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(5));
+        if identity {
+            let mut pem = std::fs::read(self.path("client.pem")).unwrap();
+            pem.extend(std::fs::read(self.path("client-key.pem")).unwrap());
+            builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        builder
+    }
+
+    /// The same, sending `token` on every request.
+    pub fn client_with_token(&self, token: &str) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        self.client_builder(true)
+            .default_headers(headers)
+            .build()
+            .unwrap()
     }
 }
 
@@ -46,6 +138,8 @@ pub struct NodeProcess {
     pub dir: PathBuf,
     pub child: Option<Child>,
     pub extra_args: Vec<String>,
+    /// `http` or `https`.
+    pub scheme: &'static str,
 }
 
 impl NodeProcess {
@@ -77,7 +171,18 @@ impl NodeProcess {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+        format!("{}://{}{path}", self.scheme, self.addr)
+    }
+
+    /// The node's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// What the node wrote to stderr.
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(self.dir.with_extension("log")).unwrap_or_default())
+            .into_owned()
     }
 }
 
@@ -93,40 +198,62 @@ pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProcess>,
     pub client: reqwest::Client,
     pub dir: tempfile::TempDir,
+    /// The arguments every node gets for TLS and the token.
+    pub security_args: Vec<String>,
+    pub scheme: &'static str,
 }
 
 impl Cluster {
-    /// Starts nodes `ids` (not yet initialized).
+    /// Starts nodes `ids` (not yet initialized) on plain HTTP.
     pub fn start(ids: &[u64], extra_args: &[&str]) -> Self {
+        Self::start_with(ids, extra_args, None)
+    }
+
+    /// Starts nodes `ids` (not yet initialized), with mutual TLS and a
+    /// token from `credentials` if given; the cluster's client then uses
+    /// them too.
+    pub fn start_with(ids: &[u64], extra_args: &[&str], credentials: Option<&Credentials>) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut nodes = BTreeMap::new();
+        let (client, security_args, scheme) = match credentials {
+            Some(credentials) => (
+                credentials.client_with_token(&credentials.token),
+                credentials.node_args(),
+                "https",
+            ),
+            None => (
+                reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .expect("an HTTP client"),
+                Vec::new(),
+                "http",
+            ),
+        };
+        let mut cluster = Self {
+            nodes: BTreeMap::new(),
+            client,
+            dir,
+            security_args,
+            scheme,
+        };
         for &id in ids {
-            let mut node = NodeProcess {
-                id,
-                addr: format!("127.0.0.1:{}", free_port()),
-                dir: dir.path().join(format!("node-{id}")),
-                child: None,
-                extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            };
-            node.start();
-            nodes.insert(id, node);
+            cluster.add_node(id, extra_args);
         }
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(5))
-            .build()
-            .expect("an HTTP client");
-        Self { nodes, client, dir }
+        cluster
     }
 
     /// Adds and starts one more node process.
     pub fn add_node(&mut self, id: u64, extra_args: &[&str]) {
+        let mut extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
+        extra_args.extend(self.security_args.iter().cloned());
         let mut node = NodeProcess {
             id,
             addr: format!("127.0.0.1:{}", free_port()),
             dir: self.dir.path().join(format!("node-{id}")),
             child: None,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            extra_args,
+            scheme: self.scheme,
         };
         node.start();
         self.nodes.insert(id, node);
@@ -254,6 +381,22 @@ impl Cluster {
         }
     }
 
+    /// The same as [`Cluster::local_get`], but `None` also while the node
+    /// does not answer (starting, or catching up) instead of failing.
+    pub async fn local_get_or_none(&self, id: u64, key: &str) -> Option<Vec<u8>> {
+        let response = self
+            .client
+            .get(self.nodes[&id].url(&format!("/kv/{key}?consistency=local")))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .ok()?;
+        if response.status() != 200 {
+            return None;
+        }
+        response.bytes().await.ok().map(|b| b.to_vec())
+    }
+
     /// Node id → address.
     pub fn addrs(&self) -> BTreeMap<u64, String> {
         self.nodes
@@ -261,32 +404,45 @@ impl Cluster {
             .map(|(&id, n)| (id, n.addr.clone()))
             .collect()
     }
+
+    /// Node id → `scheme://address`.
+    pub fn bases(&self) -> BTreeMap<u64, String> {
+        self.nodes.iter().map(|(&id, n)| (id, n.url(""))).collect()
+    }
+}
+
+/// Descriptors a process has open.
+pub fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(Path::new("/proc").join(pid.to_string()).join("fd"))
+        .map(|entries| entries.count())
+        .unwrap_or(0)
 }
 
 /// A PUT through whichever node leads, following redirects and retrying
-/// other nodes on errors, until `give_up` says stop. Returns whether the
-/// write was acknowledged.
+/// other nodes on errors, until `give_up` says stop. `bases` maps node ids
+/// to `scheme://address` ([`Cluster::bases`]). Returns whether the write
+/// was acknowledged.
 pub async fn put(
     client: &reqwest::Client,
-    addrs: &BTreeMap<u64, String>,
+    bases: &BTreeMap<u64, String>,
     key: &str,
     value: &[u8],
     hint: &std::sync::atomic::AtomicU64,
     give_up: impl Fn() -> bool,
 ) -> bool {
     use std::sync::atomic::Ordering;
-    let ids: Vec<u64> = addrs.keys().copied().collect();
+    let ids: Vec<u64> = bases.keys().copied().collect();
     loop {
         if give_up() {
             return false;
         }
         let target = hint.load(Ordering::Relaxed);
-        let Some(addr) = addrs.get(&target) else {
+        let Some(base) = bases.get(&target) else {
             hint.store(ids[0], Ordering::Relaxed);
             continue;
         };
         let sent = client
-            .put(format!("http://{addr}/kv/{key}"))
+            .put(format!("{base}/kv/{key}"))
             .body(value.to_vec())
             .send()
             .await;

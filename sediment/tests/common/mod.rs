@@ -3,65 +3,16 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use sediment::{Config, Database, GrainId};
 
-/// splitmix64: tiny, seedable and good enough for test workloads.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// A value in `lo..=hi`.
-    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    /// True with probability `percent`/100.
-    pub fn percent(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::rng::Rng;
 
 /// The seed for a randomised test: `SEDIMENT_TEST_SEED` if set, otherwise
 /// derived from the clock. Always printed so a failure can be replayed.
 pub fn seed(test: &str) -> u64 {
-    let seed = match std::env::var("SEDIMENT_TEST_SEED") {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .expect("SEDIMENT_TEST_SEED must be a u64"),
-        Err(_) => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .expect("clock after 1970")
-                .as_nanos() as u64;
-            nanos ^ (u64::from(std::process::id()) << 32)
-        }
-    };
-    println!("{test}: seed {seed} (rerun with SEDIMENT_TEST_SEED={seed})");
-    seed
+    testkit::rng::seed("SEDIMENT_TEST_SEED", test)
 }
 
 /// Recognisable contents for a blob: the tag (little-endian, as far as the
@@ -361,47 +312,5 @@ impl<H: FileHooks> okaywal::fs::FileHandle for HookedFile<H> {
     }
 }
 
-/// A second run of the store in `dir` that commits one transaction (an
-/// embedded-header change) and dies before any checkpoint, as a process
-/// killed right after its commit would: the store's WAL opened with
-/// okaywal directly (its open recovers the first run's segment and starts
-/// a new one, whose header records where the first ended), the entry in
-/// sediment's WAL entry format (one chunk: tag 2, then the encoded commit
-/// record; see FORMAT.md), and every checkpoint refused so the first
-/// run's segment stays. (A second run of sediment itself checkpoints the
-/// first segment as it opens, and closing waits for that checkpoint.)
-/// Returns the transaction's sequence.
-pub fn second_run_without_a_checkpoint(wal: okaywal::Configuration) -> sediment::SequenceId {
-    #[derive(Debug)]
-    struct Keep;
-    impl okaywal::LogManager for Keep {
-        fn recover(&mut self, _: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn checkpoint_to(
-            &mut self,
-            _: okaywal::EntryId,
-            _: &mut okaywal::SegmentReader,
-            _: &okaywal::WriteAheadLog,
-        ) -> std::io::Result<()> {
-            Err(std::io::Error::other("this run dies before any checkpoint"))
-        }
-    }
-    let log = wal.open(Keep).expect("the second run opens the WAL");
-    let mut entry = log.begin_entry().expect("begin");
-    let sequence = sediment::SequenceId(entry.id().0);
-    let record = sediment::CommitRecord {
-        sequence,
-        new_grains: Vec::new(),
-        archived: Vec::new(),
-        freed: Vec::new(),
-        embedded_header: Some(None),
-        checkpointed_to: None,
-    };
-    let mut chunk = vec![2];
-    record.encode(&mut chunk);
-    entry.write_chunk(&chunk).expect("write");
-    entry.commit().expect("commit");
-    drop(log);
-    sequence
-}
+#[allow(unused_imports)]
+pub use testkit::sediment_runs::second_run_without_a_checkpoint;

@@ -18,8 +18,11 @@ pub type Hook = Arc<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
 /// and `before_sync(path)` before each `sync_data`/`sync_all` of a file.
 #[derive(Clone)]
 pub struct Hooked {
+    /// The file system every operation goes to.
     pub inner: CrashFileSystem,
+    /// Called with the target before each rename.
     pub before_rename: Hook,
+    /// Called with the file's path before each file sync.
     pub before_sync: Hook,
 }
 
@@ -145,6 +148,7 @@ impl Gate {
 
 /// Opens the gate when dropped, so a failed assertion never leaves a
 /// thread held.
+#[derive(Debug)]
 pub struct OpenOnDrop<'a>(pub &'a Gate);
 
 impl Drop for OpenOnDrop<'_> {
