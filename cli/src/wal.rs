@@ -1,54 +1,19 @@
 //! Reading okaywal segment files directly, read-only, without opening the
-//! log (which would recover it and write). Follows `okaywal/FORMAT.md`,
-//! using the header decoders of `okaywal::format`.
+//! log (which would recover it and write): okaywal's own inspection
+//! (`Configuration::inspect_segment`, the scanner recovery uses) lists the
+//! records; this module groups them into entries for `wal-dump`.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use indicatif::ProgressBar;
-use okaywal::format::{
-    RecordError, RecordHeader, RecordKind, SegmentHeader, CHUNK_TRAILER_SIZE, HEADER_SIZE,
-    RECORD_HEADER_SIZE,
-};
+use okaywal::{Configuration, HeaderStatus, TornRecord};
 use serde::Serialize;
 
-/// Bytes read from a segment at a time.
-const WINDOW: usize = 1 << 20;
-
-/// What a `wal-*` file name says it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum WalName {
-    /// `wal-{id}`: a segment whose first entry id is `id`.
-    Segment(u64),
-    /// `wal-recycled-{id}`: a checkpointed segment waiting to be reused.
-    Recycled(u64),
-    /// `wal-spare-{n}`: a fresh file waiting to be used.
-    Spare(u64),
-}
-
-impl WalName {
-    /// Parses a file name; `None` for files that are not the WAL's.
-    pub fn parse(name: &str) -> Option<Self> {
-        let rest = name.strip_prefix("wal-")?;
-        let number = |digits: &str| {
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                None
-            } else {
-                digits.parse::<u64>().ok()
-            }
-        };
-        if let Some(id) = rest.strip_prefix("recycled-") {
-            number(id).map(WalName::Recycled)
-        } else if let Some(n) = rest.strip_prefix("spare-") {
-            number(n).map(WalName::Spare)
-        } else {
-            number(rest).map(WalName::Segment)
-        }
-    }
-}
+/// What a `wal-*` file name says it is (okaywal's parser).
+pub use okaywal::LogFileName as WalName;
 
 /// A `wal-*` file found in a directory.
 #[derive(Debug, Clone)]
@@ -227,44 +192,6 @@ impl SegmentDump {
     }
 }
 
-/// Buffered positioned reads of a read-only file.
-struct Window {
-    file: File,
-    len: u64,
-    start: u64,
-    buf: Vec<u8>,
-}
-
-impl Window {
-    /// Up to `n` (≤ `WINDOW`) bytes at `offset`; fewer only at the end of
-    /// the file.
-    fn bytes_at(&mut self, offset: u64, n: usize) -> io::Result<&[u8]> {
-        let end = (offset + n as u64).min(self.len);
-        if offset < self.start || end > self.start + self.buf.len() as u64 {
-            let want = (self.len.saturating_sub(offset)).min(WINDOW as u64) as usize;
-            self.buf.resize(want, 0);
-            let mut filled = 0;
-            while filled < want {
-                match self
-                    .file
-                    .read_at(&mut self.buf[filled..], offset + filled as u64)
-                {
-                    Ok(0) => break,
-                    Ok(read) => filled += read,
-                    Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                    Err(err) => return Err(err),
-                }
-            }
-            // The file may have shrunk since its length was taken.
-            self.buf.truncate(filled);
-            self.start = offset;
-        }
-        let from = (offset - self.start) as usize;
-        let to = ((end.max(offset) - self.start) as usize).min(self.buf.len());
-        Ok(&self.buf[from.min(to)..to])
-    }
-}
-
 #[derive(Debug, Default)]
 struct EntryBuilder {
     chunks: Vec<ChunkInfo>,
@@ -320,24 +247,19 @@ impl EntryBuilder {
     }
 }
 
-/// Reads one segment file: its header, then every record from offset 512
-/// until one does not verify. Opens the file read-only and writes nothing.
-/// `progress` advances by the bytes walked.
+/// Reads one segment file with okaywal's scanner: its header, then every
+/// record from offset 512 until one does not verify. Opens the file
+/// read-only and writes nothing. `progress` advances by the file's length.
 pub fn scan_segment(
     file: &WalFile,
     id: u64,
     keep_records: bool,
     progress: &ProgressBar,
 ) -> io::Result<SegmentDump> {
-    let handle = File::open(&file.path)?;
-    let len = handle.metadata()?.len();
     let base = progress.position();
-    let mut window = Window {
-        file: handle,
-        len,
-        start: 0,
-        buf: Vec::new(),
-    };
+    let directory = file.path.parent().unwrap_or(Path::new("."));
+    let listing = Configuration::default_for(directory).inspect_segment(id)?;
+    let len = listing.len;
     let mut dump = SegmentDump {
         file: file.name.clone(),
         id,
@@ -350,158 +272,126 @@ pub fn scan_segment(
         entries: Vec::new(),
         end: None,
     };
-
-    let header_bytes = window.bytes_at(0, HEADER_SIZE as usize)?;
-    let format_version = header_bytes.get(7).copied().unwrap_or(0);
-    let invalid = match SegmentHeader::decode(header_bytes) {
-        Ok(header) if header.first_entry_id == id => {
+    match listing.header {
+        HeaderStatus::Valid {
+            first_entry_id,
+            format_version,
+            version_info,
+            ..
+        } => {
             dump.header = HeaderInfo::Valid {
-                first_entry_id: header.first_entry_id,
+                first_entry_id,
                 format_version,
-                version_info_hex: hex(&header.version_info),
-                version_info_utf8: String::from_utf8(header.version_info).ok(),
+                version_info_hex: hex(&version_info),
+                version_info_utf8: String::from_utf8(version_info).ok(),
             };
-            None
         }
-        Ok(header) => Some(format!(
-            "the header names segment {}, not {id}",
-            header.first_entry_id
-        )),
-        Err(err) => Some(err.to_string()),
-    };
-    if let Some(reason) = invalid {
-        let first = window.bytes_at(HEADER_SIZE, RECORD_HEADER_SIZE)?;
-        let records_follow = RecordHeader::decode(first, id).is_ok();
-        dump.header = HeaderInfo::Invalid {
+        HeaderStatus::Invalid {
             reason,
             records_follow,
-        };
-        progress.set_position(base + len);
-        return Ok(dump);
+        } => {
+            dump.header = HeaderInfo::Invalid {
+                reason,
+                records_follow,
+            };
+            progress.set_position(base + len);
+            return Ok(dump);
+        }
+        other => {
+            dump.header = HeaderInfo::Invalid {
+                reason: format!("{other:?}"),
+                records_follow: false,
+            };
+            progress.set_position(base + len);
+            return Ok(dump);
+        }
     }
 
     let mut entries: BTreeMap<u64, EntryBuilder> = BTreeMap::new();
-    let mut offset = HEADER_SIZE;
-    let end = loop {
-        progress.set_position(base + offset.min(len));
-        if offset >= len {
-            break EndInfo {
-                offset,
-                torn: false,
-                reason: "end of file".into(),
-            };
-        }
-        let torn = |reason: String| EndInfo {
-            offset,
-            torn: true,
-            reason,
-        };
-        let bytes = window.bytes_at(offset, RECORD_HEADER_SIZE)?;
-        let header = match RecordHeader::decode(bytes, id) {
-            Ok(header) => header,
-            Err(err) => {
-                break torn(match err {
-                    RecordError::Unwritten => "unwritten space".into(),
-                    RecordError::BadChecksum => {
-                        "record header checksum mismatch: torn, stale or damaged bytes".into()
-                    }
-                    RecordError::BadKind(kind) => format!("unknown record kind {kind}"),
-                    RecordError::Truncated => format!(
-                        "truncated record header: only {} bytes before the end of the file",
-                        len - offset
-                    ),
-                    other => format!("record header does not decode: {other:?}"),
-                });
-            }
-        };
-        if header.entry_id < id {
-            break torn(format!(
-                "entry id {} is below the segment's first entry id {id}",
-                header.entry_id
-            ));
-        }
-        let record_end = offset + header.record_len();
-        if record_end > len {
-            break torn(format!(
-                "a record of {} bytes would extend past the end of the file",
-                header.record_len()
-            ));
-        }
-        let (kind, data_crc_ok) = match header.kind {
+    for record in &listing.records {
+        match record.kind {
             // Filler before a large chunk: no part of any entry.
-            RecordKind::Padding => ("padding", None),
-            RecordKind::Chunk => {
-                let crc_ok = chunk_crc_ok(&mut window, offset, header.length)?;
-                let entry = entries.entry(header.entry_id).or_default();
+            okaywal::RecordType::Padding => {}
+            okaywal::RecordType::Chunk => {
+                let entry = entries.entry(record.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {
                     entry.chunks.push(ChunkInfo {
-                        offset,
-                        length: header.length,
-                        crc_ok,
+                        offset: record.offset,
+                        length: record.length,
+                        crc_ok: record.crc_ok.unwrap_or(false),
                     });
                 }
-                ("chunk", Some(crc_ok))
             }
-            RecordKind::Commit => {
-                let entry = entries.entry(header.entry_id).or_default();
+            okaywal::RecordType::Commit => {
+                let entry = entries.entry(record.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {
-                    entry.commit = Some(header.length);
+                    entry.commit = Some(record.length);
                 }
-                ("commit", None)
             }
-            RecordKind::Rollback => {
-                let entry = entries.entry(header.entry_id).or_default();
+            okaywal::RecordType::Rollback => {
+                let entry = entries.entry(record.entry_id).or_default();
                 if entry.ended() {
                     entry.after_end += 1;
                 } else {
                     entry.rolled_back = true;
                 }
-                ("rollback", None)
             }
-        };
+            _ => {}
+        }
         if keep_records {
             dump.records.push(RecordInfo {
-                offset,
-                kind,
-                entry_id: header.entry_id,
-                length: header.length,
-                durable_mark: header.durable_mark,
-                data_crc_ok,
+                offset: record.offset,
+                kind: record.kind.name(),
+                entry_id: record.entry_id,
+                length: record.length,
+                durable_mark: record.durable_mark,
+                data_crc_ok: record.crc_ok,
             });
         }
-        offset = record_end;
-    };
+    }
     progress.set_position(base + len);
     dump.entries = entries
         .into_iter()
         .map(|(id, builder)| builder.finish(id))
         .collect();
-    dump.end = Some(end);
+    dump.end = listing.end.map(|end| match end.torn {
+        None => EndInfo {
+            offset: end.offset,
+            torn: false,
+            reason: "end of file".into(),
+        },
+        Some(torn) => EndInfo {
+            offset: end.offset,
+            torn: true,
+            reason: torn_reason(torn, id, len - end.offset),
+        },
+    });
     Ok(dump)
 }
 
-/// Whether the data of the chunk whose header is at `offset` matches the
-/// CRC after it.
-fn chunk_crc_ok(window: &mut Window, offset: u64, length: u32) -> io::Result<bool> {
-    let mut hasher = crc32fast::Hasher::new();
-    let mut at = offset + RECORD_HEADER_SIZE as u64;
-    let end = at + u64::from(length);
-    while at < end {
-        let piece = window.bytes_at(at, ((end - at) as usize).min(WINDOW))?;
-        if piece.is_empty() {
-            return Ok(false);
+/// Why the records end where they do, for a reader of the dump.
+fn torn_reason(torn: TornRecord, id: u64, bytes_left: u64) -> String {
+    match torn {
+        TornRecord::Unwritten => "unwritten space".into(),
+        TornRecord::BadChecksum => {
+            "record header checksum mismatch: torn, stale or damaged bytes".into()
         }
-        hasher.update(piece);
-        at += piece.len() as u64;
+        TornRecord::UnknownKind(kind) => format!("unknown record kind {kind}"),
+        TornRecord::Truncated => {
+            format!("truncated record header: only {bytes_left} bytes before the end of the file")
+        }
+        TornRecord::EntryBelowSegment { entry_id } => {
+            format!("entry id {entry_id} is below the segment's first entry id {id}")
+        }
+        TornRecord::PastEnd { record_len } => {
+            format!("a record of {record_len} bytes would extend past the end of the file")
+        }
+        other => format!("record header does not decode: {other:?}"),
     }
-    let trailer = window.bytes_at(end, CHUNK_TRAILER_SIZE)?;
-    Ok(trailer.len() == CHUNK_TRAILER_SIZE
-        && u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]])
-            == hasher.finalize())
 }
 
 /// Lowercase hex of `bytes`.

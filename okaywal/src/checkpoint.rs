@@ -9,20 +9,19 @@ use std::time::{Duration, Instant};
 use crate::config::RecoveryMode;
 use crate::failure::ErrorRecord;
 use crate::format::HEADER_SIZE;
-use crate::log::{weak, Inner, Spare, State, SyncTarget, MAX_SPARES};
+use crate::log::{weak, Inner};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
-use crate::segment::{EndMark, FileName, Segment};
+use crate::segment::{FileName, Segment};
+use crate::segments::{Checkpointable, Spare};
 use crate::stats::Counters;
+use crate::tuning::{IDLE_WAIT, MAX_BACKOFF, MIN_SYNC_INTERVAL};
 use crate::{EntryId, WriteAheadLog};
 
-const IDLE_WAIT: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
 pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Result<()> {
-    if let Some(interval) = log.inner.config.max_unsynced {
+    if let Some(interval) = log.inner.config().max_unsynced {
         let weak = weak(log);
-        let signal = log.inner.signal.clone();
+        let signal = log.inner.signal().clone();
         std::thread::Builder::new()
             .name("okaywal-sync".into())
             .spawn(move || sync_periodically(&weak, &signal, interval))?;
@@ -31,15 +30,9 @@ pub(crate) fn start(log: &WriteAheadLog, manager: Box<dyn LogManager>) -> io::Re
     let handle = std::thread::Builder::new()
         .name("okaywal-checkpoint".into())
         .spawn(move || run(&weak, manager))?;
-    *log.inner.maintenance_thread.lock() = Some(handle.thread().id());
-    *log.inner.maintenance.lock() = Some(handle);
+    log.inner.set_maintenance(handle);
     Ok(())
 }
-
-/// The shortest pause of the background sync thread: a zero (or tiny)
-/// `max_unsynced` would otherwise keep a core busy polling for the whole
-/// life of the log.
-pub(crate) const MIN_SYNC_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Syncs buffered commits at least every `interval` (see
 /// `Configuration::max_unsynced`), until the log is dropped or shut down.
@@ -52,13 +45,48 @@ fn sync_periodically(weak: &Weak<Inner>, signal: &crate::log::Signal, interval: 
         let Some(inner) = weak.upgrade() else {
             return;
         };
-        if inner.state.lock().shutting_down {
+        if inner.lock_state().is_shutting_down() {
             return;
         }
-        if inner.counters.unsynced_bytes.load(Ordering::Acquire) > 0 {
+        if inner.counters().unsynced_bytes.load(Ordering::Acquire) > 0 {
             // A failure poisons the log; commits report it.
             let _ = WriteAheadLog::borrowed(inner).sync();
         }
+    }
+}
+
+/// Where the checkpointer stands, kept in the log's state (under its
+/// lock) so that writers and callers of `checkpoint_active` can see it.
+/// Only this module changes it.
+#[derive(Debug, Default)]
+pub(crate) struct CheckpointStatus {
+    /// Why the last checkpoint attempt (or the making of a spare) failed,
+    /// with the error's kind; cleared by the next successful checkpoint.
+    /// Unlike the log's failure it does not stop the log: a failed
+    /// checkpoint is retried.
+    error: Option<ErrorRecord>,
+    attempts: u64,
+    /// A caller of `checkpoint_active` is waiting: retry a failed
+    /// checkpoint now rather than after the backoff.
+    requested: bool,
+    /// The id of the segment being checkpointed right now.
+    checkpointing: Option<u64>,
+    /// White-box tests stop the background checkpointer from taking
+    /// segments whose bookkeeping they are still looking at.
+    #[cfg(test)]
+    paused: bool,
+}
+
+impl CheckpointStatus {
+    /// The last checkpoint attempt (or the making of a spare) failed.
+    pub fn is_failing(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Keeps the background checkpointer from starting another checkpoint.
+    #[cfg(test)]
+    pub fn pause(&mut self) {
+        self.paused = true;
     }
 }
 
@@ -83,9 +111,9 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         let Some(inner) = weak.upgrade() else {
             return;
         };
-        let signal = inner.signal.clone();
+        let signal = inner.signal().clone();
         let mut wait = None;
-        if std::mem::take(&mut inner.state.lock().checkpoint_requested) {
+        if std::mem::take(&mut inner.lock_state().checkpoints.requested) {
             checkpoint_backoff.retry_now();
         }
         recycle_finished(&inner);
@@ -101,12 +129,10 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
             Work::Spare => match inner.create_spare() {
                 Ok(spare) => {
                     spare_backoff = Backoff::default();
-                    let mut state = inner.state.lock();
-                    state.spares.push(spare);
-                    state.want_spare = false;
+                    inner.lock_state().segments.spare_made(spare);
                 }
                 Err(err) => {
-                    inner.state.lock().checkpoint_error = Some(ErrorRecord::of(&err));
+                    inner.lock_state().checkpoints.error = Some(ErrorRecord::of(&err));
                     spare_backoff.failed();
                 }
             },
@@ -120,7 +146,7 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 let result = checkpoint(&log, &mut *manager, &segment, limit, last_entry_id);
                 let nanos = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
                 drop(log);
-                let counters = &inner.counters;
+                let counters = inner.counters();
                 if result.is_ok() {
                     checkpoint_backoff = Backoff::default();
                     Counters::add(&counters.checkpoints, 1);
@@ -177,28 +203,20 @@ impl Backoff {
 }
 
 fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work {
-    let mut state = inner.state.lock();
-    if state.shutting_down {
+    let mut state = inner.lock_state();
+    if state.is_shutting_down() {
         return Work::Stop;
     }
     // Segments are checkpointed strictly in order: only the oldest sealed
     // segment is a candidate, and only once its entries are all finished.
     // Checkpoints come before making spares: they free recycled files.
-    let active = state.active;
     // The next spare is made once the active segment is half full.
-    let half_full = state
-        .segments
-        .get(&active)
-        .is_some_and(|seg| seg.full || seg.reserved_end >= inner.config.checkpoint_after_bytes / 2);
-    let wants_spare = may_make_spare
-        && state.want_spare
-        && half_full
-        && state.spares.is_empty()
-        && state.recycling.is_empty();
+    let wants_spare =
+        may_make_spare && state.segments.spare_wanted() && state.segments.active_is_half_full();
     // Unless writers are already growing a full active segment past its
     // size: a spare then comes first, or a slow checkpoint would let that
     // segment (and the next checkpoint) grow without bound.
-    let active_full = state.segments.get(&active).is_some_and(|seg| seg.full);
+    let active_full = state.segments.active_is_full();
     if wants_spare && active_full {
         return Work::Spare;
     }
@@ -206,29 +224,28 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
     // When writers went quiet right after filling it, seal it here so its
     // entries are checkpointed (and its file recycled) without waiting for
     // the next write.
-    let idle = state
-        .segments
-        .get(&active)
-        .is_some_and(|seg| seg.open_entries == 0);
-    if active_full && idle && !state.spares.is_empty() {
+    let idle = state.segments.active_open_entries() == 0;
+    if active_full && idle && state.segments.has_spare() {
         if let Err(err) = inner.switch_segment(&mut state) {
-            state.checkpoint_error = Some(ErrorRecord {
+            state.checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),
                 message: format!("sealing the full active segment: {err}"),
             });
         }
     }
-    let active = state.active;
-    let candidate = state
-        .segments
-        .values()
-        .next()
-        .filter(|seg| seg.segment.id != active && seg.ready_for_checkpoint())
-        .map(|seg| (seg.segment.clone(), seg.reserved_end, seg.last_entry_id));
+    let candidate = state.segments.next_checkpointable();
     #[cfg(test)]
-    let may_checkpoint = may_checkpoint && !state.checkpoints_paused;
-    if let (true, Some((segment, limit, last_entry_id))) = (may_checkpoint, candidate) {
-        state.checkpointing = Some(segment.id);
+    let may_checkpoint = may_checkpoint && !state.checkpoints.paused;
+    if let (
+        true,
+        Some(Checkpointable {
+            segment,
+            limit,
+            last_entry_id,
+        }),
+    ) = (may_checkpoint, candidate)
+    {
+        state.checkpoints.checkpointing = Some(segment.id);
         return Work::Checkpoint {
             segment,
             limit,
@@ -268,14 +285,7 @@ pub(crate) fn checkpoint(
     // next durable commit). Then the segment itself, to `limit`, in case
     // the pass found nothing to do for it.
     inner.sync_all_written()?;
-    let name = !segment.name_durable.load(Ordering::Acquire);
-    inner.sync_targets(&[SyncTarget {
-        segment: segment.clone(),
-        written: limit,
-        complete: limit,
-        name,
-        end_mark: None,
-    }])?;
+    inner.sync_whole(segment, limit)?;
     let Some(last_entry_id) = last_entry_id else {
         return Ok(());
     };
@@ -287,8 +297,8 @@ pub(crate) fn checkpoint(
         segment.id,
         segment.file.clone(),
         limit,
-        inner.config.buffer_bytes,
-        inner.config.recovery_mode == RecoveryMode::SkipCorrupted,
+        inner.config().buffer_bytes,
+        inner.config().recovery_mode == RecoveryMode::SkipCorrupted,
         segment.clone(),
     );
     manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
@@ -298,11 +308,11 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
     match result {
         Ok(()) => {
             let highest_id = {
-                let mut state = inner.state.lock();
-                let removed = state.segments.remove(&segment.id);
-                let committed = removed.as_ref().and_then(|s| s.highest_committed_id);
-                state.recycled_through = state.recycled_through.max(committed.unwrap_or(0));
-                removed.map_or(segment.id, |s| s.highest_id)
+                let mut state = inner.lock_state();
+                let retired = state.segments.finish(segment.id);
+                let committed = retired.and_then(|s| s.highest_committed_id);
+                state.note_recycled(committed);
+                retired.map_or(segment.id, |s| s.highest_id)
             };
             // Named for the highest id it held: if the active segment's own
             // name never became durable, this name still keeps a reopened
@@ -310,20 +320,20 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             let recycled = FileName::Recycled(highest_id).path_in(inner.directory());
             // No sync pass may write an end mark into the file once it can
             // be reused.
-            *segment.end_mark.lock() = EndMark::Retired;
+            segment.retire();
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
-                .fs
+                .fs()
                 .rename(&segment.path, &recycled)
-                .and_then(|()| inner.fs.sync_dir(inner.directory()));
-            let mut state = inner.state.lock();
-            state.checkpointing = None;
-            state.checkpoint_attempts += 1;
+                .and_then(|()| inner.fs().sync_dir(inner.directory()));
+            let mut state = inner.lock_state();
+            state.checkpoints.checkpointing = None;
+            state.checkpoints.attempts += 1;
             match renamed {
                 Ok(()) => {
-                    state.checkpoint_error = None;
-                    Counters::add(&inner.counters.recycled_segments, 1);
-                    state.recycling.push((segment, recycled));
+                    state.checkpoints.error = None;
+                    Counters::add(&inner.counters().recycled_segments, 1);
+                    state.segments.retire(segment, recycled);
                 }
                 Err(err) => {
                     // The entries are safe in the manager's store, but the
@@ -337,21 +347,21 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                         segment.id
                     );
                     let failed = io::Error::new(err.kind(), message);
-                    state.checkpoint_error = Some(ErrorRecord::of(&failed));
+                    state.checkpoints.error = Some(ErrorRecord::of(&failed));
                     // Failed before the state is released, so that no
                     // waiter in `checkpoint_active` sees the segment gone
                     // without seeing the failure.
-                    inner.group.fail(&failed);
+                    inner.record_failure(&failed);
                     drop(state);
                     inner.poison(failed);
                 }
             }
         }
         Err(err) => {
-            let mut state = inner.state.lock();
-            state.checkpointing = None;
-            state.checkpoint_attempts += 1;
-            state.checkpoint_error = Some(ErrorRecord {
+            let mut state = inner.lock_state();
+            state.checkpoints.checkpointing = None;
+            state.checkpoints.attempts += 1;
+            state.checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),
                 message: format!(
                     "checkpointing segment {} failed (it is kept and retried): {err}",
@@ -360,22 +370,15 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             });
         }
     }
-    inner.checkpointed.notify_all();
+    inner.checkpoint_attempted();
 }
 
 /// Moves checkpointed segments that no reader holds any more into the
 /// spare pool (or deletes them when the pool is full).
 fn recycle_finished(inner: &Inner) {
-    let finished: Vec<_> = {
-        let mut state = inner.state.lock();
-        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut state.recycling)
-            .into_iter()
-            .partition(|(segment, _)| Arc::strong_count(segment) == 1);
-        state.recycling = waiting;
-        done
-    };
+    let finished = inner.lock_state().segments.take_unread_retired();
     for (segment, path) in finished {
-        let keep = inner.state.lock().spares.len() < MAX_SPARES;
+        let keep = inner.lock_state().segments.keeps_another_spare();
         if keep {
             let file = segment.file.clone();
             // A segment that grew far past its preallocated size (writers
@@ -383,18 +386,18 @@ fn recycle_finished(inner: &Inner) {
             // keep the disk space of a burst. The usual overshoot of up to
             // one entry is kept: cutting it would only make the next user
             // of the file allocate those blocks again.
-            let preallocated = inner.config.preallocate_bytes.max(HEADER_SIZE);
+            let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
             if file.len().is_ok_and(|len| len > 2 * preallocated) {
                 if let Err(err) = file.set_len(preallocated) {
-                    inner.state.lock().checkpoint_error = Some(ErrorRecord {
+                    inner.lock_state().checkpoints.error = Some(ErrorRecord {
                         kind: err.kind(),
                         message: format!("shrinking recycled segment {}: {err}", path.display()),
                     });
                 }
             }
-            inner.state.lock().spares.push(Spare { file, path });
-        } else if let Err(err) = inner.fs.remove_file(&path) {
-            inner.state.lock().checkpoint_error = Some(ErrorRecord {
+            inner.lock_state().segments.add_spare(Spare { file, path });
+        } else if let Err(err) = inner.fs().remove_file(&path) {
+            inner.lock_state().checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),
                 message: format!("removing surplus segment file: {err}"),
             });
@@ -402,36 +405,21 @@ fn recycle_finished(inner: &Inner) {
     }
 }
 
-/// The lowest id below `below` of an entry the calling thread holds open.
-fn held_by_this_thread(state: &State, below: u64) -> Option<u64> {
-    let me = std::thread::current().id();
-    state
-        .open_ids
-        .range(..below)
-        .find(|(_, thread)| **thread == me)
-        .map(|(id, _)| *id)
-}
-
 pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
     let inner = &log.inner;
-    let mut state = inner.state.lock();
+    let mut state = inner.lock_state();
     inner.check_usable(&state)?;
-    let active = state.active;
-    let has_records = state.segments[&active].reserved_end > HEADER_SIZE;
-    let on_maintenance_thread =
-        *inner.maintenance_thread.lock() == Some(std::thread::current().id());
+    let active = state.segments.active_id();
+    let has_records = state.segments.active_has_records();
+    let on_maintenance_thread = inner.on_maintenance_thread();
     if !on_maintenance_thread {
         // The checkpoint covers the active segment if it holds records,
         // else every segment before it; an entry open in any of those
         // keeps it from finishing. One the calling thread holds would
         // never finish while the thread waits here.
         let covered_below = if has_records { u64::MAX } else { active };
-        if let Some(id) = held_by_this_thread(&state, covered_below) {
-            let segment = state
-                .segments
-                .range(..=id)
-                .next_back()
-                .map_or(id, |(segment, _)| *segment);
+        if let Some(id) = state.entry_held_by_this_thread(covered_below) {
+            let segment = state.segments.holding(id).unwrap_or(id);
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
@@ -443,18 +431,14 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         }
     }
     let target = if has_records {
-        state
-            .segments
-            .get_mut(&active)
-            .expect("active segment is live")
-            .full = true;
-        if state.spares.is_empty() {
+        state.segments.seal_active();
+        if !state.segments.has_spare() {
             drop(state);
             let spare = inner.create_spare()?;
-            state = inner.state.lock();
-            state.spares.push(spare);
+            state = inner.lock_state();
+            state.segments.add_spare(spare);
         }
-        if state.active == active {
+        if state.segments.active_id() == active {
             inner.switch_segment(&mut state)?;
         }
         active
@@ -462,55 +446,56 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         active.saturating_sub(1)
     };
     if on_maintenance_thread {
-        inner.signal.wake();
+        inner.signal().wake();
         return Ok(());
     }
     // Someone waits for this checkpoint: a failed one is retried now, not
     // after a backoff of up to two seconds.
-    state.checkpoint_requested = true;
-    inner.signal.wake();
-    let attempts_before = state.checkpoint_attempts;
+    state.checkpoints.requested = true;
+    inner.signal().wake();
+    let attempts_before = state.checkpoints.attempts;
     loop {
         // A segment being finished has left `segments` but is not yet
         // renamed as recycled: until then a crash would replay it, so the
         // checkpoint is not over.
         let pending = state
             .segments
-            .keys()
-            .next()
-            .is_some_and(|first| *first <= target)
-            || state.checkpointing.is_some_and(|id| id <= target);
+            .first_id()
+            .is_some_and(|first| first <= target)
+            || state
+                .checkpoints
+                .checkpointing
+                .is_some_and(|id| id <= target);
         if let Some(err) = inner.failed() {
             return Err(err);
         }
         if !pending {
             return Ok(());
         }
-        if state.checkpoint_attempts > attempts_before && state.checkpointing.is_none() {
-            if let Some(err) = &state.checkpoint_error {
+        if state.checkpoints.attempts > attempts_before && state.checkpoints.checkpointing.is_none()
+        {
+            if let Some(err) = &state.checkpoints.error {
                 return Err(io::Error::new(err.kind, err.message.clone()));
             }
         }
-        if state.shutting_down {
+        if state.is_shutting_down() {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the log was shut down before the checkpoint finished",
             ));
         }
-        inner.checkpointed.wait_for(&mut state, IDLE_WAIT);
+        inner.wait_for_checkpoint(&mut state, IDLE_WAIT);
     }
 }
 
 pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
     let inner = &log.inner;
     {
-        let mut state = inner.state.lock();
-        state.shutting_down = true;
-        inner.signal.wake();
-        inner.checkpointed.notify_all();
-        inner.synced.notify_all();
+        let mut state = inner.lock_state();
+        state.begin_shutdown();
+        inner.wake_all_waiters();
     }
-    let handle = inner.maintenance.lock().take();
+    let handle = inner.take_maintenance();
     if let Some(handle) = handle {
         if handle.thread().id() != std::thread::current().id() {
             handle

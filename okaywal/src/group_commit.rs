@@ -44,12 +44,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::failure::{Failure, STOPPED};
-
-/// The longest a leader waits for committers to join its sync.
-pub(crate) const MAX_GATHER: Duration = Duration::from_millis(1);
-/// A leader gathers for at most the previous sync's duration divided by
-/// this.
-const GATHER_DIVISOR: u32 = 2;
+use crate::tuning::{GATHER_DIVISOR, MAX_GATHER};
 
 #[derive(Debug, Default)]
 struct State {

@@ -135,10 +135,11 @@ mod position;
 mod reader;
 mod recovery;
 mod segment;
+mod segments;
 mod stats;
-mod sync_ledger;
 mod tail;
 mod trace;
+mod tuning;
 mod writer;
 
 pub use config::{
@@ -146,7 +147,8 @@ pub use config::{
     DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
 };
 pub use inspect::{
-    IncompleteEntry, InspectedChunk, InspectedSegment, LogInspection, LogProblem, ReadOnlyLog,
+    HeaderStatus, IncompleteEntry, InspectedChunk, InspectedRecord, InspectedSegment, LogFileName,
+    LogInspection, LogProblem, ReadOnlyLog, RecordType, RecordsEnd, SegmentRecords, TornRecord,
 };
 pub use log::WriteAheadLog;
 pub use manager::{LogManager, LogVoid, RecoveredSegment, Recovery};

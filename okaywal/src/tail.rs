@@ -111,10 +111,7 @@ impl LogEntries {
     pub fn include_buffered(mut self) -> Self {
         if !self.include_buffered {
             self.include_buffered = true;
-            self.log
-                .inner
-                .buffered_followers
-                .fetch_add(1, Ordering::AcqRel);
+            self.log.inner.follow_buffered(true);
         }
         self
     }
@@ -122,9 +119,8 @@ impl LogEntries {
     /// What makes more entries readable: syncs, and buffered commits when
     /// this reader takes them.
     fn progress(&self) -> u64 {
-        let counters = &self.log.inner.counters;
-        let syncs = counters.syncs.load(Ordering::Acquire)
-            + self.log.inner.unblocking_rollbacks.load(Ordering::Acquire);
+        let counters = self.log.inner.counters();
+        let syncs = counters.syncs.load(Ordering::Acquire) + self.log.inner.unblocking_rollbacks();
         if self.include_buffered {
             syncs + counters.buffered_commits.load(Ordering::Acquire)
         } else {
@@ -157,20 +153,14 @@ impl LogEntries {
                 return Ok(Some(entry));
             }
             let inner = &self.log.inner;
-            let mut state = inner.state.lock();
+            let mut state = inner.lock_state();
             // `synced` is shared by every reader: a wake-up that moved
             // nothing this reader counts (a buffered commit, for a reader
             // of durable entries only) waits again instead of refilling.
             // A shut-down or failed log wakes readers too: the refill
             // then returns its error.
             while self.progress() == before && inner.check_usable(&state).is_ok() {
-                let timed_out = match deadline {
-                    Some(deadline) => inner.synced.wait_until(&mut state, deadline).timed_out(),
-                    None => {
-                        inner.synced.wait(&mut state);
-                        false
-                    }
-                };
+                let timed_out = inner.wait_for_sync(&mut state, deadline);
                 if timed_out {
                     drop(state);
                     self.refill()?;
@@ -186,56 +176,19 @@ impl LogEntries {
         let inner = &self.log.inner;
         inner.prune_pending_commits();
         let (segments, in_file, stable_through, recycled_through) = {
-            let state = inner.state.lock();
+            let state = inner.lock_state();
             inner.check_usable(&state)?;
-            let segments: Vec<Arc<Segment>> = state
-                .segments
-                .values()
-                .map(|seg| seg.segment.clone())
-                .collect();
+            let segments: Vec<Arc<Segment>> = state.segments.live_segments();
             // With buffered entries: per segment, where the records that
             // are in the file end (none below is still in the write
             // buffer or being written by another thread).
             let in_file: HashMap<u64, u64> = if self.include_buffered {
-                state
-                    .segments
-                    .values()
-                    // Only once the segment's name is durable: until then
-                    // a crash of the process loses the file's records (it
-                    // keeps its spare name), and its predecessor may still
-                    // have writes in flight (see `sync_targets`).
-                    .filter(|seg| seg.segment.name_durable.load(Ordering::Acquire))
-                    .map(|seg| {
-                        let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
-                        let synced = seg.segment.synced_to.load(Ordering::Acquire);
-                        (seg.segment.id, seg.written_to().min(unwritten).max(synced))
-                    })
-                    .collect()
+                state.segments.in_file_ends()
             } else {
                 HashMap::new()
             };
-            // A commit not yet durable holds the reader back; with
-            // buffered entries, only one whose record is not in the file.
-            let pending = if self.include_buffered {
-                state
-                    .pending_commits
-                    .iter()
-                    .find(|(_, (segment, end))| {
-                        in_file.get(segment).map_or(true, |limit| end > limit)
-                    })
-                    .map(|(id, _)| id)
-            } else {
-                state.pending_commits.keys().next()
-            };
-            // Every entry up to here is finished, and every commit among
-            // them readable: the reader may move past all of them.
-            let blocked = [state.open_ids.keys().next(), pending]
-                .into_iter()
-                .flatten()
-                .min()
-                .copied()
-                .unwrap_or(state.next_entry_id);
-            (segments, in_file, blocked - 1, state.recycled_through)
+            let stable_through = state.readable_through(self.include_buffered.then_some(&in_file));
+            (segments, in_file, stable_through, state.recycled_through())
         };
         if self.next <= recycled_through {
             return Err(io::Error::new(
@@ -259,7 +212,7 @@ impl LogEntries {
             // Only the durable part, or the part in the file: either is
             // final, and large chunks' data not yet copied in is read
             // again at their commit (see `SegmentScanner`).
-            let synced = segment.synced_to.load(Ordering::Acquire);
+            let synced = segment.synced_to();
             let limit = in_file
                 .get(&segment.id)
                 .map_or(synced, |in_file| synced.max(*in_file));
@@ -269,10 +222,10 @@ impl LogEntries {
             let scanner = self
                 .scanners
                 .entry(segment.id)
-                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config.buffer_bytes));
+                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config().buffer_bytes));
             // Damage is skipped where recovery skipped it, so the entries
             // recovery presented after it are not passed over here.
-            let skip_damage = inner.config.recovery_mode == RecoveryMode::SkipCorrupted;
+            let skip_damage = inner.config().recovery_mode == RecoveryMode::SkipCorrupted;
             scanner.advance(&*segment.file, limit, skip_damage, &mut self.buffer)?;
             // Every byte below `limit` is final, so a walk that stops short
             // of it, or finds damage, met bytes that changed after they were
@@ -372,10 +325,7 @@ impl LogEntries {
 impl Drop for LogEntries {
     fn drop(&mut self) {
         if self.include_buffered {
-            self.log
-                .inner
-                .buffered_followers
-                .fetch_sub(1, Ordering::AcqRel);
+            self.log.inner.follow_buffered(false);
         }
     }
 }

@@ -6,18 +6,10 @@ use std::sync::Arc;
 use crate::failure::ErrorRecord;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
-use crate::segment::{EndMark, Segment};
+use crate::segment::Segment;
 use crate::stats::Counters;
+use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES};
 use crate::WriteAheadLog;
-
-/// Chunks larger than this are copied into the file by their writers,
-/// outside the log's lock, while their header and trailer go through the
-/// write buffer, so that other committers need not wait for the copy (see
-/// FORMAT.md).
-const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
-/// Entries from this size commit with a sync pass of their own (see
-/// `EntryWriter::commit_with`).
-const OWN_SYNC_BYTES: usize = 256 * 1024;
 
 /// How durable a commit is when it returns; see
 /// [`EntryWriter::commit_with`].
@@ -157,7 +149,7 @@ impl<'log> EntryWriter<'log> {
             inner.data_written(self.segment.id, offset);
             return Err(self.fail(err));
         }
-        let capacity = inner.config.buffer_bytes.min(length as usize);
+        let capacity = inner.config().buffer_bytes.min(length as usize);
         Ok(ChunkWriter {
             entry: self,
             offset,
@@ -212,10 +204,10 @@ impl<'log> EntryWriter<'log> {
                     inner.sync_own(&self.segment, end)?;
                 }
                 inner.wait_durable(&self.segment, end)?;
-                Counters::add(&inner.counters.durable_commits, 1);
+                Counters::add(&inner.counters().durable_commits, 1);
             }
             Durability::Buffered => {
-                if *self.segment.end_mark.lock() == EndMark::Due {
+                if self.segment.end_mark_due() {
                     // The entry began before a segment switch and outlived
                     // the switch's wait, so it ends in the old segment,
                     // whose successor does not record where it ends (its
@@ -229,25 +221,15 @@ impl<'log> EntryWriter<'log> {
                 } else {
                     inner.hand_to_os(self.segment.id, end)?;
                 }
-                Counters::add(&inner.counters.buffered_commits, 1);
-                if inner
-                    .buffered_followers
-                    .load(std::sync::atomic::Ordering::Acquire)
-                    > 0
-                {
-                    // A reader checks the counter under the state lock
-                    // before it waits: taking the lock here means it either
-                    // saw the new count or is already waiting.
-                    drop(inner.state.lock());
-                    inner.synced.notify_all();
-                }
+                Counters::add(&inner.counters().buffered_commits, 1);
+                inner.buffered_commit_done();
                 let unsynced = inner
-                    .counters
+                    .counters()
                     .unsynced_bytes
                     .fetch_add(self.bytes.max(1), std::sync::atomic::Ordering::AcqRel)
                     + self.bytes.max(1);
                 if inner
-                    .config
+                    .config()
                     .max_unsynced_bytes
                     .is_some_and(|limit| unsynced >= limit)
                 {
@@ -275,7 +257,7 @@ impl<'log> EntryWriter<'log> {
     fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
         let inner = &self.log.inner;
         if kind == RecordKind::Rollback {
-            Counters::add(&inner.counters.rollbacks, 1);
+            Counters::add(&inner.counters().rollbacks, 1);
         }
         if kind == RecordKind::Rollback && self.chunks == 0 {
             // No chunk of this entry was finished, so recovery discards
@@ -429,7 +411,7 @@ impl Write for ChunkWriter<'_, '_> {
 
 impl Drop for ChunkWriter<'_, '_> {
     fn drop(&mut self) {
-        if !self.finished && !self.entry.log.inner.failure.is_set() {
+        if !self.finished && !self.entry.log.inner.has_failed() {
             // An abandoned chunk's entry never commits, but recovery must
             // still be able to walk past its record to the ones after it:
             // writing the trailer makes the file cover the whole record

@@ -180,7 +180,7 @@ pub trait FileHandle: Send + Sync + Debug {
 /// the blocks are really allocated (unlike `set_len`, which leaves a sparse
 /// hole whose first write costs a metadata update at `fdatasync` time).
 pub fn zero_fill(file: &dyn FileHandle, offset: u64, len: u64) -> io::Result<()> {
-    const PIECE: usize = 1 << 20;
+    const PIECE: usize = crate::tuning::ZERO_FILL_PIECE;
     let zeros = vec![0_u8; PIECE.min(len as usize)];
     let mut written = 0;
     while written < len {

@@ -17,9 +17,7 @@ fn with_path(err: io::Error, what: &str, path: &Path) -> io::Error {
     io::Error::new(err.kind(), format!("{what} {}: {err}", path.display()))
 }
 
-/// How long to wait for another process to let go of a lock: one that was
-/// just killed keeps its locks until the kernel has torn it down.
-const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+use crate::tuning::LOCK_PATIENCE;
 
 /// Takes an `flock` lock on `file`: it belongs to the open file
 /// description, so it keeps every other open of the file out, in this

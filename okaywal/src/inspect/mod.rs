@@ -7,6 +7,8 @@
 //! their bytes), where each segment ends, and every problem that would
 //! make an open fail or drop entries. [`Configuration::open_read_only`]
 //! recovers a log the same way, without writing, and serves its chunks.
+//! [`Configuration::inspect_segment`] lists one segment's records, for
+//! tools that dump the log.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,6 +24,12 @@ use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, ChunkLocation, Look, SegmentReader};
 use crate::segment::{FileName, LOCK_FILE};
+
+mod records;
+
+pub use records::{
+    HeaderStatus, InspectedRecord, LogFileName, RecordType, RecordsEnd, SegmentRecords, TornRecord,
+};
 
 /// What [`Configuration::inspect`] found in a log directory.
 #[derive(Debug, Clone, Default)]

@@ -2,11 +2,11 @@
 //! writers, sync leaders and the checkpointer that the public API cannot
 //! pin down, set up step by step on a log's `Inner`.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{sync_targets, Inner};
+use super::sync::sync_targets;
+use super::Inner;
 use crate::format::SegmentHeader;
 use crate::format::{
     aligned_chunk_start, RecordHeader, RecordKind, CHUNK_ALIGNMENT, HEADER_SIZE, RECORD_HEADER_SIZE,
@@ -50,7 +50,11 @@ fn buffer_entry(inner: &Inner, data: &[u8]) -> (u64, Arc<Segment>) {
 /// writer does, leaving them to be written later.
 fn take_buffered(inner: &Inner, segment: u64) -> Vec<(u64, Vec<u8>)> {
     let mut state = inner.state.lock();
-    state.segments.get_mut(&segment).unwrap().take_buffered()
+    state
+        .segments
+        .take_buffered(segment)
+        .map(|(_, ranges)| ranges)
+        .unwrap_or_default()
 }
 
 /// Makes a spare and switches the log to it, as a full active segment
@@ -58,13 +62,13 @@ fn take_buffered(inner: &Inner, segment: u64) -> Vec<(u64, Vec<u8>)> {
 fn switch_to_a_new_segment(inner: &Inner) {
     let spare = inner.create_spare().unwrap();
     let mut state = inner.state.lock();
-    state.spares.push(spare);
+    state.segments.add_spare(spare);
     inner.switch_segment(&mut state).unwrap();
 }
 
 /// The ids of the segments the next sync pass would sync, in order.
 fn next_sync_covers(inner: &Inner) -> Vec<u64> {
-    sync_targets(&inner.state.lock())
+    sync_targets(&inner.state.lock().segments)
         .iter()
         .map(|target| target.segment.id)
         .collect()
@@ -101,7 +105,7 @@ fn a_checkpoint_waits_for_records_another_thread_took_for_writing() {
     let inner = log.inner.clone();
     let (first, _) = buffer_entry(&inner, b"first");
     let (last, segment) = buffer_entry(&inner, b"last");
-    let limit = inner.state.lock().segments[&segment.id].reserved_end;
+    let limit = inner.state.lock().segments.state(segment.id).reserved_end();
     let taken = take_buffered(&inner, segment.id);
 
     let ids = Ids::default();
@@ -129,7 +133,7 @@ fn a_segment_is_not_synced_while_its_closed_predecessor_is_still_written() {
     // last records are being written, the next one must not be synced.
     let log = open();
     let inner = log.inner.clone();
-    inner.state.lock().checkpoints_paused = true;
+    inner.state.lock().checkpoints.pause();
     let (_, first) = buffer_entry(&inner, b"in the first segment");
     let taken = take_buffered(&inner, first.id);
     switch_to_a_new_segment(&inner);
@@ -158,24 +162,24 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     inner.complete(segment.id, Some(offset), None);
     let (_, other_segment) = buffer_entry(&inner, b"another entry");
     assert_eq!(other_segment.id, segment.id);
-    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    let end = inner.state.lock().segments.state(segment.id).reserved_end();
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.synced_to(), end);
+    assert_eq!(segment.marked_to(), offset);
 
     // The data lands: the mark stays (the last sync may have started
     // before the data was written) until the next sync, which syncs the
     // segment again although it has no new records.
     inner.data_written(segment.id, offset);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.marked_to(), offset);
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
-    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    let end = inner.state.lock().segments.state(segment.id).reserved_end();
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     log.shutdown().unwrap();
 }
 
@@ -190,23 +194,23 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     let inner = log.inner.clone();
     // Otherwise the checkpointer may take (and sync) the closed segment
     // before the test looks at the next sync's targets.
-    inner.state.lock().checkpoints_paused = true;
+    inner.state.lock().checkpoints.pause();
     let (id, first) = inner.begin().unwrap();
     let (offset, _) = inner.reserve(first.id, 200_000).unwrap();
     inner.complete(first.id, Some(offset), None);
-    let end = inner.state.lock().segments[&first.id].reserved_end;
+    let end = inner.state.lock().segments.state(first.id).reserved_end();
     inner.sync_pass(first.id, end).unwrap();
-    assert_eq!(first.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(first.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(first.synced_to(), end);
+    assert_eq!(first.marked_to(), offset);
     inner.data_written(first.id, offset);
     inner.complete(first.id, None, Some(id));
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
     assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
-    let second_end = inner.state.lock().segments[&second.id].reserved_end;
+    let second_end = inner.state.lock().segments.state(second.id).reserved_end();
     inner.sync_pass(second.id, second_end).unwrap();
-    assert_eq!(first.marked_to.load(Ordering::Acquire), end);
-    assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
+    assert_eq!(first.marked_to(), end);
+    assert_eq!(second.synced_to(), second_end);
     log.shutdown().unwrap();
 }
 
@@ -229,18 +233,18 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     assert_eq!((offset + RECORD_HEADER_SIZE as u64) % CHUNK_ALIGNMENT, 0);
     let (_, other) = buffer_entry(&inner, b"a later entry");
     assert_eq!(other.id, segment.id);
-    let end = inner.state.lock().segments[&segment.id].reserved_end;
+    let end = inner.state.lock().segments.state(segment.id).reserved_end();
     {
         let state = inner.state.lock();
-        let seg = &state.segments[&segment.id];
+        let seg = state.segments.state(segment.id);
         assert_eq!(seg.written_to(), end, "the copied chunk left a hole");
         assert_eq!(seg.complete_to(), offset);
     }
     // A sync pass for the later entry returns without the chunk's data and
     // writes the chunk's header and trailer.
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.synced_to.load(Ordering::Acquire), end);
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), offset);
+    assert_eq!(segment.synced_to(), end);
+    assert_eq!(segment.marked_to(), offset);
     let mut encoded = [0_u8; RECORD_HEADER_SIZE];
     segment.file.read_exact_at(&mut encoded, offset).unwrap();
     let written = RecordHeader::decode(&encoded, segment.id).unwrap();
@@ -269,7 +273,7 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
         .unwrap();
     inner.data_written(segment.id, offset);
     inner.sync_pass(segment.id, end).unwrap();
-    assert_eq!(segment.marked_to.load(Ordering::Acquire), end);
+    assert_eq!(segment.marked_to(), end);
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
@@ -288,11 +292,11 @@ fn a_new_segment_header_is_durable_before_any_record_is_written() {
         .open(LogVoid)
         .unwrap();
     let inner = log.inner.clone();
-    inner.state.lock().checkpoints_paused = true;
+    inner.state.lock().checkpoints.pause();
     buffer_entry(&inner, b"in the first segment");
     switch_to_a_new_segment(&inner);
     let (id, segment) = buffer_entry(&inner, b"in the second segment");
-    let spare = segment.pending_name.lock().clone().expect("not named yet");
+    let spare = segment.pending_name().expect("not named yet");
     // The spare's name is durable (not its data): what survives of the file
     // is what was synced.
     inner.fs.sync_dir(inner.directory()).unwrap();
@@ -310,15 +314,15 @@ fn a_checkpoint_sync_covers_entries_buffered_in_later_segments() {
     // the next segment must be durable by then as well.
     let log = open();
     let inner = log.inner.clone();
-    inner.state.lock().checkpoints_paused = true;
+    inner.state.lock().checkpoints.pause();
     let (first_id, first) = buffer_entry(&inner, b"in the first segment");
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"buffered in the second segment");
-    let second_end = inner.state.lock().segments[&second.id].reserved_end;
-    let limit = inner.state.lock().segments[&first.id].reserved_end;
+    let second_end = inner.state.lock().segments.state(second.id).reserved_end();
+    let limit = inner.state.lock().segments.state(first.id).reserved_end();
     crate::checkpoint::checkpoint(&log, &mut Ids::default(), &first, limit, Some(first_id))
         .unwrap();
-    assert_eq!(first.synced_to.load(Ordering::Acquire), limit);
-    assert_eq!(second.synced_to.load(Ordering::Acquire), second_end);
+    assert_eq!(first.synced_to(), limit);
+    assert_eq!(second.synced_to(), second_end);
     log.shutdown().unwrap();
 }

@@ -1,0 +1,221 @@
+//! The append path: reservations in a segment, copies into its write
+//! buffer, the writes of buffered ranges into the file, and the
+//! bookkeeping of writes that land. Where records go is
+//! [`crate::segments::Segments`]'s decision; this module holds the lock,
+//! counts, writes and wakes.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::MutexGuard;
+
+use super::{Inner, State};
+use crate::format::{RecordHeader, RecordKind};
+use crate::segment::Segment;
+use crate::segments::Ranges;
+use crate::stats::Counters;
+use crate::tuning::PROGRESS_WAIT;
+
+impl Inner {
+    /// Reserves `len` bytes in `segment` for a large chunk record; returns
+    /// the offset and the durable mark to write into the record's header.
+    /// The chunk's data counts as in flight until [`Inner::data_written`].
+    pub fn reserve(&self, segment: u64, len: u64) -> io::Result<(u64, u64)> {
+        let mut state = self.state.lock();
+        self.check_usable(&state)?;
+        let (offset, mark, wake) = state.segments.reserve(segment, len)?;
+        Counters::add(&self.counters.bytes_written, len);
+        if wake {
+            self.signal.wake();
+        }
+        Ok((offset, mark))
+    }
+
+    /// Reserves room for a chunk record whose data the caller writes into
+    /// the file itself, and puts the record's header and CRC trailer into
+    /// the segment's write buffer in the same critical section: the record
+    /// is never a hole for other committers' syncs (the next sync pass
+    /// writes both with its other buffered records), and the writer's only
+    /// system call is the `pwrite` of its data, which runs outside the lock
+    /// in parallel with other writers'. The data counts as in flight until
+    /// [`Inner::data_written`]. The record is placed so that its data
+    /// starts on a page, after a padding record when needed (see
+    /// `aligned_chunk_start`). Returns the record's offset.
+    pub fn reserve_chunk(
+        &self,
+        segment: &Arc<Segment>,
+        header: RecordHeader,
+        crc: u32,
+    ) -> io::Result<u64> {
+        let mut state = self.state.lock();
+        self.check_usable(&state)?;
+        let placed = state.segments.reserve_chunk(segment.id, header, crc)?;
+        Counters::add(&self.counters.bytes_written, placed.bytes);
+        if placed.wake {
+            self.signal.wake();
+        }
+        drop(state);
+        if let Some(ranges) = placed.flush {
+            self.write_ranges(segment, ranges)?;
+        }
+        Ok(placed.offset)
+    }
+
+    /// Reserves room for a small record and copies it into the segment's
+    /// write buffer in the same critical section, so it never leaves a
+    /// hole; optionally finishes the entry that wrote it. Returns the
+    /// record's offset.
+    pub fn append(
+        &self,
+        segment: &Arc<Segment>,
+        header: RecordHeader,
+        data: Option<(&[u8], u32)>,
+        finishes_entry: bool,
+    ) -> io::Result<u64> {
+        let mut state = self.state.lock();
+        // After `shutdown` no chunk or commit is taken any more (its sync
+        // has run, and it promised that later calls fail); a rollback
+        // still finishes its entry.
+        let refused = match header.kind {
+            RecordKind::Rollback => None,
+            _ => self.check_usable(&state).err(),
+        };
+        if finishes_entry {
+            if header.kind == RecordKind::Rollback
+                && state.open_ids.keys().next() == Some(&header.entry_id)
+            {
+                self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
+                self.synced.notify_all();
+            }
+            state.open_ids.remove(&header.entry_id);
+        }
+        if !finishes_entry {
+            state.segments.check_live(segment.id)?;
+        } else if state.segments.finish_entry(segment.id)?.drained {
+            self.drained.notify_all();
+        }
+        if let Some(err) = self.failed().or(refused) {
+            return Err(err);
+        }
+        let placed = state.segments.append_record(segment.id, header, data)?;
+        Counters::add(&self.counters.bytes_written, placed.bytes);
+        if header.kind == RecordKind::Commit {
+            Counters::add(&self.counters.unsynced_commits, 1);
+            self.last_committed_id
+                .fetch_max(header.entry_id, Ordering::AcqRel);
+            state
+                .pending_commits
+                .insert(header.entry_id, (segment.id, placed.end));
+        }
+        if placed.wake {
+            self.signal.wake();
+        }
+        drop(state);
+        if let Some(ranges) = placed.flush {
+            self.write_ranges(segment, ranges)?;
+        }
+        Ok(placed.offset)
+    }
+
+    /// Writes ranges taken from a segment's write buffer and marks them
+    /// written.
+    pub fn write_ranges(&self, segment: &Arc<Segment>, ranges: Ranges) -> io::Result<()> {
+        let mut result = Ok(());
+        for (start, data) in &ranges {
+            if let Err(err) = segment.file.write_all_at(data, *start) {
+                result = Err(self.poison(err));
+                break;
+            }
+        }
+        let mut state = self.state.lock();
+        if state
+            .segments
+            .written(segment.id, ranges.iter().map(|(start, _)| *start))
+        {
+            self.signal.wake();
+        }
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+        result
+    }
+
+    /// Writes whatever `segment` has buffered.
+    pub fn flush_segment(&self, segment: u64) -> io::Result<()> {
+        let taken = self.state.lock().segments.take_buffered(segment);
+        match taken {
+            Some((segment, ranges)) => self.write_ranges(&segment, ranges),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes whatever a closed `segment` has buffered and waits until
+    /// every write into it has landed, including buffered records another
+    /// thread took for writing just before (a sync leader or a flushing
+    /// writer): only then is the file whole, to be read by a checkpoint.
+    pub fn settle_segment(&self, segment: u64) -> io::Result<()> {
+        self.flush_segment(segment)?;
+        let mut state = self.state.lock();
+        self.wait_for_progress_while(&mut state, |state| state.segments.writes_in_flight(segment))
+    }
+
+    /// Waits, with `state` released meanwhile, until `busy` is false: for
+    /// writes in flight to land. Fails once a sync has failed (the writes
+    /// waited for may never land).
+    pub(super) fn wait_for_progress_while(
+        &self,
+        state: &mut MutexGuard<'_, State>,
+        busy: impl Fn(&State) -> bool,
+    ) -> io::Result<()> {
+        while busy(state) {
+            if let Some(err) = self.failed() {
+                return Err(err);
+            }
+            state.progress_waiters += 1;
+            self.progress.wait_for(state, PROGRESS_WAIT);
+            state.progress_waiters -= 1;
+        }
+        Ok(())
+    }
+
+    /// Marks the reservation at `offset` as written (its header is in the
+    /// file), optionally finishing the entry that made it.
+    pub fn complete(&self, segment: u64, offset: Option<u64>, finished_entry: Option<u64>) {
+        let mut state = self.state.lock();
+        if let Some(id) = finished_entry {
+            if state.open_ids.keys().next() == Some(&id) {
+                self.unblocking_rollbacks.fetch_add(1, Ordering::AcqRel);
+                self.synced.notify_all();
+            }
+            state.open_ids.remove(&id);
+        }
+        if let Some(offset) = offset {
+            state.segments.header_written(segment, offset);
+        }
+        if finished_entry.is_some() {
+            if let Ok(finished) = state.segments.finish_entry(segment) {
+                if finished.checkpointable {
+                    self.signal.wake();
+                }
+                if finished.drained {
+                    self.drained.notify_all();
+                }
+            }
+        }
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+    }
+
+    /// Marks the data of the large chunk reserved at `offset` as written
+    /// (or abandoned: a chunk whose data never lands fails its CRC, and its
+    /// entry cannot commit).
+    pub fn data_written(&self, segment: u64, offset: u64) {
+        let mut state = self.state.lock();
+        state.segments.data_written(segment, offset);
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+    }
+}
