@@ -12,7 +12,8 @@ use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::cache::BlobCache;
-use crate::commit_log::{CommitLogFiles, CommitRecord, SequenceId};
+use crate::commit_log::CommitLogFiles;
+use crate::commit_record::{CommitRecord, SequenceId};
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::format::{
@@ -20,10 +21,12 @@ use crate::format::{
     INDEX_SLOT_SIZE,
 };
 use crate::grain_id::GrainId;
-use crate::manager::{Manager, DATA_PREFIX};
+use crate::manager::Manager;
 use crate::stratum::{self, Stratum};
 use crate::transaction::Transaction;
-use crate::verify::{self, VerifyReport};
+use crate::verify;
+use crate::verify_report::VerifyReport;
+use crate::wal_entry::skip_data_prefix;
 
 /// The name of the index file.
 pub(crate) const INDEX_FILE: &str = "index";
@@ -1039,9 +1042,7 @@ impl Database {
             if let Some(pending) = pending {
                 match self.wal.read_at(pending.position) {
                     Ok(mut chunk) => {
-                        let mut prefix = [0_u8; DATA_PREFIX];
-                        chunk
-                            .read_exact(&mut prefix)
+                        skip_data_prefix(&mut chunk)
                             .context(|| format!("reading grain {id} from the WAL"))?;
                         return Ok(Some(GrainReader::wal(id, chunk, pending)));
                     }

@@ -4,7 +4,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use crate::allocator::{bit, StratumBits};
-use crate::commit_log::SequenceId;
+use crate::commit_record::SequenceId;
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::format::{placement, GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};

@@ -92,6 +92,7 @@
 mod allocator;
 mod cache;
 mod commit_log;
+mod commit_record;
 mod config;
 mod db;
 mod error;
@@ -107,8 +108,10 @@ mod stats;
 mod stratum;
 mod transaction;
 mod verify;
+mod verify_report;
+mod wal_entry;
 
-pub use commit_log::{CommitLogDamage, CommitRecord, NewGrain, SequenceId};
+pub use commit_record::{CommitLogDamage, CommitRecord, NewGrain, SequenceId};
 pub use config::{
     Config, DEFAULT_CACHE_BYTES, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES,
     DEFAULT_WAL_SEGMENT_BYTES,
@@ -120,7 +123,7 @@ pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
-pub use verify::{Problem, VerifyReport};
+pub use verify_report::{Problem, VerifyReport};
 
 // The example in README.md runs as a doctest, so it stays in step with the
 // API.

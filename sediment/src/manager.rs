@@ -1,33 +1,20 @@
 //! The WAL's side of the database: replaying entries at open and moving
 //! checkpointed entries into the strata, the commit log and the index.
-//!
-//! A WAL entry holds one chunk per blob that travels through the WAL
-//! (`[1][grain id: u64][data]`) and a final chunk with the transaction's
-//! commit record (`[2][record]`).
+//! The entries' bytes are `wal_entry`'s.
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use okaywal::{
-    Entry, EntryChunk, EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader,
-    WriteAheadLog,
-};
+use okaywal::{Entry, EntryId, LogManager, LogPosition, SegmentReader, WriteAheadLog};
 
-use crate::commit_log::CommitRecord;
 use crate::db::{Applied, Shared};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
 use crate::stratum::Stratum;
-
-/// Tag of a chunk carrying a blob's bytes.
-pub(crate) const DATA_CHUNK: u8 = 1;
-/// Tag of the chunk carrying the commit record.
-pub(crate) const RECORD_CHUNK: u8 = 2;
-/// Bytes before a blob's data in a data chunk.
-pub(crate) const DATA_PREFIX: usize = 9;
+use crate::wal_entry::parse_entry;
 
 #[derive(Debug)]
 pub(crate) struct Manager {
@@ -38,94 +25,6 @@ impl Manager {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
-}
-
-/// A data chunk: its grain and where it is in the WAL.
-struct DataChunk {
-    id: GrainId,
-    position: LogPosition,
-    data: Option<Vec<u8>>,
-}
-
-/// The rest of `chunk`, its CRC checked; a mismatch is reported as
-/// `mismatch()` says. (`read_all`, unlike `read_to_end`, does not zero-fill
-/// a buffer first.)
-fn read_verified(
-    mut chunk: EntryChunk<'_>,
-    mismatch: impl FnOnce() -> String,
-) -> io::Result<Vec<u8>> {
-    chunk.read_all().map_err(|e| {
-        if e.kind() == io::ErrorKind::InvalidData {
-            io::Error::new(io::ErrorKind::InvalidData, mismatch())
-        } else {
-            e
-        }
-    })
-}
-
-/// Reads an entry's chunks; with `with_data`, also the blobs' bytes.
-fn parse_entry(
-    entry: &mut Entry<'_>,
-    with_data: bool,
-) -> io::Result<(Vec<DataChunk>, CommitRecord)> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let id = entry.id();
-    let mut data = Vec::new();
-    let mut record = None;
-    loop {
-        let mut chunk = match entry.read_chunk()? {
-            ReadChunkResult::Chunk(chunk) => chunk,
-            ReadChunkResult::EndOfEntry => break,
-            ReadChunkResult::AbortedEntry => {
-                return Err(invalid(format!("WAL entry {id} changed while being read")))
-            }
-        };
-        let mut tag = [0_u8; 1];
-        chunk.read_exact(&mut tag)?;
-        match tag[0] {
-            DATA_CHUNK => {
-                let mut raw = [0_u8; 8];
-                chunk.read_exact(&mut raw)?;
-                let grain = GrainId::from_bytes(raw)
-                    .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
-                let position = chunk.position();
-                let bytes = if with_data {
-                    Some(read_verified(chunk, || {
-                        format!("WAL entry {id}: chunk at {position} failed its CRC")
-                    })?)
-                } else {
-                    None
-                };
-                data.push(DataChunk {
-                    id: grain,
-                    position,
-                    data: bytes,
-                });
-            }
-            RECORD_CHUNK => {
-                let position = chunk.position();
-                let bytes = read_verified(chunk, || {
-                    format!("WAL entry {id}: commit record at {position} failed its CRC")
-                })?;
-                let decoded = CommitRecord::decode(&bytes)
-                    .map_err(|e| invalid(format!("WAL entry {id}: commit record: {e}")))?;
-                if decoded.sequence.0 != id.0 {
-                    return Err(invalid(format!(
-                        "WAL entry {id} holds the record of sequence {}",
-                        decoded.sequence
-                    )));
-                }
-                record = Some(decoded);
-            }
-            other => {
-                return Err(invalid(format!(
-                    "WAL entry {id}: unknown chunk tag {other}"
-                )))
-            }
-        }
-    }
-    let record = record.ok_or_else(|| invalid(format!("WAL entry {id} has no commit record")))?;
-    Ok((data, record))
 }
 
 fn to_io(err: Error) -> io::Error {

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use okaywal::{Durability, EntryWriter, LogPosition};
 
-use crate::commit_log::{CommitRecord, NewGrain, SequenceId};
+use crate::commit_record::{CommitRecord, NewGrain, SequenceId};
 use crate::db::{Applied, Database, Meta};
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
-use crate::manager::{DATA_CHUNK, RECORD_CHUNK};
 use crate::stratum::Stratum;
+use crate::wal_entry::{encode_data_chunk, encode_record_chunk};
 
 /// A set of writes, archives, an embedded-header change and a checkpoint
 /// that commit together or not at all.
@@ -145,10 +145,7 @@ impl<'db> Transaction<'db> {
                 self.direct.push(stratum);
             }
         } else {
-            self.scratch.clear();
-            self.scratch.push(DATA_CHUNK);
-            self.scratch.extend_from_slice(&id.to_bytes());
-            self.scratch.extend_from_slice(data);
+            encode_data_chunk(&mut self.scratch, id, data);
             let scratch = std::mem::take(&mut self.scratch);
             let written = self.entry().write_chunk(&scratch);
             self.scratch = scratch;
@@ -469,9 +466,7 @@ impl<'db> Transaction<'db> {
             embedded_header: self.header,
             checkpointed_to: self.checkpoint_to.map(SequenceId),
         };
-        self.scratch.clear();
-        self.scratch.push(RECORD_CHUNK);
-        record.encode(&mut self.scratch);
+        encode_record_chunk(&mut self.scratch, &record);
         let scratch = std::mem::take(&mut self.scratch);
         self.entry()
             .write_chunk(&scratch)

@@ -1,14 +1,13 @@
 //! Checking every header, allocation, grain and commit record.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::allocator::blobs;
-use crate::commit_log::{CommitLogDamage, CommitRecord};
+use crate::commit_record::{CommitLogDamage, CommitRecord};
 use crate::db::{Database, INDEX_FILE};
 use crate::error::{Context, Result};
 use crate::format::{
@@ -16,68 +15,9 @@ use crate::format::{
     INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
 };
 use crate::grain_id::GrainId;
-use crate::manager::{DATA_CHUNK, RECORD_CHUNK};
 use crate::stratum::{read_headers, Stratum};
-
-/// One thing `verify` found wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The file (and offset, where it applies) holding the problem.
-    pub location: String,
-    /// The grain concerned, if any.
-    pub grain: Option<GrainId>,
-    /// What is wrong.
-    pub description: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.grain {
-            Some(grain) => write!(f, "{}: grain {grain}: {}", self.location, self.description),
-            None => write!(f, "{}: {}", self.location, self.description),
-        }
-    }
-}
-
-/// What [`Database::verify`] checked and found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Every problem found; empty for a healthy database.
-    pub problems: Vec<Problem>,
-    /// Blobs whose checksum was checked.
-    pub grains_checked: u64,
-    /// Stratum files checked.
-    pub strata_checked: u64,
-    /// Commit records checked.
-    pub commit_records_checked: u64,
-    /// Each damaged stretch of the commit log (also listed in `problems`):
-    /// where it is and which sequences' records cannot be read.
-    pub commit_log_damage: Vec<CommitLogDamage>,
-}
-
-impl VerifyReport {
-    /// True if nothing is wrong.
-    #[must_use]
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
-impl fmt::Display for VerifyReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for problem in &self.problems {
-            writeln!(f, "{problem}")?;
-        }
-        write!(
-            f,
-            "checked {} grains in {} strata and {} commit records: {} problem(s)",
-            self.grains_checked,
-            self.strata_checked,
-            self.commit_records_checked,
-            self.problems.len()
-        )
-    }
-}
+use crate::verify_report::{Problem, VerifyReport};
+use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
 
 /// A header copy that was never written reads as zeros: not a problem.
 fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
@@ -264,8 +204,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
                 Ok(chunk.crc_is_valid()?
-                    && bytes.len() >= 9
-                    && grain_crc(p.sequence, &bytes[9..]) == p.crc)
+                    && data_of_chunk(&bytes)
+                        .is_some_and(|data| grain_crc(p.sequence, data) == p.crc))
             });
             match result {
                 // Damage is reported once: the record is compared with
@@ -417,20 +357,15 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
 /// and what named them.
 fn lost_grains(entry: &okaywal::IncompleteEntry) -> (Vec<GrainId>, &'static str) {
     for chunk in entry.chunks.iter().filter(|chunk| chunk.crc_ok) {
-        if let Some((&RECORD_CHUNK, record)) = chunk.data.split_first() {
-            if let Ok(record) = CommitRecord::decode(record) {
-                let grains = record.new_grains.iter().map(|grain| grain.id).collect();
-                return (grains, "its commit record");
-            }
+        if let Some(record) = record_of_chunk(&chunk.data) {
+            let grains = record.new_grains.iter().map(|grain| grain.id).collect();
+            return (grains, "its commit record");
         }
     }
     let grains = entry
         .chunks
         .iter()
-        .filter_map(|chunk| match chunk.data.get(..9)? {
-            [DATA_CHUNK, id @ ..] => GrainId::from_bytes(id.try_into().ok()?).ok(),
-            _ => None,
-        })
+        .filter_map(|chunk| grain_of_data_chunk(&chunk.data))
         .collect();
     (grains, "its data chunks, unverified")
 }
