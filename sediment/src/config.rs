@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use okaywal::fs::{FileSystem, StdFileSystem};
 
+use crate::error::{Error, Result};
 use crate::format::MAX_FORMAT_BLOB_BYTES;
-use crate::{Database, Error, Result};
 
 /// Default largest blob: 256 MiB.
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
@@ -246,21 +246,5 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// Opens (creating or recovering) the database.
-    ///
-    /// Fails with [`Error::InvalidConfig`] for a setting it cannot honour
-    /// (see [`Config`]), and with [`Error::Io`] (of kind
-    /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)) if another process
-    /// has the store open: its `sediment.lock` stays locked for 2 s.
-    pub fn open(self) -> Result<Database> {
-        self.validate()?;
-        Database::open(self)
-    }
-
-    /// The same as [`Config::open`].
-    pub fn recover(self) -> Result<Database> {
-        self.open()
     }
 }

@@ -9,6 +9,7 @@ use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::format::{placement, GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};
 use crate::grain_id::GrainId;
+use crate::reclamation::Described;
 use crate::stratum::Stratum;
 
 /// One live blob, as listed by [`Database::grains`].
@@ -82,11 +83,7 @@ impl Iterator for Grains<'_> {
             }
             // Strata are only ever added, at the end: one that appears
             // while the listing runs is listed if it comes after this one.
-            let stratum = shared.basins[self.basin]
-                .strata
-                .read()
-                .get(self.stratum as usize)
-                .cloned();
+            let stratum = shared.strata.stratum(self.basin, self.stratum);
             let Some(stratum) = stratum else {
                 self.basin += 1;
                 self.stratum = 0;
@@ -159,25 +156,21 @@ fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
 fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInfo>> {
     let shared = &db.shared;
     for _ in 0..16 {
-        // Under the meta lock the archived set matches the liveness seen
-        // under the `pending` lock: a commit changes both while holding it.
-        let (epoch, archived, last_committed) = {
-            let meta = shared.meta.lock();
-            let pending = shared.pending.read();
-            let archived = meta.archived_set.contains_key(&id);
-            if let Some(found) = pending.get(&id) {
+        let (epoch, archived, last_committed) = match shared.reclamation.describe(id, stratum) {
+            Described::Wal { pending, archived } => {
                 return Ok(Some(GrainInfo {
                     id,
-                    length: u64::from(found.length),
-                    sequence: SequenceId(found.sequence),
+                    length: u64::from(pending.length),
+                    sequence: SequenceId(pending.sequence),
                     archived,
                 }));
             }
-            let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-            if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
-                return Ok(None);
-            }
-            (epoch, archived, meta.last_committed)
+            Described::Stratum {
+                epoch,
+                archived,
+                last_committed,
+            } => (epoch, archived, last_committed),
+            Described::Nowhere => return Ok(None),
         };
         let header = read_header(stratum, id);
         if stratum.reuse_epoch.load(Ordering::Acquire) != epoch {

@@ -104,7 +104,11 @@ mod format;
 mod grain_id;
 mod grains;
 mod manager;
+mod open;
+mod read;
+mod reclamation;
 mod stats;
+mod strata;
 mod stratum;
 mod transaction;
 mod verify;
@@ -116,11 +120,12 @@ pub use config::{
     Config, DEFAULT_CACHE_BYTES, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES,
     DEFAULT_WAL_SEGMENT_BYTES,
 };
-pub use db::{CommitLog, Database, GrainReader};
+pub use db::{CommitLog, Database};
 pub use error::{Error, Result};
 pub use format::MAX_FORMAT_BLOB_BYTES;
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
+pub use read::GrainReader;
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
 pub use verify_report::{Problem, VerifyReport};

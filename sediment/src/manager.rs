@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use okaywal::{Entry, EntryId, LogManager, LogPosition, SegmentReader, WriteAheadLog};
 
-use crate::db::{Applied, Shared};
+use crate::db::Shared;
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
 use crate::grain_id::GrainId;
@@ -39,15 +39,15 @@ fn to_io(err: Error) -> io::Error {
 impl LogManager for Manager {
     fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
         let shared = &self.shared;
-        if entry.id().0 <= shared.meta.lock().wal_checkpointed_entry {
+        if entry.id().0 <= shared.reclamation.wal_checkpointed_entry() {
             return Ok(());
         }
         let (chunks, record) = parse_entry(entry, false)?;
         let positions: HashMap<GrainId, LogPosition> =
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
-        let mut meta = shared.meta.lock();
         shared
-            .apply_commit(&mut meta, record, &positions, Applied::Replayed)
+            .reclamation
+            .apply_replayed(&shared.strata, &shared.cache, record, &positions)
             .map_err(to_io)
     }
 
@@ -65,21 +65,12 @@ impl LogManager for Manager {
 /// the index, syncing them before the WAL may recycle the segment.
 fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
     // Frees of blobs this checkpoint may copy hold their grains until it
-    // ends (see `Meta::freed_in_wal`); set before any blob is checked.
-    shared.meta.lock().checkpointing_through = Some(last_id);
+    // ends; set before any blob is checked.
+    shared.reclamation.checkpoint_started(last_id);
     let result = copy_entries(shared, last_id, entries);
-    let mut meta = shared.meta.lock();
-    meta.checkpointing_through = None;
-    let held = std::mem::take(&mut meta.freed_in_wal);
-    for (freed_by, id) in held.into_values().flatten() {
-        meta.freeing.entry(freed_by).or_default().push(id);
-    }
-    if result.is_ok() {
-        // The strata and the index now durably hold every entry up to
-        // `last_id`, buffered commits included: their frees are durable.
-        shared.frees_became_durable(&mut meta, |freed_by, _| freed_by <= last_id);
-    }
-    shared.release_freed(&mut meta);
+    shared
+        .reclamation
+        .checkpoint_finished(&shared.strata, &shared.cache, last_id, result.is_ok());
     result
 }
 
@@ -105,13 +96,17 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 .context(|| format!("reading WAL entry {sequence}"))?;
             for chunk in chunks {
                 let data = chunk.data.expect("read with data");
-                let stratum = shared.stratum_of(chunk.id)?.ok_or_else(|| Error::Corrupt {
-                    path: shared.directory.clone(),
-                    what: format!(
-                        "WAL entry {sequence} writes grain {} of a missing stratum",
-                        chunk.id
-                    ),
-                })?;
+                let stratum =
+                    shared
+                        .strata
+                        .stratum_of(chunk.id)?
+                        .ok_or_else(|| Error::Corrupt {
+                            path: shared.directory.clone(),
+                            what: format!(
+                                "WAL entry {sequence} writes grain {} of a missing stratum",
+                                chunk.id
+                            ),
+                        })?;
                 // A blob must fill exactly the grains its id names: one
                 // that does not would spill into its neighbours.
                 if placement(data.len() as u64) != Some((chunk.id.basin(), chunk.id.count())) {
@@ -130,7 +125,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 }
             }
             for grain in &record.new_grains {
-                if let Some(stratum) = shared.stratum_of(grain.id)? {
+                if let Some(stratum) = shared.strata.stratum_of(grain.id)? {
                     stratum
                         .bits
                         .write()
@@ -140,7 +135,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 }
             }
             for id in &record.freed {
-                if let Some(stratum) = shared.stratum_of(*id)? {
+                if let Some(stratum) = shared.strata.stratum_of(*id)? {
                     stratum
                         .bits
                         .write()
@@ -200,8 +195,8 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
         // Every stratum in the list was synced by `Stratum::create` before
         // it got there, so all of them have a durable header by now.
-        for (count, basin) in index.strata.iter_mut().zip(&shared.basins) {
-            *count = (*count).max(basin.strata.read().len() as u32);
+        for (count, now) in index.strata.iter_mut().zip(shared.strata.counts()) {
+            *count = (*count).max(now as u32);
         }
         index.generation += 1;
         // The older copy first; once it is durable, the other one too, so
@@ -232,21 +227,13 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
     // for its commit to return (this checkpoint's sync made it durable);
     // until it does, readers are told the older value and must still find
     // every record above it. The rest goes at a later checkpoint.
-    let applied = shared.meta.lock().checkpointed_to;
+    let applied = shared.reclamation.checkpointed_to();
     store.commit_log.trim(index.checkpointed_to.min(applied))?;
     drop(store);
 
     // Now that the strata hold these entries: their blobs are read from the
     // strata, their freed grains may be reused, their records are on disk.
-    let mut meta = shared.meta.lock();
-    meta.wal_checkpointed_entry = meta.wal_checkpointed_entry.max(last_id);
-    meta.recent = meta.recent.split_off(&last_id.saturating_add(1));
-    let mut pending = shared.pending.write();
-    pending.retain(|_, p| p.sequence > last_id);
-    shared
-        .superseded
-        .lock()
-        .retain(|&(_, sequence)| sequence > last_id);
+    shared.reclamation.checkpoint_copied(last_id);
     Ok(())
 }
 
@@ -262,7 +249,7 @@ const MAX_COLLECTED_BYTES: usize = 16 << 20;
 ///
 /// No lock is held while writing: a blob freed after its check here keeps
 /// its grains unusable until this checkpoint has finished (see
-/// `Meta::freed_in_wal`).
+/// `Reclamation::checkpoint_started`).
 struct GrainBatch<'a> {
     shared: &'a Shared,
     /// Grain headers, blobs and padding, back to back.
@@ -289,7 +276,7 @@ impl<'a> GrainBatch<'a> {
         sequence: u64,
         data: &[u8],
     ) -> Result<bool> {
-        if self.shared.superseded.lock().contains(&(id, sequence)) {
+        if self.shared.reclamation.is_superseded(id, sequence) {
             return Ok(false);
         }
         let start = self.arena.len();

@@ -1,8 +1,9 @@
 //! Space and allocation figures.
 
-use crate::db::{Database, INDEX_FILE};
+use crate::db::Database;
 use crate::error::Result;
 use crate::format::{grain_size, stratum_capacity, BASINS};
+use crate::open::INDEX_FILE;
 
 /// Figures for one basin (grain-size class) that has strata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,22 +61,11 @@ impl Stats {
 
 pub(crate) fn collect(db: &Database) -> Result<Stats> {
     let shared = &db.shared;
-    let (archived, last_committed, checkpointed_to, wal_checkpointed_entry) = {
-        let meta = shared.meta.lock();
-        let mut archived = vec![0_u64; BASINS];
-        for id in meta.archived_set.keys() {
-            archived[usize::from(id.basin())] += u64::from(id.count());
-        }
-        (
-            archived,
-            meta.last_committed,
-            meta.checkpointed_to,
-            meta.wal_checkpointed_entry,
-        )
-    };
+    let figures = shared.reclamation.figures();
+    let archived = figures.archived_grains;
     let mut basins = Vec::new();
-    for (number, basin) in shared.basins.iter().enumerate() {
-        let strata = basin.strata.read().clone();
+    for number in 0..BASINS {
+        let strata = shared.strata.of_basin(number);
         if strata.is_empty() {
             continue;
         }
@@ -129,10 +119,10 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
         wal_files,
         commit_log_bytes,
         index_bytes,
-        blobs_in_wal: shared.pending.read().len() as u64,
-        last_committed,
-        checkpointed_to,
-        wal_checkpointed_entry,
+        blobs_in_wal: shared.reclamation.blobs_in_wal() as u64,
+        last_committed: figures.last_committed,
+        checkpointed_to: figures.checkpointed_to,
+        wal_checkpointed_entry: figures.wal_checkpointed_entry,
         cache_bytes: shared.cache.bytes(),
     })
 }

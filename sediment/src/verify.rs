@@ -1,6 +1,6 @@
 //! Checking every header, allocation, grain and commit record.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use crate::allocator::blobs;
 use crate::commit_record::{CommitLogDamage, CommitRecord};
-use crate::db::{Database, INDEX_FILE};
+use crate::db::Database;
 use crate::error::{Context, Result};
 use crate::format::{
     grain_crc, newest, placement, GrainHeader, HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
     INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
 };
 use crate::grain_id::GrainId;
+use crate::open::INDEX_FILE;
 use crate::stratum::{read_headers, Stratum};
 use crate::verify_report::{Problem, VerifyReport};
 use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
@@ -61,7 +62,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     }
 
     let strata: Vec<_> = (0..BASINS)
-        .flat_map(|b| shared.basins[b].strata.read().clone())
+        .flat_map(|b| shared.strata.of_basin(b))
         .collect();
 
     // The commit records, read before the strata: the blobs the readable
@@ -123,16 +124,14 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 }
             }
         }
-        // The live bitmaps and the blobs still in the WAL are read together
-        // under the `pending` lock, under which a commit makes its blobs
-        // live and pending at once: a blob committed while `verify` runs
-        // is then checked where its bytes are (only in the WAL, at first).
-        let pending = shared.pending.read();
+        // The live bitmaps and the blobs still in the WAL are read together,
+        // as a commit makes its blobs live and pending at once: a blob
+        // committed while `verify` runs is then checked where its bytes
+        // are (only in the WAL, at first).
+        let snapshot = shared.reclamation.stratum_snapshot(stratum);
         // Grains freed (and maybe reused) after this are not damage.
-        let epoch = stratum
-            .reuse_epoch
-            .load(std::sync::atomic::Ordering::Acquire);
-        let bits = stratum.bits.read();
+        let epoch = snapshot.epoch;
+        let bits = &snapshot.bits;
         match newest(first, second, |h| h.generation) {
             Ok((_, header)) => {
                 if !stratum.dirty.load(std::sync::atomic::Ordering::Acquire)
@@ -168,7 +167,6 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
             }
         }
-        drop(bits);
         for (start, count) in runs {
             if count == 0 || count > MAX_GRAINS_PER_BLOB {
                 report.problems.push(problem(
@@ -191,7 +189,12 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             };
-            work.push((stratum.clone(), id, pending.get(&id).copied(), epoch));
+            work.push((
+                stratum.clone(),
+                id,
+                snapshot.in_wal.get(&id).copied(),
+                epoch,
+            ));
         }
     }
 
@@ -320,7 +323,7 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
         }
         for entry in &segment.incomplete {
             let at = location(&segment.path, Some(entry.commit_offset));
-            if entry.id.0 <= shared.meta.lock().wal_checkpointed_entry {
+            if entry.id.0 <= shared.reclamation.wal_checkpointed_entry() {
                 // Already in the strata: nothing was lost with it.
                 continue;
             }
@@ -398,36 +401,13 @@ impl Expected {
         from_files: Vec<CommitRecord>,
         damage: &[CommitLogDamage],
     ) -> Self {
-        let meta = db.shared.meta.lock();
-        // Taken with the records under the lock under which commits free
-        // grains: a free after this point moves its stratum's epoch.
-        let epochs = strata
-            .iter()
-            .map(|s| ((s.basin, s.number), s.reuse_epoch.load(Ordering::Acquire)))
-            .collect();
-        let after = damage
-            .iter()
-            .map(|d| d.last.0)
-            .max()
-            .unwrap_or(0)
-            .max(meta.checkpointed_to);
-        // `recent` holds the records of applied transactions (whose blobs
-        // are live), in any order of commit. A WAL checkpoint can carry a
-        // record into the commit log files while its transaction still
-        // waits for its sync, before it is applied: such records are left
-        // out.
-        let mut records: BTreeMap<u64, CommitRecord> = meta
-            .recent
-            .range(after.saturating_add(1)..)
-            .map(|(&sequence, record)| (sequence, record.clone()))
-            .collect();
-        let unapplied = |sequence: u64| meta.in_flight.contains_key(&sequence);
-        for record in from_files {
-            if record.sequence.0 > after && !unapplied(record.sequence.0) {
-                records.entry(record.sequence.0).or_insert(record);
-            }
-        }
-        drop(meta);
+        let after = damage.iter().map(|d| d.last.0).max().unwrap_or(0);
+        // Taken with the records at one moment: a free after it moves its
+        // stratum's epoch.
+        let (records, epochs) = db
+            .shared
+            .reclamation
+            .applied_records(after, from_files, strata);
         let mut blobs = HashMap::new();
         for (sequence, record) in records {
             for id in &record.freed {
@@ -480,7 +460,7 @@ impl Expected {
                 "the commit record of sequence {sequence} lists this blob ({length} bytes) as \
                  written and no later record frees it"
             );
-            let stratum = match shared.stratum_of(id) {
+            let stratum = match shared.strata.stratum_of(id) {
                 Ok(Some(stratum)) => stratum,
                 Ok(None) => {
                     let path = shared
@@ -509,12 +489,9 @@ impl Expected {
                 }
             };
             // Liveness and epoch together, as a commit's free changes both.
-            let live = {
-                let _pending = shared.pending.read();
-                if !self.unchanged(&stratum) {
-                    continue;
-                }
-                stratum.bits.read().is_live_blob(id.index(), id.count())
+            let epoch = self.epochs.get(&(stratum.basin, stratum.number)).copied();
+            let Some(live) = shared.reclamation.live_at_epoch(&stratum, id, epoch) else {
+                continue;
             };
             if !live {
                 missing.push((
