@@ -271,8 +271,9 @@ impl<'db> Transaction<'db> {
     ///
     /// Two sources together cover every such transaction: the WAL's open
     /// entries (from the moment a transaction's sequence is handed out
-    /// until its commit record is written) and `Meta::in_flight` (from just
-    /// after that until its commit is applied). Transactions still waiting
+    /// until its commit record is written) and the transactions in flight
+    /// in `Reclamation` (from just after that until its commit is
+    /// applied). Transactions still waiting
     /// for their WAL entry get sequences above `through`, which was handed
     /// out already, so they are not waited for (they may be waiting for a
     /// WAL checkpoint that this transaction's own entry holds back).

@@ -34,24 +34,34 @@
 //! stratum's `bits` and the cache, whose holders take no other lock (see
 //! `strata` and `cache`). Callers may hold the store while they call in;
 //! nothing here takes it.
+//!
+//! # Files
+//!
+//! This file holds the state and the operations of the protocol; `apply`
+//! applies one commit record and releases freed grains; `views` reads the
+//! state consistently for readers, `verify` and `stats`. All three are
+//! methods of [`Reclamation`], the one owner of the state: they live in
+//! submodules only to keep each file readable.
+
+mod apply;
+mod views;
+
+pub(crate) use views::{Described, Location};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use okaywal::{Durability, LogPosition};
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::allocator::StratumBits;
 use crate::cache::BlobCache;
 use crate::commit_record::CommitRecord;
 use crate::error::{Error, Result};
-use crate::format::{IndexHeader, BASINS};
+use crate::format::IndexHeader;
 use crate::grain_id::GrainId;
 use crate::strata::Strata;
-use crate::stratum::{self, Stratum};
 
 /// A committed blob whose bytes are still only in the WAL.
 #[derive(Debug, Clone, Copy)]
@@ -186,69 +196,6 @@ pub(crate) struct TakenForCheckpoint {
     pub checkpointed_to: u64,
     /// Everything it took, to hand back if it does not commit.
     pub taken: Taken,
-}
-
-/// Where the bytes of a blob are, as [`Reclamation::locate`] found them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Location {
-    /// Only in the WAL.
-    Wal(Pending),
-    /// In its stratum, which had this `reuse_epoch` while the blob was
-    /// live: if the epoch has moved since, it may have been freed.
-    Stratum {
-        /// The stratum's `reuse_epoch` when the blob was found live.
-        epoch: u64,
-    },
-    /// No committed blob is there.
-    Nowhere,
-}
-
-/// A live blob as [`Reclamation::describe`] found it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Described {
-    /// Its bytes are only in the WAL.
-    Wal {
-        /// What the commit knows of it.
-        pending: Pending,
-        /// Whether it is archived.
-        archived: bool,
-    },
-    /// Its bytes are in its stratum.
-    Stratum {
-        /// The stratum's `reuse_epoch` when the blob was found live.
-        epoch: u64,
-        /// Whether it is archived.
-        archived: bool,
-        /// The highest committed sequence then.
-        last_committed: u64,
-    },
-    /// No committed blob is there.
-    Nowhere,
-}
-
-/// One stratum's allocation state, taken at one moment by
-/// [`Reclamation::stratum_snapshot`].
-#[derive(Debug)]
-pub(crate) struct StratumSnapshot {
-    /// The stratum's `reuse_epoch` then.
-    pub epoch: u64,
-    /// Its bitmaps then.
-    pub bits: StratumBits,
-    /// Its blobs whose bytes were only in the WAL then.
-    pub in_wal: HashMap<GrainId, Pending>,
-}
-
-/// The figures [`Reclamation::figures`] reports for `Database::stats`.
-#[derive(Debug)]
-pub(crate) struct Figures {
-    /// Archived grains, per basin.
-    pub archived_grains: Vec<u64>,
-    /// The highest committed sequence.
-    pub last_committed: u64,
-    /// The highest sequence a committed `checkpoint_to` reached.
-    pub checkpointed_to: u64,
-    /// The last WAL entry the strata hold.
-    pub wal_checkpointed_entry: u64,
 }
 
 /// The sole owner of the reclamation state; see the module docs.
@@ -544,162 +491,6 @@ impl Reclamation {
         }
     }
 
-    /// The records of finished transactions with a sequence ≥ `since` that
-    /// are not in the commit log files yet, the sequence through which
-    /// every transaction has finished, and the last `checkpoint_to`.
-    pub fn finished_records(&self, since: u64) -> (Vec<CommitRecord>, u64, u64) {
-        let meta = self.meta.lock();
-        let through = meta.finished_through();
-        let recent: Vec<CommitRecord> = if since <= through {
-            meta.recent
-                .range(since..=through)
-                .map(|(_, r)| r.clone())
-                .collect()
-        } else {
-            Vec::new()
-        };
-        (recent, through, meta.checkpointed_to)
-    }
-
-    /// Where the bytes of `id` are, `stratum` being the one its id names.
-    ///
-    /// Under the `pending` lock a commit's blobs are both live and pending,
-    /// or neither: a live blob that is not pending has its bytes in the
-    /// stratum. The epoch, read under the same lock, tells whether it was
-    /// freed (and maybe reused) since.
-    pub fn locate(&self, id: GrainId, stratum: Option<&Stratum>) -> Location {
-        let pending = self.pending.read();
-        match (pending.get(&id).copied(), stratum) {
-            (Some(found), _) => Location::Wal(found),
-            (None, None) => Location::Nowhere,
-            (None, Some(stratum)) => {
-                let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-                if stratum.bits.read().is_live_blob(id.index(), id.count()) {
-                    Location::Stratum { epoch }
-                } else {
-                    Location::Nowhere
-                }
-            }
-        }
-    }
-
-    /// As [`Reclamation::locate`], with whether the blob is archived and
-    /// the highest committed sequence.
-    pub fn describe(&self, id: GrainId, stratum: &Stratum) -> Described {
-        // Under the meta lock the archived set matches the liveness seen
-        // under the `pending` lock: a commit changes both while holding it.
-        let meta = self.meta.lock();
-        let pending = self.pending.read();
-        let archived = meta.archived_set.contains_key(&id);
-        if let Some(found) = pending.get(&id) {
-            return Described::Wal {
-                pending: *found,
-                archived,
-            };
-        }
-        let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-        if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
-            return Described::Nowhere;
-        }
-        Described::Stratum {
-            epoch,
-            archived,
-            last_committed: meta.last_committed,
-        }
-    }
-
-    /// `stratum`'s epoch, bitmaps and blobs still in the WAL, read together
-    /// under the `pending` lock, under which a commit makes its blobs live
-    /// and pending at once.
-    pub fn stratum_snapshot(&self, stratum: &Stratum) -> StratumSnapshot {
-        let pending = self.pending.read();
-        let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-        let bits = stratum.bits.read().clone();
-        let in_wal = pending
-            .iter()
-            .filter(|(id, _)| id.basin() == stratum.basin && id.stratum() == stratum.number)
-            .map(|(id, found)| (*id, *found))
-            .collect();
-        StratumSnapshot {
-            epoch,
-            bits,
-            in_wal,
-        }
-    }
-
-    /// Whether `id` is a live blob of `stratum`; `None` if the stratum's
-    /// `reuse_epoch` is no longer `epoch` (liveness and epoch are read
-    /// together, as a commit's free changes both).
-    pub fn live_at_epoch(
-        &self,
-        stratum: &Stratum,
-        id: GrainId,
-        epoch: Option<u64>,
-    ) -> Option<bool> {
-        let _pending = self.pending.read();
-        if epoch != Some(stratum.reuse_epoch.load(Ordering::Acquire)) {
-            return None;
-        }
-        Some(stratum.bits.read().is_live_blob(id.index(), id.count()))
-    }
-
-    /// The records of applied transactions above `after` and the last
-    /// `checkpoint_to` (those in memory, then those of `from_files` not
-    /// among them), with each of `strata`'s `reuse_epoch` by (basin,
-    /// number), all read at one moment.
-    pub fn applied_records(
-        &self,
-        after: u64,
-        from_files: Vec<CommitRecord>,
-        strata: &[Arc<Stratum>],
-    ) -> (BTreeMap<u64, CommitRecord>, HashMap<(u8, u32), u64>) {
-        let meta = self.meta.lock();
-        // Taken with the records under the lock under which commits free
-        // grains: a free after this point moves its stratum's epoch.
-        let epochs = strata
-            .iter()
-            .map(|s| ((s.basin, s.number), s.reuse_epoch.load(Ordering::Acquire)))
-            .collect();
-        let after = after.max(meta.checkpointed_to);
-        // `recent` holds the records of applied transactions (whose blobs
-        // are live), in any order of commit. A WAL checkpoint can carry a
-        // record into the commit log files while its transaction still
-        // waits for its sync, before it is applied: such records are left
-        // out.
-        let mut records: BTreeMap<u64, CommitRecord> = meta
-            .recent
-            .range(after.saturating_add(1)..)
-            .map(|(&sequence, record)| (sequence, record.clone()))
-            .collect();
-        let unapplied = |sequence: u64| meta.in_flight.contains_key(&sequence);
-        for record in from_files {
-            if record.sequence.0 > after && !unapplied(record.sequence.0) {
-                records.entry(record.sequence.0).or_insert(record);
-            }
-        }
-        (records, epochs)
-    }
-
-    /// The figures `Database::stats` reports.
-    pub fn figures(&self) -> Figures {
-        let meta = self.meta.lock();
-        let mut archived_grains = vec![0_u64; BASINS];
-        for id in meta.archived_set.keys() {
-            archived_grains[usize::from(id.basin())] += u64::from(id.count());
-        }
-        Figures {
-            archived_grains,
-            last_committed: meta.last_committed,
-            checkpointed_to: meta.checkpointed_to,
-            wal_checkpointed_entry: meta.wal_checkpointed_entry,
-        }
-    }
-
-    /// How many committed blobs have their bytes only in the WAL.
-    pub fn blobs_in_wal(&self) -> usize {
-        self.pending.read().len()
-    }
-
     /// The archived grains whose archiving sequence is below `through`,
     /// with that sequence.
     pub fn archives_before(&self, through: u64) -> Vec<(GrainId, u64)> {
@@ -776,230 +567,6 @@ impl Reclamation {
         }
         self.release_freed(&mut meta, strata, cache);
     }
-
-    /// Applies a committed transaction's record to the in-memory state:
-    /// at commit time or while replaying the WAL (see [`Applied`]).
-    fn apply(
-        &self,
-        meta: &mut Meta,
-        strata: &Strata,
-        cache: &BlobCache,
-        record: CommitRecord,
-        positions: &HashMap<GrainId, LogPosition>,
-        applied: Applied,
-    ) -> Result<()> {
-        let sequence = record.sequence.0;
-        let replay = applied == Applied::Replayed;
-        let buffered = applied == Applied::Buffered;
-        let mut in_wal = Vec::new();
-        let mut reusable = Vec::new();
-        // A buffered commit's frees wait for it to be durable (see
-        // `Meta::unsynced_frees`), with the sequence of each freed blob
-        // that is still only in the WAL.
-        let mut unsynced = Vec::new();
-        {
-            let mut pending = self.pending.write();
-            // A WAL checkpoint may already have moved this sequence into the
-            // strata (it can run while the commit waits for its sync): then
-            // the WAL position is gone and the strata serve the blob.
-            let in_strata = sequence <= meta.wal_checkpointed_entry;
-            for grain in &record.new_grains {
-                let stratum = strata.stratum_of(grain.id)?.ok_or_else(|| Error::Corrupt {
-                    path: strata
-                        .directory()
-                        .join(stratum::file_name(grain.id.basin(), grain.id.stratum())),
-                    what: format!(
-                        "sequence {sequence} wrote grain {} but the stratum is missing",
-                        grain.id
-                    ),
-                })?;
-                let mut bits = stratum.bits.write();
-                if replay {
-                    bits.mark_busy(grain.id.index(), grain.id.count());
-                }
-                bits.set_live(grain.id.index(), grain.id.count(), true);
-                drop(bits);
-                if let (false, Some(position)) = (in_strata, positions.get(&grain.id)) {
-                    pending.insert(
-                        grain.id,
-                        Pending {
-                            position: *position,
-                            length: grain.length,
-                            crc: grain.crc,
-                            sequence,
-                        },
-                    );
-                }
-            }
-            for id in &record.freed {
-                if let Some(stratum) = strata.stratum_of(*id)? {
-                    stratum.bits.write().set_live(id.index(), id.count(), false);
-                    // Bumped before the removal: a reader that checked the
-                    // blob was live before this point will not cache it.
-                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
-                }
-                cache.remove(*id);
-                match pending.remove(id) {
-                    // Not `superseded` yet: until the free is durable, a
-                    // WAL checkpoint must still copy the blob into its
-                    // grains, where a power cut would bring it back.
-                    freed if buffered => unsynced.push((*id, freed.map(|f| f.sequence))),
-                    Some(freed) => {
-                        self.superseded.lock().insert((*id, freed.sequence));
-                        if meta
-                            .checkpointing_through
-                            .is_some_and(|through| freed.sequence <= through)
-                        {
-                            in_wal.push((freed.sequence, *id));
-                        } else {
-                            reusable.push(*id);
-                        }
-                    }
-                    None => reusable.push(*id),
-                }
-            }
-        }
-        for id in &record.archived {
-            meta.claimed.remove(id);
-            meta.archived_set.insert(*id, sequence);
-        }
-        if !record.archived.is_empty() {
-            meta.archived.insert(sequence, record.archived.clone());
-        }
-        for id in &record.freed {
-            meta.archived_set.remove(id);
-        }
-        if !reusable.is_empty() {
-            meta.freeing.entry(sequence).or_default().extend(reusable);
-        }
-        if buffered {
-            let order = self.buffered_applied.fetch_add(1, Ordering::AcqRel) + 1;
-            if !unsynced.is_empty() {
-                meta.unsynced_frees.insert(
-                    sequence,
-                    UnsyncedFrees {
-                        order,
-                        grains: unsynced,
-                    },
-                );
-            }
-        }
-        for (written_by, id) in in_wal {
-            meta.freed_in_wal
-                .entry(written_by)
-                .or_default()
-                .push((sequence, id));
-        }
-        if let Some(header) = record.embedded_header {
-            if sequence >= meta.embedded_header_sequence {
-                meta.embedded_header = header;
-                meta.embedded_header_sequence = sequence;
-            }
-        }
-        if let Some(to) = record.checkpointed_to {
-            // Archived entries at or below `to` were freed by this record;
-            // dropping them again is harmless when replaying.
-            meta.archived = meta.archived.split_off(&to.0.saturating_add(1));
-            meta.checkpointed_to = meta.checkpointed_to.max(to.0);
-            meta.recent = meta
-                .recent
-                .split_off(&meta.checkpointed_to.saturating_add(1));
-        }
-        meta.last_committed = meta.last_committed.max(sequence);
-        if meta.in_flight.remove(&sequence).is_some() {
-            self.finished.notify_all();
-        }
-        if sequence > meta.checkpointed_to {
-            meta.recent.insert(sequence, record);
-        }
-        self.release_freed(meta, strata, cache);
-        Ok(())
-    }
-
-    /// Hands the frees of buffered commits that are durable now (those
-    /// `covered` says are: by their sequence and their
-    /// [`UnsyncedFrees::order`]) on to `Meta::freeing`, where they wait
-    /// as the frees of durable commits do, and releases what may be
-    /// released.
-    ///
-    /// Their blobs that were still only in the WAL are marked
-    /// `superseded` only now: until the free was durable, a WAL
-    /// checkpoint had to copy them into their grains, where a power cut
-    /// that took the free away would bring them back.
-    fn frees_became_durable(
-        &self,
-        meta: &mut Meta,
-        strata: &Strata,
-        cache: &BlobCache,
-        covered: impl Fn(u64, u64) -> bool,
-    ) {
-        if meta.unsynced_frees.is_empty() {
-            return;
-        }
-        let durable: Vec<u64> = meta
-            .unsynced_frees
-            .iter()
-            .filter(|(sequence, frees)| covered(**sequence, frees.order))
-            .map(|(sequence, _)| *sequence)
-            .collect();
-        if durable.is_empty() {
-            return;
-        }
-        let mut superseded = self.superseded.lock();
-        for freed_by in durable {
-            let Some(frees) = meta.unsynced_frees.remove(&freed_by) else {
-                continue;
-            };
-            for (id, written_by) in frees.grains {
-                if let Some(written_by) = written_by {
-                    if written_by > meta.wal_checkpointed_entry {
-                        // The same rule as for a durable commit's free:
-                        // a checkpoint that may have checked the blob
-                        // already holds the grain until it ends.
-                        superseded.insert((id, written_by));
-                        if meta
-                            .checkpointing_through
-                            .is_some_and(|through| written_by <= through)
-                        {
-                            meta.freed_in_wal
-                                .entry(written_by)
-                                .or_default()
-                                .push((freed_by, id));
-                            continue;
-                        }
-                    }
-                }
-                meta.freeing.entry(freed_by).or_default().push(id);
-            }
-        }
-        drop(superseded);
-        self.release_freed(meta, strata, cache);
-    }
-
-    /// Makes freed grains reusable once every transaction with a lower
-    /// sequence than the one that freed them has finished.
-    ///
-    /// A WAL checkpoint applies records in sequence order, so a grain may
-    /// only go to a transaction whose record comes after the free: one
-    /// that started earlier would have its allocation undone on disk by
-    /// the free. Transactions that start from now on get higher sequences.
-    /// Grains whose freed blob a running WAL checkpoint may be copying wait
-    /// in `Meta::freed_in_wal` for it to end first.
-    fn release_freed(&self, meta: &mut Meta, strata: &Strata, cache: &BlobCache) {
-        let through = meta.finished_through();
-        while let Some(entry) = meta.freeing.first_entry() {
-            if *entry.key() > through {
-                break;
-            }
-            for id in entry.remove() {
-                if let Ok(Some(stratum)) = strata.stratum_of(id) {
-                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
-                    stratum.bits.write().release(id.index(), id.count());
-                }
-                cache.remove(id);
-            }
-        }
-    }
 }
 
 /// Fails if the calling thread holds open a transaction (other than
@@ -1016,29 +583,5 @@ fn check_not_held_by_this_thread(meta: &Meta, through: u64, own: u64) -> Result<
             open,
         }),
         None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-impl Reclamation {
-    /// Takes `id` as archived by `archived_by`, as a commit record read at
-    /// open would.
-    pub fn record_archive(&self, id: GrainId, archived_by: u64) {
-        let mut meta = self.meta.lock();
-        meta.archived_set.insert(id, archived_by);
-        meta.archived.entry(archived_by).or_default().push(id);
-    }
-
-    /// Whether `id` is taken as archived by `archived_by`; panics if the
-    /// map by sequence and the set disagree.
-    pub fn is_archived_by(&self, id: GrainId, archived_by: u64) -> bool {
-        let meta = self.meta.lock();
-        let listed = meta
-            .archived
-            .get(&archived_by)
-            .is_some_and(|grains| grains.contains(&id));
-        let archived = meta.archived_set.get(&id) == Some(&archived_by);
-        assert_eq!(listed, archived, "the map and the set agree");
-        archived
     }
 }
