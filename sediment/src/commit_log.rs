@@ -47,7 +47,7 @@ pub(crate) struct CommitLogFiles {
     pending: Vec<u8>,
     pending_at: (u64, u64),
     /// A file was created since the last directory sync.
-    pub created: bool,
+    created: bool,
     /// Files in which [`CommitLogFiles::read`] found damage. Nothing is
     /// appended to them: records after a damaged frame could not be reached
     /// by a reader, so the next append starts a new file.
@@ -67,6 +67,17 @@ pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
 }
 
 impl CommitLogFiles {
+    /// True if a file was created since [`CommitLogFiles::dir_synced`]:
+    /// the directory must be synced for its name to be durable.
+    pub fn created_since_dir_sync(&self) -> bool {
+        self.created
+    }
+
+    /// The directory was synced: every file created so far is named
+    /// durably.
+    pub fn dir_synced(&mut self) {
+        self.created = false;
+    }
     /// Opens the files named in `names`. `current`/`end` come from the
     /// index header: files after `current` were created after the last
     /// checkpoint that counts and are removed.

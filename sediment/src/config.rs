@@ -19,7 +19,7 @@ pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 /// the WAL.
 pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
 
-/// How to open a [`Database`].
+/// How to open a [`Database`](crate::Database).
 ///
 /// ```rust
 /// # fn main() -> sediment::Result<()> {
@@ -80,7 +80,7 @@ impl Config {
     /// repaired, the WAL is not replayed into the strata (what it holds is
     /// read from its files, recovered as usual in memory), nothing is
     /// recycled and nothing is checkpointed on close; transactions and
-    /// [`Database::checkpoint_wal`] fail with [`Error::ReadOnly`]. The
+    /// [`Database::checkpoint_wal`](crate::Database::checkpoint_wal) fail with [`Error::ReadOnly`]. The
     /// store's lock is taken shared: any number of read-only opens may run
     /// at once, none while a writer has the store open, and a writer
     /// cannot open it while one lives (both fail with an error naming the
@@ -141,7 +141,7 @@ impl Config {
     /// transaction stays unsynced: a background thread of the WAL syncs
     /// at least every `interval` while buffered commits wait, so each is
     /// durable (survives a power loss) within about `interval` of its
-    /// return, without a [`Database::sync`]. (The WAL's
+    /// return, without a [`Database::sync`](crate::Database::sync). (The WAL's
     /// [`max_unsynced`](okaywal::Configuration::max_unsynced); no bound
     /// by default.) Durable commits are not affected.
     #[must_use]
@@ -171,7 +171,7 @@ impl Config {
         self
     }
 
-    /// Sets how much memory [`Database::get`] may keep for recently read
+    /// Sets how much memory [`Database::get`](crate::Database::get) may keep for recently read
     /// blobs of up to 64 KiB (default [`DEFAULT_CACHE_BYTES`]; 0 turns the
     /// cache off). A hit costs a hash lookup and a copy instead of a system
     /// call; freed blobs leave the cache at once.

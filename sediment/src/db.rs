@@ -8,30 +8,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use okaywal::fs::{FileHandle, FileSystem, LockGuard};
+use okaywal::fs::{FileSystem, LockGuard};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
 use parking_lot::Mutex;
 
 use crate::cache::BlobCache;
-use crate::commit_log::CommitLogFiles;
+use crate::checkpoint::Store;
 use crate::commit_record::{CommitRecord, SequenceId};
 use crate::error::{Context, Error, Result};
-use crate::format::IndexHeader;
 use crate::grain_id::GrainId;
 use crate::reclamation::Reclamation;
 use crate::strata::Strata;
 use crate::transaction::Transaction;
 use crate::verify;
 use crate::verify_report::VerifyReport;
-
-/// The index file and the commit log files: written only by checkpoints.
-#[derive(Debug)]
-pub(crate) struct Store {
-    pub index_file: Arc<dyn FileHandle>,
-    pub index: IndexHeader,
-    pub next_slot: usize,
-    pub commit_log: CommitLogFiles,
-}
 
 /// What every handle, transaction and the WAL's manager share.
 #[derive(Debug)]
@@ -224,8 +214,7 @@ impl Database {
         let from = since.0.max(checkpointed_to.saturating_add(1));
         let contents = {
             let mut store = self.shared.store.lock();
-            let last_written = store.index.last_committed;
-            store.commit_log.read(from, last_written)?
+            store.read_commit_log(from)?
         };
         let mut records: BTreeMap<u64, CommitRecord> = contents
             .records

@@ -91,6 +91,7 @@
 
 mod allocator;
 mod cache;
+mod checkpoint;
 mod commit_log;
 mod commit_record;
 mod config;

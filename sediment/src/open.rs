@@ -11,9 +11,10 @@ use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 use parking_lot::Mutex;
 
 use crate::cache::BlobCache;
+use crate::checkpoint::Store;
 use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
-use crate::db::{Database, Shared, Store, Wal};
+use crate::db::{Database, Shared, Wal};
 use crate::error::{Context, Error, Result};
 use crate::format::{newest, IndexHeader, BASINS, INDEX_SLOT_SIZE};
 use crate::manager::Manager;
@@ -327,12 +328,7 @@ impl Database {
             strata: Strata::new(directory.clone(), fs.clone(), config.max_blob_bytes, strata),
             reclamation,
             cache: BlobCache::new(config.cache_bytes),
-            store: Mutex::new(Store {
-                index_file,
-                index,
-                next_slot,
-                commit_log,
-            }),
+            store: Mutex::new(Store::new(index_file, index, next_slot, commit_log)),
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
             _lock: lock,

@@ -113,7 +113,7 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
         }
     }
     wal_files.sort();
-    let commit_log_bytes = shared.store.lock().commit_log.bytes();
+    let commit_log_bytes = shared.store.lock().commit_log_bytes();
     Ok(Stats {
         basins,
         wal_files,

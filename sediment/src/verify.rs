@@ -40,9 +40,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let index_path = shared.directory.join(INDEX_FILE);
     for slot in 0..2_u64 {
         let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
-        let read = store
-            .index_file
-            .read_exact_at(&mut bytes, slot * INDEX_SLOT_SIZE);
+        let read = store.read_index_copy(slot, &mut bytes);
         let zero = bytes.iter().all(|b| *b == 0);
         match read.map(|()| IndexHeader::decode(&bytes)) {
             Ok(Ok(_)) => {}
@@ -68,9 +66,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     // The commit records, read before the strata: the blobs the readable
     // records list as written are checked against them (`Expected`). Their
     // problems are listed after the strata's.
-    let last_written = store.index.last_committed;
     let mut expected = Expected::default();
-    let log_problems = match store.commit_log.read(0, last_written) {
+    let log_problems = match store.read_commit_log(0) {
         Ok(contents) => {
             report.commit_records_checked = contents.records.len() as u64;
             expected = Expected::collect(db, &strata, contents.records, &contents.damage);

@@ -26,7 +26,7 @@ impl fmt::Display for Problem {
     }
 }
 
-/// What [`Database::verify`] checked and found.
+/// What [`Database::verify`](crate::Database::verify) checked and found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VerifyReport {
     /// Every problem found; empty for a healthy database.
