@@ -4,7 +4,6 @@
 //! the commit log files, is written only here.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use okaywal::fs::FileHandle;
@@ -129,21 +128,13 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
             }
             for grain in &record.new_grains {
                 if let Some(stratum) = shared.strata.stratum_of(grain.id)? {
-                    stratum
-                        .bits
-                        .write()
-                        .set_durable(grain.id.index(), grain.id.count(), true);
-                    stratum.dirty.store(true, Ordering::Release);
+                    stratum.set_durable(grain.id.index(), grain.id.count(), true);
                     note(&mut touched, &stratum);
                 }
             }
             for id in &record.freed {
                 if let Some(stratum) = shared.strata.stratum_of(*id)? {
-                    stratum
-                        .bits
-                        .write()
-                        .set_durable(id.index(), id.count(), false);
-                    stratum.dirty.store(true, Ordering::Release);
+                    stratum.set_durable(id.index(), id.count(), false);
                     note(&mut touched, &stratum);
                 }
             }
@@ -166,7 +157,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         // it is applied, and replaying it is idempotent.
         let mut headers_written = Vec::new();
         for stratum in &touched {
-            if stratum.dirty.swap(false, Ordering::AcqRel) {
+            if stratum.take_dirty() {
                 stratum.write_header()?;
                 headers_written.push(stratum);
             }
@@ -220,7 +211,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         // records so the retry writes them again at the same place.
         store.commit_log.rewind(log_position);
         for stratum in &touched {
-            stratum.dirty.store(true, Ordering::Release);
+            stratum.mark_dirty();
         }
         return Err(err);
     }

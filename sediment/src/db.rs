@@ -466,7 +466,7 @@ mod tests {
         // Fill every other grain of the blob's stratum.
         let basin = usize::from(old.basin());
         let stratum = db.shared.strata.of_basin(basin)[0].clone();
-        while stratum.bits.write().reserve(1).is_some() {}
+        while stratum.reserve(1).is_some() {}
         assert!(db.shared.reclamation.has_unsynced_frees());
         let syncs = db.wal_stats().unwrap().syncs;
 

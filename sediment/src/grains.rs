@@ -90,7 +90,8 @@ impl Iterator for Grains<'_> {
                 self.next_index = 0;
                 continue;
             };
-            let run = next_live_run(&stratum.bits.read(), self.next_index);
+            let next_index = self.next_index;
+            let run = stratum.with_bits(|bits| next_live_run(bits, next_index));
             let Some((start, count)) = run else {
                 self.next_stratum();
                 continue;
@@ -173,7 +174,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
             Described::Nowhere => return Ok(None),
         };
         let header = read_header(stratum, id);
-        if stratum.reuse_epoch.load(Ordering::Acquire) != epoch {
+        if stratum.reuse_epoch() != epoch {
             // Freed since, and its grains may hold another blob by now.
             continue;
         }

@@ -4,7 +4,6 @@
 
 use std::io::{self, Read};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use okaywal::fs::FileHandle;
@@ -37,15 +36,15 @@ impl Database {
         let epoch = shared
             .strata
             .stratum_of(id)?
-            .map(|stratum| (stratum.reuse_epoch.load(Ordering::Acquire), stratum));
+            .map(|stratum| (stratum.reuse_epoch(), stratum));
         match self.read(id)? {
             Some(mut reader) => {
                 let mut data = Vec::with_capacity(reader.len() as usize);
                 reader.read_to_end(&mut data).map_err(|e| reader.error(e))?;
                 if let Some((epoch, stratum)) = epoch {
-                    shared.cache.insert_if(id, &data, || {
-                        stratum.reuse_epoch.load(Ordering::Acquire) == epoch
-                    });
+                    shared
+                        .cache
+                        .insert_if(id, &data, || stratum.reuse_epoch() == epoch);
                 }
                 Ok(Some(data))
             }
@@ -81,7 +80,7 @@ impl Database {
                 return Ok(None);
             };
             let read = GrainReader::stratum(id, &stratum);
-            if stratum.reuse_epoch.load(Ordering::Acquire) == epoch {
+            if stratum.reuse_epoch() == epoch {
                 return read.map(Some);
             }
         }

@@ -80,14 +80,16 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
             bytes_on_disk: 0,
         };
         for stratum in &strata {
-            let bits = stratum.bits.read();
-            stats.grains_used += bits
-                .live_allocated
-                .iter()
-                .map(|w| u64::from(w.count_ones()))
-                .sum::<u64>();
-            stats.grains_free += u64::from(stratum_capacity(number) - bits.busy_count);
-            drop(bits);
+            let (used, busy) = stratum.with_bits(|bits| {
+                let used = bits
+                    .live_allocated
+                    .iter()
+                    .map(|w| u64::from(w.count_ones()))
+                    .sum::<u64>();
+                (used, bits.busy_count)
+            });
+            stats.grains_used += used;
+            stats.grains_free += u64::from(stratum_capacity(number) - busy);
             stats.bytes_on_disk += stratum.file.len()?;
         }
         basins.push(stats);

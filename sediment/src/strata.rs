@@ -122,7 +122,7 @@ impl Strata {
         let basin = &self.basins[usize::from(basin_number)];
         let found = |strata: &[Arc<Stratum>]| {
             strata.iter().find_map(|stratum| {
-                let index = stratum.bits.write().reserve(count)?;
+                let index = stratum.reserve(count)?;
                 Some((stratum.clone(), index))
             })
         };
@@ -145,8 +145,6 @@ impl Strata {
                             number,
                         )?);
                         let index = stratum
-                            .bits
-                            .write()
                             .reserve(count)
                             .expect("a new stratum has room for any blob");
                         basin.strata.write().push(stratum.clone());
@@ -163,14 +161,14 @@ impl Strata {
     /// Makes reserved (never committed) grains available again.
     pub fn release(&self, id: GrainId) {
         if let Ok(Some(stratum)) = self.stratum_of(id) {
-            stratum.bits.write().release(id.index(), id.count());
+            stratum.release(id.index(), id.count());
         }
     }
 
     /// True if `id` names exactly a committed blob.
     pub fn is_live(&self, id: GrainId) -> Result<bool> {
         Ok(match self.stratum_of(id)? {
-            Some(stratum) => stratum.bits.read().is_live_blob(id.index(), id.count()),
+            Some(stratum) => stratum.is_live_blob(id.index(), id.count()),
             None => false,
         })
     }

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::allocator::blobs;
@@ -131,7 +130,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         let bits = &snapshot.bits;
         match newest(first, second, |h| h.generation) {
             Ok((_, header)) => {
-                if !stratum.dirty.load(std::sync::atomic::Ordering::Acquire)
+                if !stratum.is_dirty()
                     && (header.allocated != bits.durable_allocated
                         || header.starts != bits.durable_starts)
                 {
@@ -267,11 +266,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
         // A blob freed since its grains were listed may have had them
         // reused by a write in progress: only a blob still live counts.
-        if stratum
-            .reuse_epoch
-            .load(std::sync::atomic::Ordering::Acquire)
-            == epoch
-        {
+        if stratum.reuse_epoch() == epoch {
             report.problems.extend(found.problems);
         }
     }
@@ -419,8 +414,7 @@ impl Expected {
 
     /// True if no grain of `stratum` was freed since the records were taken.
     fn unchanged(&self, stratum: &Stratum) -> bool {
-        self.epochs.get(&(stratum.basin, stratum.number))
-            == Some(&stratum.reuse_epoch.load(Ordering::Acquire))
+        self.epochs.get(&(stratum.basin, stratum.number)) == Some(&stratum.reuse_epoch())
     }
 
     /// A problem if blob `id`, found holding `found` at `location`, is

@@ -51,12 +51,7 @@ impl Reclamation {
                         grain.id
                     ),
                 })?;
-                let mut bits = stratum.bits.write();
-                if replay {
-                    bits.mark_busy(grain.id.index(), grain.id.count());
-                }
-                bits.set_live(grain.id.index(), grain.id.count(), true);
-                drop(bits);
+                stratum.blob_committed(grain.id.index(), grain.id.count(), replay);
                 if let (false, Some(position)) = (in_strata, positions.get(&grain.id)) {
                     pending.insert(
                         grain.id,
@@ -71,10 +66,10 @@ impl Reclamation {
             }
             for id in &record.freed {
                 if let Some(stratum) = strata.stratum_of(*id)? {
-                    stratum.bits.write().set_live(id.index(), id.count(), false);
-                    // Bumped before the removal: a reader that checked the
-                    // blob was live before this point will not cache it.
-                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
+                    // The epoch moves before the removal: a reader that
+                    // checked the blob was live before this point will not
+                    // cache it.
+                    stratum.blob_freed(id.index(), id.count());
                 }
                 cache.remove(*id);
                 match pending.remove(id) {
@@ -231,8 +226,7 @@ impl Reclamation {
             }
             for id in entry.remove() {
                 if let Ok(Some(stratum)) = strata.stratum_of(id) {
-                    stratum.reuse_epoch.fetch_add(1, Ordering::AcqRel);
-                    stratum.bits.write().release(id.index(), id.count());
+                    stratum.freed_grains_reusable(id.index(), id.count());
                 }
                 cache.remove(id);
             }

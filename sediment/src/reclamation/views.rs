@@ -3,7 +3,6 @@
 //! under the locks that make it one moment's state.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Pending, Reclamation};
@@ -106,8 +105,8 @@ impl Reclamation {
             (Some(found), _) => Location::Wal(found),
             (None, None) => Location::Nowhere,
             (None, Some(stratum)) => {
-                let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-                if stratum.bits.read().is_live_blob(id.index(), id.count()) {
+                let epoch = stratum.reuse_epoch();
+                if stratum.is_live_blob(id.index(), id.count()) {
                     Location::Stratum { epoch }
                 } else {
                     Location::Nowhere
@@ -130,8 +129,8 @@ impl Reclamation {
                 archived,
             };
         }
-        let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-        if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
+        let epoch = stratum.reuse_epoch();
+        if !stratum.is_live_blob(id.index(), id.count()) {
             return Described::Nowhere;
         }
         Described::Stratum {
@@ -146,8 +145,8 @@ impl Reclamation {
     /// and pending at once.
     pub fn stratum_snapshot(&self, stratum: &Stratum) -> StratumSnapshot {
         let pending = self.pending.read();
-        let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-        let bits = stratum.bits.read().clone();
+        let epoch = stratum.reuse_epoch();
+        let bits = stratum.bits_snapshot();
         let in_wal = pending
             .iter()
             .filter(|(id, _)| id.basin() == stratum.basin && id.stratum() == stratum.number)
@@ -170,10 +169,10 @@ impl Reclamation {
         epoch: Option<u64>,
     ) -> Option<bool> {
         let _pending = self.pending.read();
-        if epoch != Some(stratum.reuse_epoch.load(Ordering::Acquire)) {
+        if epoch != Some(stratum.reuse_epoch()) {
             return None;
         }
-        Some(stratum.bits.read().is_live_blob(id.index(), id.count()))
+        Some(stratum.is_live_blob(id.index(), id.count()))
     }
 
     /// The records of applied transactions above `after` and the last
@@ -191,7 +190,7 @@ impl Reclamation {
         // grains: a free after this point moves its stratum's epoch.
         let epochs = strata
             .iter()
-            .map(|s| ((s.basin, s.number), s.reuse_epoch.load(Ordering::Acquire)))
+            .map(|s| ((s.basin, s.number), s.reuse_epoch()))
             .collect();
         let after = after.max(meta.checkpointed_to);
         // `recent` holds the records of applied transactions (whose blobs
