@@ -3,9 +3,7 @@
 //! room) and giving reserved grains back. One stratum file is `stratum`'s.
 //!
 //! Strata are only ever added, at the end of their basin, and never
-//! removed while the store is open. A stratum's `bits` are locked for one
-//! bitmap operation at a time, with no other lock taken under them: they
-//! sit below `meta` and `pending` in the lock order (see `reclamation`).
+//! removed while the store is open.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,4 +1,7 @@
-//! One stratum file: its double header and its grains.
+//! One stratum file: its double header and its grains, and its allocation
+//! bitmaps in memory. The bitmaps' lock is private: each method takes it
+//! for one operation, with no other lock under it, so it sits below
+//! `meta` and `pending` in the lock order (see `reclamation`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
