@@ -68,16 +68,19 @@ impl Store {
 pub(crate) fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
     // Frees of blobs this checkpoint may copy hold their grains until it
     // ends; set before any blob is checked.
-    shared.reclamation.checkpoint_started(last_id);
+    shared.reclamation().checkpoint_started(last_id);
     let result = copy_entries(shared, last_id, entries);
-    shared
-        .reclamation
-        .checkpoint_finished(&shared.strata, &shared.cache, last_id, result.is_ok());
+    shared.reclamation().checkpoint_finished(
+        shared.strata(),
+        shared.cache(),
+        last_id,
+        result.is_ok(),
+    );
     result
 }
 
 fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
-    let mut store = shared.store.lock();
+    let mut store = shared.lock_store();
     let applied_through = store.index.wal_checkpointed_entry;
     let mut index = store.index.clone();
     let log_position = store.commit_log.position();
@@ -100,10 +103,10 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 let data = chunk.data.expect("read with data");
                 let stratum =
                     shared
-                        .strata
+                        .strata()
                         .stratum_of(chunk.id)?
                         .ok_or_else(|| Error::Corrupt {
-                            path: shared.directory.clone(),
+                            path: shared.directory().to_path_buf(),
                             what: format!(
                                 "WAL entry {sequence} writes grain {} of a missing stratum",
                                 chunk.id
@@ -113,7 +116,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 // that does not would spill into its neighbours.
                 if placement(data.len() as u64) != Some((chunk.id.basin(), chunk.id.count())) {
                     return Err(Error::Corrupt {
-                        path: shared.directory.clone(),
+                        path: shared.directory().to_path_buf(),
                         what: format!(
                             "WAL entry {sequence} holds {} bytes for grain {}, which does not \
                              fit them",
@@ -127,13 +130,13 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                 }
             }
             for grain in &record.new_grains {
-                if let Some(stratum) = shared.strata.stratum_of(grain.id)? {
+                if let Some(stratum) = shared.strata().stratum_of(grain.id)? {
                     stratum.set_durable(grain.id.index(), grain.id.count(), true);
                     note(&mut touched, &stratum);
                 }
             }
             for id in &record.freed {
-                if let Some(stratum) = shared.strata.stratum_of(*id)? {
+                if let Some(stratum) = shared.strata().stratum_of(*id)? {
                     stratum.set_durable(id.index(), id.count(), false);
                     note(&mut touched, &stratum);
                 }
@@ -177,9 +180,9 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         store.commit_log.sync()?;
         if store.commit_log.created_since_dir_sync() {
             shared
-                .fs
-                .sync_dir(&shared.directory)
-                .context(|| format!("syncing directory {}", shared.directory.display()))?;
+                .fs()
+                .sync_dir(shared.directory())
+                .context(|| format!("syncing directory {}", shared.directory().display()))?;
             store.commit_log.dir_synced();
         }
 
@@ -189,7 +192,7 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
         // Every stratum in the list was synced by `Stratum::create` before
         // it got there, so all of them have a durable header by now.
-        for (count, now) in index.strata.iter_mut().zip(shared.strata.counts()) {
+        for (count, now) in index.strata.iter_mut().zip(shared.strata().counts()) {
             *count = (*count).max(now as u32);
         }
         index.generation += 1;
@@ -221,13 +224,13 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
     // for its commit to return (this checkpoint's sync made it durable);
     // until it does, readers are told the older value and must still find
     // every record above it. The rest goes at a later checkpoint.
-    let applied = shared.reclamation.checkpointed_to();
+    let applied = shared.reclamation().checkpointed_to();
     store.commit_log.trim(index.checkpointed_to.min(applied))?;
     drop(store);
 
     // Now that the strata hold these entries: their blobs are read from the
     // strata, their freed grains may be reused, their records are on disk.
-    shared.reclamation.checkpoint_copied(last_id);
+    shared.reclamation().checkpoint_copied(last_id);
     Ok(())
 }
 
@@ -270,7 +273,7 @@ impl<'a> GrainBatch<'a> {
         sequence: u64,
         data: &[u8],
     ) -> Result<bool> {
-        if self.shared.reclamation.is_superseded(id, sequence) {
+        if self.shared.reclamation().is_superseded(id, sequence) {
             return Ok(false);
         }
         let start = self.arena.len();

@@ -219,6 +219,16 @@ impl Config {
         self.cache_bytes
     }
 
+    /// True if the store is to be opened read-only.
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The WAL's configuration, taken out of the database's.
+    pub(crate) fn into_wal_configuration(self) -> okaywal::Configuration {
+        self.wal
+    }
+
     /// Fails with [`Error::InvalidConfig`] naming the first setting that
     /// cannot be honoured.
     pub(crate) fn validate(&self) -> Result<()> {

@@ -10,15 +10,17 @@ use std::sync::Arc;
 
 use okaywal::fs::{FileSystem, LockGuard};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::cache::BlobCache;
 use crate::checkpoint::Store;
 use crate::commit_record::{CommitRecord, SequenceId};
+use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::grain_id::GrainId;
 use crate::reclamation::Reclamation;
 use crate::strata::Strata;
+use crate::stratum::Stratum;
 use crate::transaction::Transaction;
 use crate::verify;
 use crate::verify_report::VerifyReport;
@@ -26,32 +28,33 @@ use crate::verify_report::VerifyReport;
 /// What every handle, transaction and the WAL's manager share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub directory: PathBuf,
-    pub fs: Arc<dyn FileSystem>,
-    pub direct_write_bytes: u64,
+    directory: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    direct_write_bytes: u64,
     /// Every stratum, by basin.
-    pub strata: Strata,
+    strata: Strata,
     /// The reclamation protocol's state (see `reclamation`).
-    pub reclamation: Reclamation,
+    reclamation: Reclamation,
     /// Recently read small blobs.
-    pub cache: BlobCache,
-    pub store: Mutex<Store>,
-    pub shut_down: AtomicBool,
+    cache: BlobCache,
+    /// The index and commit log files (see `checkpoint`).
+    store: Mutex<Store>,
+    shut_down: AtomicBool,
     /// The store's one failure state, set by the first failed sync (or
     /// commit): nothing more may be acknowledged. Every later error is
     /// built from it (see `Shared::check_usable`).
-    pub failure: Mutex<Option<Failure>>,
+    failure: Mutex<Option<Failure>>,
     /// Keeps other processes out of the directory while this store (or
     /// its WAL's maintenance thread) can write to it.
-    pub _lock: LockGuard,
+    _lock: LockGuard,
 }
 
 /// The first failure of a store: the kind of the underlying I/O error
 /// (`Other` if there was none) and the whole message.
 #[derive(Debug, Clone)]
-pub(crate) struct Failure {
-    pub kind: io::ErrorKind,
-    pub message: String,
+struct Failure {
+    kind: io::ErrorKind,
+    message: String,
 }
 
 /// A crash-safe blob store. See the [crate docs](crate).
@@ -93,6 +96,78 @@ impl Wal {
 }
 
 impl Shared {
+    /// The state of a store opened with `config` in `directory` (the
+    /// store's lock held by `lock`): its strata per basin, the reclamation
+    /// state and the store recovered from its files.
+    pub fn new(
+        config: &Config,
+        strata: Vec<Vec<Arc<Stratum>>>,
+        reclamation: Reclamation,
+        store: Store,
+        lock: LockGuard,
+    ) -> Self {
+        let directory = config.directory().to_path_buf();
+        let fs = config.file_system_in_use().clone();
+        Self {
+            strata: Strata::new(
+                directory.clone(),
+                fs.clone(),
+                config.blob_size_limit(),
+                strata,
+            ),
+            directory,
+            fs,
+            direct_write_bytes: config.direct_write_threshold(),
+            reclamation,
+            cache: BlobCache::new(config.cache_size()),
+            store: Mutex::new(store),
+            shut_down: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            _lock: lock,
+        }
+    }
+
+    /// The store's directory.
+    pub fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// The file system the store lives on.
+    pub fn fs(&self) -> &Arc<dyn FileSystem> {
+        &self.fs
+    }
+
+    /// Blobs at least this long bypass the WAL.
+    pub fn direct_write_bytes(&self) -> u64 {
+        self.direct_write_bytes
+    }
+
+    /// Every stratum, by basin.
+    pub fn strata(&self) -> &Strata {
+        &self.strata
+    }
+
+    /// The reclamation protocol's state.
+    pub fn reclamation(&self) -> &Reclamation {
+        &self.reclamation
+    }
+
+    /// The cache of recently read small blobs.
+    pub fn cache(&self) -> &BlobCache {
+        &self.cache
+    }
+
+    /// Locks the index and commit log files: first in the lock order (see
+    /// `reclamation`).
+    pub fn lock_store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock()
+    }
+
+    /// True once the store was shut down.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
     /// Fails if the database was shut down or hit a failed sync. After a
     /// failure the error has the first failure's I/O error kind and
     /// message (a full disk stays `StorageFull`).

@@ -1,7 +1,6 @@
 //! Listing the live blobs of a store: [`Database::grains`].
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use crate::allocator::{bit, StratumBits};
 use crate::commit_record::SequenceId;
@@ -73,7 +72,7 @@ impl Iterator for Grains<'_> {
     fn next(&mut self) -> Option<Result<GrainInfo>> {
         let shared = &self.db.shared;
         while !self.finished {
-            if shared.shut_down.load(Ordering::Acquire) {
+            if shared.is_shut_down() {
                 self.finished = true;
                 return Some(Err(Error::ShutDown));
             }
@@ -83,7 +82,7 @@ impl Iterator for Grains<'_> {
             }
             // Strata are only ever added, at the end: one that appears
             // while the listing runs is listed if it comes after this one.
-            let stratum = shared.strata.stratum(self.basin, self.stratum);
+            let stratum = shared.strata().stratum(self.basin, self.stratum);
             let Some(stratum) = stratum else {
                 self.basin += 1;
                 self.stratum = 0;
@@ -157,7 +156,7 @@ fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
 fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInfo>> {
     let shared = &db.shared;
     for _ in 0..16 {
-        let (epoch, archived, last_committed) = match shared.reclamation.describe(id, stratum) {
+        let (epoch, archived, last_committed) = match shared.reclamation().describe(id, stratum) {
             Described::Wal { pending, archived } => {
                 return Ok(Some(GrainInfo {
                     id,

@@ -39,15 +39,15 @@ fn to_io(err: Error) -> io::Error {
 impl LogManager for Manager {
     fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
         let shared = &self.shared;
-        if entry.id().0 <= shared.reclamation.wal_checkpointed_entry() {
+        if entry.id().0 <= shared.reclamation().wal_checkpointed_entry() {
             return Ok(());
         }
         let (chunks, record) = parse_entry(entry, false)?;
         let positions: HashMap<GrainId, LogPosition> =
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
         shared
-            .reclamation
-            .apply_replayed(&shared.strata, &shared.cache, record, &positions)
+            .reclamation()
+            .apply_replayed(shared.strata(), shared.cache(), record, &positions)
             .map_err(to_io)
     }
 

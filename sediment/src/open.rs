@@ -4,13 +4,10 @@
 
 use std::io;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
-use parking_lot::Mutex;
 
-use crate::cache::BlobCache;
 use crate::checkpoint::Store;
 use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
@@ -19,7 +16,6 @@ use crate::error::{Context, Error, Result};
 use crate::format::{newest, IndexHeader, BASINS, INDEX_SLOT_SIZE};
 use crate::manager::Manager;
 use crate::reclamation::Reclamation;
-use crate::strata::Strata;
 use crate::stratum::{self, Stratum};
 
 /// The name of the index file.
@@ -278,9 +274,9 @@ impl Database {
     }
 
     pub(crate) fn open(config: Config) -> Result<Self> {
-        let fs = config.file_system.clone();
-        let directory = config.directory.clone();
-        let writable = !config.read_only;
+        let fs = config.file_system_in_use().clone();
+        let directory = config.directory().to_path_buf();
+        let writable = !config.is_read_only();
         let lock = if writable {
             okaywal::fs::create_dir_durably(&*fs, &directory)
                 .context(|| format!("creating {}", directory.display()))?;
@@ -321,21 +317,16 @@ impl Database {
             .max();
         let reclamation = Reclamation::recovered(&index, contents.records);
 
-        let shared = Arc::new(Shared {
-            directory: directory.clone(),
-            fs: fs.clone(),
-            direct_write_bytes: config.direct_write_bytes,
-            strata: Strata::new(directory.clone(), fs.clone(), config.max_blob_bytes, strata),
+        let shared = Arc::new(Shared::new(
+            &config,
+            strata,
             reclamation,
-            cache: BlobCache::new(config.cache_bytes),
-            store: Mutex::new(Store::new(index_file, index, next_slot, commit_log)),
-            shut_down: AtomicBool::new(false),
-            failure: Mutex::new(None),
-            _lock: lock,
-        });
+            Store::new(index_file, index, next_slot, commit_log),
+            lock,
+        ));
         // `Config::open` checked that the WAL's directory and file system
         // are the database's.
-        let wal_config = config.wal;
+        let wal_config = config.into_wal_configuration();
         // Sequences are WAL entry ids: never hand out one the strata have
         // already seen, whatever happened to the WAL's files (and never one
         // below a floor the configuration asks for).
@@ -370,7 +361,7 @@ impl Database {
     /// than risk freeing a newer blob. Grains that hidden records archived
     /// stay live and unarchived the same way (see FORMAT.md).
     fn forget_unprovable_archives(&self, through: u64) {
-        let candidates = self.shared.reclamation.archives_before(through);
+        let candidates = self.shared.reclamation().archives_before(through);
         for (id, archived_by) in candidates {
             let provable = match self.read(id) {
                 Ok(Some(mut reader)) => {
@@ -382,7 +373,7 @@ impl Database {
             if provable {
                 continue;
             }
-            self.shared.reclamation.forget_archive(id, archived_by);
+            self.shared.reclamation().forget_archive(id, archived_by);
         }
     }
 }
@@ -402,9 +393,9 @@ mod tests {
         archived_by: SequenceId,
         through: SequenceId,
     ) -> bool {
-        db.shared.reclamation.record_archive(id, archived_by.0);
+        db.shared.reclamation().record_archive(id, archived_by.0);
         db.forget_unprovable_archives(through.0);
-        db.shared.reclamation.is_archived_by(id, archived_by.0)
+        db.shared.reclamation().is_archived_by(id, archived_by.0)
     }
 
     #[test]

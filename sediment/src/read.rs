@@ -28,13 +28,13 @@ impl Database {
         self.check_open()?;
         let shared = &self.shared;
         // Only live blobs are ever cached, and freeing removes them.
-        if let Some(hit) = shared.cache.get(id) {
+        if let Some(hit) = shared.cache().get(id) {
             return Ok(Some(hit.to_vec()));
         }
         // Read before the liveness check inside `read`: if the blob is
         // freed after that check, the epoch moves and it is not cached.
         let epoch = shared
-            .strata
+            .strata()
             .stratum_of(id)?
             .map(|stratum| (stratum.reuse_epoch(), stratum));
         match self.read(id)? {
@@ -43,7 +43,7 @@ impl Database {
                 reader.read_to_end(&mut data).map_err(|e| reader.error(e))?;
                 if let Some((epoch, stratum)) = epoch {
                     shared
-                        .cache
+                        .cache()
                         .insert_if(id, &data, || stratum.reuse_epoch() == epoch);
                 }
                 Ok(Some(data))
@@ -59,8 +59,8 @@ impl Database {
         // A blob's bytes move from the WAL to its stratum at checkpoints and
         // freed grains may be reused; retry if either happens mid-lookup.
         for _ in 0..16 {
-            let stratum = self.shared.strata.stratum_of(id)?;
-            let (pending, epoch) = match self.shared.reclamation.locate(id, stratum.as_deref()) {
+            let stratum = self.shared.strata().stratum_of(id)?;
+            let (pending, epoch) = match self.shared.reclamation().locate(id, stratum.as_deref()) {
                 Location::Wal(found) => (Some(found), 0),
                 Location::Stratum { epoch } => (None, epoch),
                 Location::Nowhere => return Ok(None),

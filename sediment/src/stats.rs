@@ -61,11 +61,11 @@ impl Stats {
 
 pub(crate) fn collect(db: &Database) -> Result<Stats> {
     let shared = &db.shared;
-    let figures = shared.reclamation.figures();
+    let figures = shared.reclamation().figures();
     let archived = figures.archived_grains;
     let mut basins = Vec::new();
     for number in 0..BASINS {
-        let strata = shared.strata.of_basin(number);
+        let strata = shared.strata().of_basin(number);
         if strata.is_empty() {
             continue;
         }
@@ -96,14 +96,14 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
     }
     let mut wal_files = Vec::new();
     let mut index_bytes = 0;
-    for name in shared.fs.list_files(&shared.directory)? {
-        let path = shared.directory.join(&name);
+    for name in shared.fs().list_files(shared.directory())? {
+        let path = shared.directory().join(&name);
         if !name.starts_with("wal-") && name != INDEX_FILE {
             continue;
         }
         // WAL files are renamed as they are recycled: one listed a moment
         // ago may be gone.
-        let len = match shared.fs.open(&path, okaywal::fs::OpenMode::Read) {
+        let len = match shared.fs().open(&path, okaywal::fs::OpenMode::Read) {
             Ok(file) => file.len()?,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(err.into()),
@@ -115,16 +115,16 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
         }
     }
     wal_files.sort();
-    let commit_log_bytes = shared.store.lock().commit_log_bytes();
+    let commit_log_bytes = shared.lock_store().commit_log_bytes();
     Ok(Stats {
         basins,
         wal_files,
         commit_log_bytes,
         index_bytes,
-        blobs_in_wal: shared.reclamation.blobs_in_wal() as u64,
+        blobs_in_wal: shared.reclamation().blobs_in_wal() as u64,
         last_committed: figures.last_committed,
         checkpointed_to: figures.checkpointed_to,
         wal_checkpointed_entry: figures.wal_checkpointed_entry,
-        cache_bytes: shared.cache.bytes(),
+        cache_bytes: shared.cache().bytes(),
     })
 }

@@ -75,10 +75,10 @@ impl<'db> Transaction<'db> {
             let db: &'db Database = self.db;
             let wal = db.wal.live()?;
             let floor = wal.next_entry_id().0;
-            shared.reclamation.sequence_requested(floor);
+            shared.reclamation().sequence_requested(floor);
             let begun = wal.begin_entry();
             shared
-                .reclamation
+                .reclamation()
                 .sequence_assigned(floor, begun.as_ref().ok().map(|entry| entry.id().0));
             let entry = begun.context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
@@ -105,17 +105,17 @@ impl<'db> Transaction<'db> {
         let shared = self.db.shared.clone();
         shared.check_usable()?;
         let length = data.len() as u64;
-        if length > shared.strata.max_blob_bytes() {
+        if length > shared.strata().max_blob_bytes() {
             return Err(Error::TooLarge {
                 length,
-                maximum: shared.strata.max_blob_bytes(),
+                maximum: shared.strata().max_blob_bytes(),
             });
         }
         let sequence = self.ensure_entry()?;
         let (id, stratum) = self.reserve(length)?;
         self.reserved.push(id);
         let crc = grain_crc(sequence, data);
-        if length >= shared.direct_write_bytes {
+        if length >= shared.direct_write_bytes() {
             // Large blobs go straight into their (unreferenced, reserved)
             // grains; commit syncs the stratum before the WAL entry that
             // makes them visible.
@@ -158,16 +158,16 @@ impl<'db> Transaction<'db> {
     /// buffered commits freed reusable.
     fn reserve(&self, length: u64) -> Result<(GrainId, Arc<Stratum>)> {
         let shared = &self.db.shared;
-        if let Some(found) = shared.strata.allocate(length, false)? {
+        if let Some(found) = shared.strata().allocate(length, false)? {
             return Ok(found);
         }
         if self.db.sync_for_space()? {
-            if let Some(found) = shared.strata.allocate(length, false)? {
+            if let Some(found) = shared.strata().allocate(length, false)? {
                 return Ok(found);
             }
         }
         shared
-            .strata
+            .strata()
             .allocate(length, true)?
             .ok_or_else(|| Error::Io {
                 context: format!("allocating grains for a blob of {length} bytes"),
@@ -181,7 +181,7 @@ impl<'db> Transaction<'db> {
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
         let shared = &self.db.shared;
         shared.check_usable()?;
-        shared.reclamation.claim_archive(&shared.strata, id)?;
+        shared.reclamation().claim_archive(shared.strata(), id)?;
         self.archived.push(id);
         Ok(())
     }
@@ -201,7 +201,7 @@ impl<'db> Transaction<'db> {
         self.db.shared.check_usable()?;
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
-            if !written_here && !self.db.shared.strata.is_live(id)? {
+            if !written_here && !self.db.shared.strata().is_live(id)? {
                 return Err(Error::NotAllocated(id));
             }
         }
@@ -254,7 +254,7 @@ impl<'db> Transaction<'db> {
     /// the archived blob must still be there, with its bytes.
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
         self.db.shared.check_usable()?;
-        let committed = self.db.shared.reclamation.last_committed();
+        let committed = self.db.shared.reclamation().last_committed();
         if sequence.0 > committed {
             return Err(Error::FutureSequence {
                 requested: sequence.0,
@@ -288,7 +288,7 @@ impl<'db> Transaction<'db> {
                 .oldest_open_entry()
                 .is_some_and(|oldest| oldest.0 <= through && oldest.0 != self.sequence);
             if shared
-                .reclamation
+                .reclamation()
                 .wait_for_finished(through, self.sequence, open_in_wal)?
             {
                 return Ok(());
@@ -368,7 +368,7 @@ impl<'db> Transaction<'db> {
                 // Refused now rather than by the checkpoint-only transaction
                 // once this one has committed.
                 shared
-                    .reclamation
+                    .reclamation()
                     .check_not_held_by_this_thread(requested, sequence)?;
                 checkpoint_after = Some(requested);
                 self.checkpoint_to = None;
@@ -393,7 +393,9 @@ impl<'db> Transaction<'db> {
         let shared = self.db.shared.clone();
         let mut freed = Vec::new();
         if let Some(requested) = self.checkpoint_to {
-            let taking = shared.reclamation.take_for_checkpoint(sequence, requested);
+            let taking = shared
+                .reclamation()
+                .take_for_checkpoint(sequence, requested);
             freed = taking.freed;
             self.taken = taking.taken;
             self.checkpoint_to = Some(taking.checkpointed_to);
@@ -434,7 +436,7 @@ impl<'db> Transaction<'db> {
         // Every buffered commit applied before this durable one's commit
         // record is written is handed to the OS before it, so the sync
         // that makes this one durable covers them too.
-        let buffered_before = shared.reclamation.sync_horizon();
+        let buffered_before = shared.reclamation().sync_horizon();
         let entry = self.entry.take().expect("ensure_entry was called");
         if let Err(err) = entry
             .commit_with(durability)
@@ -450,9 +452,9 @@ impl<'db> Transaction<'db> {
             self.reserved.clear();
             return Err(err);
         }
-        shared.reclamation.apply_live(
-            &shared.strata,
-            &shared.cache,
+        shared.reclamation().apply_live(
+            shared.strata(),
+            shared.cache(),
             record,
             &self.positions,
             durability,
@@ -479,11 +481,11 @@ impl<'db> Transaction<'db> {
     fn abort(&mut self) {
         let shared = &self.db.shared;
         for id in self.reserved.drain(..) {
-            shared.strata.release(id);
+            shared.strata().release(id);
         }
-        shared.reclamation.abandon(
-            &shared.strata,
-            &shared.cache,
+        shared.reclamation().abandon(
+            shared.strata(),
+            shared.cache(),
             self.sequence,
             self.archived.drain(..),
             std::mem::take(&mut self.taken),

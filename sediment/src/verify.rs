@@ -29,14 +29,14 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let mut report = VerifyReport::default();
     // Holding the store keeps checkpoints (the only writers of headers and
     // of checkpointed grains) out while we look.
-    let mut store = shared.store.lock();
+    let mut store = shared.lock_store();
     let problem = |location: String, grain: Option<GrainId>, description: String| Problem {
         location,
         grain,
         description,
     };
 
-    let index_path = shared.directory.join(INDEX_FILE);
+    let index_path = shared.directory().join(INDEX_FILE);
     for slot in 0..2_u64 {
         let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
         let read = store.read_index_copy(slot, &mut bytes);
@@ -59,7 +59,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     }
 
     let strata: Vec<_> = (0..BASINS)
-        .flat_map(|b| shared.strata.of_basin(b))
+        .flat_map(|b| shared.strata().of_basin(b))
         .collect();
 
     // The commit records, read before the strata: the blobs the readable
@@ -88,7 +88,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 .collect()
         }
         Err(e) => vec![problem(
-            commit_log_location(&shared.directory),
+            commit_log_location(shared.directory()),
             None,
             e.to_string(),
         )],
@@ -124,7 +124,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         // as a commit makes its blobs live and pending at once: a blob
         // committed while `verify` runs is then checked where its bytes
         // are (only in the WAL, at first).
-        let snapshot = shared.reclamation.stratum_snapshot(stratum);
+        let snapshot = shared.reclamation().stratum_snapshot(stratum);
         // Grains freed (and maybe reused) after this are not damage.
         let epoch = snapshot.epoch;
         let bits = &snapshot.bits;
@@ -287,8 +287,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
     let shared = &db.shared;
-    let inspection = okaywal::Configuration::default_for(&shared.directory)
-        .shared_file_system(shared.fs.clone())
+    let inspection = okaywal::Configuration::default_for(shared.directory())
+        .shared_file_system(shared.fs().clone())
         .inspect()
         .context(|| "inspecting the write-ahead log".to_string())?;
     let location = |path: &Path, offset: Option<u64>| match offset {
@@ -315,7 +315,7 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
         }
         for entry in &segment.incomplete {
             let at = location(&segment.path, Some(entry.commit_offset));
-            if entry.id.0 <= shared.reclamation.wal_checkpointed_entry() {
+            if entry.id.0 <= shared.reclamation().wal_checkpointed_entry() {
                 // Already in the strata: nothing was lost with it.
                 continue;
             }
@@ -398,7 +398,7 @@ impl Expected {
         // stratum's epoch.
         let (records, epochs) = db
             .shared
-            .reclamation
+            .reclamation()
             .applied_records(after, from_files, strata);
         let mut blobs = HashMap::new();
         for (sequence, record) in records {
@@ -451,11 +451,11 @@ impl Expected {
                 "the commit record of sequence {sequence} lists this blob ({length} bytes) as \
                  written and no later record frees it"
             );
-            let stratum = match shared.strata.stratum_of(id) {
+            let stratum = match shared.strata().stratum_of(id) {
                 Ok(Some(stratum)) => stratum,
                 Ok(None) => {
                     let path = shared
-                        .directory
+                        .directory()
                         .join(crate::stratum::file_name(id.basin(), id.stratum()));
                     missing.push((
                         id,
@@ -471,7 +471,7 @@ impl Expected {
                     missing.push((
                         id,
                         Problem {
-                            location: commit_log_location(&shared.directory),
+                            location: commit_log_location(shared.directory()),
                             grain: Some(id),
                             description: format!("{listed}, but it cannot name a blob: {e}"),
                         },
@@ -481,7 +481,7 @@ impl Expected {
             };
             // Liveness and epoch together, as a commit's free changes both.
             let epoch = self.epochs.get(&(stratum.basin, stratum.number)).copied();
-            let Some(live) = shared.reclamation.live_at_epoch(&stratum, id, epoch) else {
+            let Some(live) = shared.reclamation().live_at_epoch(&stratum, id, epoch) else {
                 continue;
             };
             if !live {
