@@ -1,6 +1,11 @@
 //! The commit log files: commit records kept for replicas and for freeing
 //! archived grains, in `commits-{first sequence}` files, appended to by
 //! the WAL checkpoint and read back at open and by `Database::commit_log`.
+//!
+//! The file is a little over 700 lines, most of them its damage and
+//! rotation tests; the code is the methods of one type, [`CommitLogFiles`],
+//! whose appending, trimming and reading share its buffered tail and file
+//! list, so they stay together. The records' bytes are `commit_record`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
