@@ -6,6 +6,9 @@
 //! a reader inserts what it read only if that epoch did not move since
 //! before it checked that the blob was live. So a hit is always a live
 //! blob's current bytes.
+//!
+//! A shard's lock is the last in the lock order (see `reclamation`): no
+//! other lock is taken under it.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use okaywal::fs::{FileSystem, StdFileSystem};
 
+use crate::error::{Error, Result};
 use crate::format::MAX_FORMAT_BLOB_BYTES;
-use crate::{Database, Error, Result};
 
 /// Default largest blob: 256 MiB.
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
@@ -19,7 +19,7 @@ pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 /// the WAL.
 pub const DEFAULT_DIRECT_WRITE_BYTES: u64 = 64 << 10;
 
-/// How to open a [`Database`].
+/// How to open a [`Database`](crate::Database).
 ///
 /// ```rust
 /// # fn main() -> sediment::Result<()> {
@@ -80,7 +80,7 @@ impl Config {
     /// repaired, the WAL is not replayed into the strata (what it holds is
     /// read from its files, recovered as usual in memory), nothing is
     /// recycled and nothing is checkpointed on close; transactions and
-    /// [`Database::checkpoint_wal`] fail with [`Error::ReadOnly`]. The
+    /// [`Database::checkpoint_wal`](crate::Database::checkpoint_wal) fail with [`Error::ReadOnly`]. The
     /// store's lock is taken shared: any number of read-only opens may run
     /// at once, none while a writer has the store open, and a writer
     /// cannot open it while one lives (both fail with an error naming the
@@ -141,7 +141,7 @@ impl Config {
     /// transaction stays unsynced: a background thread of the WAL syncs
     /// at least every `interval` while buffered commits wait, so each is
     /// durable (survives a power loss) within about `interval` of its
-    /// return, without a [`Database::sync`]. (The WAL's
+    /// return, without a [`Database::sync`](crate::Database::sync). (The WAL's
     /// [`max_unsynced`](okaywal::Configuration::max_unsynced); no bound
     /// by default.) Durable commits are not affected.
     #[must_use]
@@ -171,7 +171,7 @@ impl Config {
         self
     }
 
-    /// Sets how much memory [`Database::get`] may keep for recently read
+    /// Sets how much memory [`Database::get`](crate::Database::get) may keep for recently read
     /// blobs of up to 64 KiB (default [`DEFAULT_CACHE_BYTES`]; 0 turns the
     /// cache off). A hit costs a hash lookup and a copy instead of a system
     /// call; freed blobs leave the cache at once.
@@ -219,6 +219,16 @@ impl Config {
         self.cache_bytes
     }
 
+    /// True if the store is to be opened read-only.
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The WAL's configuration, taken out of the database's.
+    pub(crate) fn into_wal_configuration(self) -> okaywal::Configuration {
+        self.wal
+    }
+
     /// Fails with [`Error::InvalidConfig`] naming the first setting that
     /// cannot be honoured.
     pub(crate) fn validate(&self) -> Result<()> {
@@ -246,21 +256,5 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// Opens (creating or recovering) the database.
-    ///
-    /// Fails with [`Error::InvalidConfig`] for a setting it cannot honour
-    /// (see [`Config`]), and with [`Error::Io`] (of kind
-    /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)) if another process
-    /// has the store open: its `sediment.lock` stays locked for 2 s.
-    pub fn open(self) -> Result<Database> {
-        self.validate()?;
-        Database::open(self)
-    }
-
-    /// The same as [`Config::open`].
-    pub fn recover(self) -> Result<Database> {
-        self.open()
     }
 }

@@ -3,9 +3,9 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::commit_log::CommitLogDamage;
+use crate::commit_record::CommitLogDamage;
 use crate::grain_id::GrainId;
-use crate::verify::VerifyReport;
+use crate::verify_report::VerifyReport;
 
 /// Everything that can go wrong in sediment.
 ///

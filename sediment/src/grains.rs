@@ -1,14 +1,14 @@
 //! Listing the live blobs of a store: [`Database::grains`].
 
 use std::io;
-use std::sync::atomic::Ordering;
 
 use crate::allocator::{bit, StratumBits};
-use crate::commit_log::SequenceId;
+use crate::commit_record::SequenceId;
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::format::{placement, GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};
 use crate::grain_id::GrainId;
+use crate::reclamation::Described;
 use crate::stratum::Stratum;
 
 /// One live blob, as listed by [`Database::grains`].
@@ -72,7 +72,7 @@ impl Iterator for Grains<'_> {
     fn next(&mut self) -> Option<Result<GrainInfo>> {
         let shared = &self.db.shared;
         while !self.finished {
-            if shared.shut_down.load(Ordering::Acquire) {
+            if shared.is_shut_down() {
                 self.finished = true;
                 return Some(Err(Error::ShutDown));
             }
@@ -82,18 +82,15 @@ impl Iterator for Grains<'_> {
             }
             // Strata are only ever added, at the end: one that appears
             // while the listing runs is listed if it comes after this one.
-            let stratum = shared.basins[self.basin]
-                .strata
-                .read()
-                .get(self.stratum as usize)
-                .cloned();
+            let stratum = shared.strata().stratum(self.basin, self.stratum);
             let Some(stratum) = stratum else {
                 self.basin += 1;
                 self.stratum = 0;
                 self.next_index = 0;
                 continue;
             };
-            let run = next_live_run(&stratum.bits.read(), self.next_index);
+            let next_index = self.next_index;
+            let run = stratum.with_bits(|bits| next_live_run(bits, next_index));
             let Some((start, count)) = run else {
                 self.next_stratum();
                 continue;
@@ -159,28 +156,24 @@ fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
 fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInfo>> {
     let shared = &db.shared;
     for _ in 0..16 {
-        // Under the meta lock the archived set matches the liveness seen
-        // under the `pending` lock: a commit changes both while holding it.
-        let (epoch, archived, last_committed) = {
-            let meta = shared.meta.lock();
-            let pending = shared.pending.read();
-            let archived = meta.archived_set.contains_key(&id);
-            if let Some(found) = pending.get(&id) {
+        let (epoch, archived, last_committed) = match shared.reclamation().describe(id, stratum) {
+            Described::Wal { pending, archived } => {
                 return Ok(Some(GrainInfo {
                     id,
-                    length: u64::from(found.length),
-                    sequence: SequenceId(found.sequence),
+                    length: u64::from(pending.length),
+                    sequence: SequenceId(pending.sequence),
                     archived,
                 }));
             }
-            let epoch = stratum.reuse_epoch.load(Ordering::Acquire);
-            if !stratum.bits.read().is_live_blob(id.index(), id.count()) {
-                return Ok(None);
-            }
-            (epoch, archived, meta.last_committed)
+            Described::Stratum {
+                epoch,
+                archived,
+                last_committed,
+            } => (epoch, archived, last_committed),
+            Described::Nowhere => return Ok(None),
         };
         let header = read_header(stratum, id);
-        if stratum.reuse_epoch.load(Ordering::Acquire) != epoch {
+        if stratum.reuse_epoch() != epoch {
             // Freed since, and its grains may hold another blob by now.
             continue;
         }

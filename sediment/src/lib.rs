@@ -91,7 +91,9 @@
 
 mod allocator;
 mod cache;
+mod checkpoint;
 mod commit_log;
+mod commit_record;
 mod config;
 mod db;
 mod error;
@@ -103,24 +105,31 @@ mod format;
 mod grain_id;
 mod grains;
 mod manager;
+mod open;
+mod read;
+mod reclamation;
 mod stats;
+mod strata;
 mod stratum;
 mod transaction;
 mod verify;
+mod verify_report;
+mod wal_entry;
 
-pub use commit_log::{CommitLogDamage, CommitRecord, NewGrain, SequenceId};
+pub use commit_record::{CommitLogDamage, CommitRecord, NewGrain, SequenceId};
 pub use config::{
     Config, DEFAULT_CACHE_BYTES, DEFAULT_DIRECT_WRITE_BYTES, DEFAULT_MAX_BLOB_BYTES,
     DEFAULT_WAL_SEGMENT_BYTES,
 };
-pub use db::{CommitLog, Database, GrainReader};
+pub use db::{CommitLog, Database};
 pub use error::{Error, Result};
 pub use format::MAX_FORMAT_BLOB_BYTES;
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
+pub use read::GrainReader;
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
-pub use verify::{Problem, VerifyReport};
+pub use verify_report::{Problem, VerifyReport};
 
 // The example in README.md runs as a doctest, so it stays in step with the
 // API.

@@ -1,131 +1,30 @@
-//! The WAL's side of the database: replaying entries at open and moving
-//! checkpointed entries into the strata, the commit log and the index.
-//!
-//! A WAL entry holds one chunk per blob that travels through the WAL
-//! (`[1][grain id: u64][data]`) and a final chunk with the transaction's
-//! commit record (`[2][record]`).
+//! The WAL's side of the database (okaywal's `LogManager`): replaying
+//! entries at open, and handing checkpointed entries to `checkpoint`.
+//! The entries' bytes are `wal_entry`'s.
 
 use std::collections::HashMap;
-use std::io::{self, Read};
-use std::sync::atomic::Ordering;
+use std::io;
 use std::sync::Arc;
 
-use okaywal::{
-    Entry, EntryChunk, EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader,
-    WriteAheadLog,
-};
+use okaywal::{Entry, EntryId, LogManager, LogPosition, SegmentReader, WriteAheadLog};
 
-use crate::commit_log::CommitRecord;
-use crate::db::{Applied, Shared};
-use crate::error::{Context, Error, Result};
-use crate::format::{grain_crc, placement, GrainHeader, INDEX_SLOT_SIZE};
+use crate::checkpoint::checkpoint;
+use crate::db::Shared;
+use crate::error::Error;
 use crate::grain_id::GrainId;
-use crate::stratum::Stratum;
+use crate::wal_entry::parse_entry;
 
-/// Tag of a chunk carrying a blob's bytes.
-pub(crate) const DATA_CHUNK: u8 = 1;
-/// Tag of the chunk carrying the commit record.
-pub(crate) const RECORD_CHUNK: u8 = 2;
-/// Bytes before a blob's data in a data chunk.
-pub(crate) const DATA_PREFIX: usize = 9;
-
+/// The `LogManager` of a database's WAL.
 #[derive(Debug)]
 pub(crate) struct Manager {
     shared: Arc<Shared>,
 }
 
 impl Manager {
+    /// The manager of the WAL under `shared`.
     pub fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
-}
-
-/// A data chunk: its grain and where it is in the WAL.
-struct DataChunk {
-    id: GrainId,
-    position: LogPosition,
-    data: Option<Vec<u8>>,
-}
-
-/// The rest of `chunk`, its CRC checked; a mismatch is reported as
-/// `mismatch()` says. (`read_all`, unlike `read_to_end`, does not zero-fill
-/// a buffer first.)
-fn read_verified(
-    mut chunk: EntryChunk<'_>,
-    mismatch: impl FnOnce() -> String,
-) -> io::Result<Vec<u8>> {
-    chunk.read_all().map_err(|e| {
-        if e.kind() == io::ErrorKind::InvalidData {
-            io::Error::new(io::ErrorKind::InvalidData, mismatch())
-        } else {
-            e
-        }
-    })
-}
-
-/// Reads an entry's chunks; with `with_data`, also the blobs' bytes.
-fn parse_entry(
-    entry: &mut Entry<'_>,
-    with_data: bool,
-) -> io::Result<(Vec<DataChunk>, CommitRecord)> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let id = entry.id();
-    let mut data = Vec::new();
-    let mut record = None;
-    loop {
-        let mut chunk = match entry.read_chunk()? {
-            ReadChunkResult::Chunk(chunk) => chunk,
-            ReadChunkResult::EndOfEntry => break,
-            ReadChunkResult::AbortedEntry => {
-                return Err(invalid(format!("WAL entry {id} changed while being read")))
-            }
-        };
-        let mut tag = [0_u8; 1];
-        chunk.read_exact(&mut tag)?;
-        match tag[0] {
-            DATA_CHUNK => {
-                let mut raw = [0_u8; 8];
-                chunk.read_exact(&mut raw)?;
-                let grain = GrainId::from_bytes(raw)
-                    .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
-                let position = chunk.position();
-                let bytes = if with_data {
-                    Some(read_verified(chunk, || {
-                        format!("WAL entry {id}: chunk at {position} failed its CRC")
-                    })?)
-                } else {
-                    None
-                };
-                data.push(DataChunk {
-                    id: grain,
-                    position,
-                    data: bytes,
-                });
-            }
-            RECORD_CHUNK => {
-                let position = chunk.position();
-                let bytes = read_verified(chunk, || {
-                    format!("WAL entry {id}: commit record at {position} failed its CRC")
-                })?;
-                let decoded = CommitRecord::decode(&bytes)
-                    .map_err(|e| invalid(format!("WAL entry {id}: commit record: {e}")))?;
-                if decoded.sequence.0 != id.0 {
-                    return Err(invalid(format!(
-                        "WAL entry {id} holds the record of sequence {}",
-                        decoded.sequence
-                    )));
-                }
-                record = Some(decoded);
-            }
-            other => {
-                return Err(invalid(format!(
-                    "WAL entry {id}: unknown chunk tag {other}"
-                )))
-            }
-        }
-    }
-    let record = record.ok_or_else(|| invalid(format!("WAL entry {id} has no commit record")))?;
-    Ok((data, record))
 }
 
 fn to_io(err: Error) -> io::Error {
@@ -140,15 +39,15 @@ fn to_io(err: Error) -> io::Error {
 impl LogManager for Manager {
     fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
         let shared = &self.shared;
-        if entry.id().0 <= shared.meta.lock().wal_checkpointed_entry {
+        if entry.id().0 <= shared.reclamation().wal_checkpointed_entry() {
             return Ok(());
         }
         let (chunks, record) = parse_entry(entry, false)?;
         let positions: HashMap<GrainId, LogPosition> =
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
-        let mut meta = shared.meta.lock();
         shared
-            .apply_commit(&mut meta, record, &positions, Applied::Replayed)
+            .reclamation()
+            .apply_replayed(shared.strata(), shared.cache(), record, &positions)
             .map_err(to_io)
     }
 
@@ -159,304 +58,5 @@ impl LogManager for Manager {
         _wal: &WriteAheadLog,
     ) -> io::Result<()> {
         checkpoint(&self.shared, last_checkpointed_id.0, checkpointed_entries).map_err(to_io)
-    }
-}
-
-/// Moves every entry of a WAL segment into the strata, the commit log and
-/// the index, syncing them before the WAL may recycle the segment.
-fn checkpoint(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
-    // Frees of blobs this checkpoint may copy hold their grains until it
-    // ends (see `Meta::freed_in_wal`); set before any blob is checked.
-    shared.meta.lock().checkpointing_through = Some(last_id);
-    let result = copy_entries(shared, last_id, entries);
-    let mut meta = shared.meta.lock();
-    meta.checkpointing_through = None;
-    let held = std::mem::take(&mut meta.freed_in_wal);
-    for (freed_by, id) in held.into_values().flatten() {
-        meta.freeing.entry(freed_by).or_default().push(id);
-    }
-    if result.is_ok() {
-        // The strata and the index now durably hold every entry up to
-        // `last_id`, buffered commits included: their frees are durable.
-        shared.frees_became_durable(&mut meta, |freed_by, _| freed_by <= last_id);
-    }
-    shared.release_freed(&mut meta);
-    result
-}
-
-fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> Result<()> {
-    let mut store = shared.store.lock();
-    let applied_through = store.index.wal_checkpointed_entry;
-    let mut index = store.index.clone();
-    let log_position = store.commit_log.position();
-    let mut touched: Vec<Arc<Stratum>> = Vec::new();
-    let mut encoded = Vec::new();
-    let mut batch = GrainBatch::new(shared);
-
-    let result = (|| -> Result<()> {
-        while let Some(mut entry) = entries
-            .read_entry()
-            .context(|| "reading the WAL".to_string())?
-        {
-            let sequence = entry.id().0;
-            if sequence <= applied_through {
-                continue;
-            }
-            let (chunks, record) = parse_entry(&mut entry, true)
-                .context(|| format!("reading WAL entry {sequence}"))?;
-            for chunk in chunks {
-                let data = chunk.data.expect("read with data");
-                let stratum = shared.stratum_of(chunk.id)?.ok_or_else(|| Error::Corrupt {
-                    path: shared.directory.clone(),
-                    what: format!(
-                        "WAL entry {sequence} writes grain {} of a missing stratum",
-                        chunk.id
-                    ),
-                })?;
-                // A blob must fill exactly the grains its id names: one
-                // that does not would spill into its neighbours.
-                if placement(data.len() as u64) != Some((chunk.id.basin(), chunk.id.count())) {
-                    return Err(Error::Corrupt {
-                        path: shared.directory.clone(),
-                        what: format!(
-                            "WAL entry {sequence} holds {} bytes for grain {}, which does not \
-                             fit them",
-                            data.len(),
-                            chunk.id
-                        ),
-                    });
-                }
-                if batch.add(&stratum, chunk.id, sequence, &data)? {
-                    note(&mut touched, &stratum);
-                }
-            }
-            for grain in &record.new_grains {
-                if let Some(stratum) = shared.stratum_of(grain.id)? {
-                    stratum
-                        .bits
-                        .write()
-                        .set_durable(grain.id.index(), grain.id.count(), true);
-                    stratum.dirty.store(true, Ordering::Release);
-                    note(&mut touched, &stratum);
-                }
-            }
-            for id in &record.freed {
-                if let Some(stratum) = shared.stratum_of(*id)? {
-                    stratum
-                        .bits
-                        .write()
-                        .set_durable(id.index(), id.count(), false);
-                    stratum.dirty.store(true, Ordering::Release);
-                    note(&mut touched, &stratum);
-                }
-            }
-            if let Some(header) = record.embedded_header {
-                index.embedded_header = header;
-            }
-            if let Some(to) = record.checkpointed_to {
-                index.checkpointed_to = index.checkpointed_to.max(to.0);
-            }
-            index.last_committed = index.last_committed.max(sequence);
-            encoded.clear();
-            record.encode(&mut encoded);
-            store.commit_log.append(sequence, &encoded)?;
-        }
-
-        batch.flush()?;
-
-        // Headers go into the older copy, so a crash now leaves the other
-        // copy intact; the WAL still holds everything until the index says
-        // it is applied, and replaying it is idempotent.
-        let mut headers_written = Vec::new();
-        for stratum in &touched {
-            if stratum.dirty.swap(false, Ordering::AcqRel) {
-                stratum.write_header()?;
-                headers_written.push(stratum);
-            }
-        }
-        let sync = |stratum: &Stratum| stratum.sync().inspect_err(|err| shared.poison(err));
-        for stratum in &touched {
-            sync(stratum)?;
-        }
-        // Only once the new headers are durable may their other copies be
-        // overwritten: both copies then hold them (see `mirror_header`).
-        for stratum in &headers_written {
-            stratum.mirror_header()?;
-        }
-        for stratum in &headers_written {
-            sync(stratum)?;
-        }
-        store.commit_log.sync()?;
-        if store.commit_log.created {
-            shared
-                .fs
-                .sync_dir(&shared.directory)
-                .context(|| format!("syncing directory {}", shared.directory.display()))?;
-            store.commit_log.created = false;
-        }
-
-        let (file, end) = store.commit_log.position();
-        index.commit_log_file = file;
-        index.commit_log_end = end;
-        index.wal_checkpointed_entry = index.wal_checkpointed_entry.max(last_id);
-        // Every stratum in the list was synced by `Stratum::create` before
-        // it got there, so all of them have a durable header by now.
-        for (count, basin) in index.strata.iter_mut().zip(&shared.basins) {
-            *count = (*count).max(basin.strata.read().len() as u32);
-        }
-        index.generation += 1;
-        // The older copy first; once it is durable, the other one too, so
-        // that a copy decaying later falls back to the same state.
-        let encoded_index = index.encode();
-        for slot in [store.next_slot, 1 - store.next_slot] {
-            store
-                .index_file
-                .write_all_at(&encoded_index, slot as u64 * INDEX_SLOT_SIZE)
-                .and_then(|()| store.index_file.sync_data())
-                .context(|| "writing the index header".to_string())?;
-        }
-        Ok(())
-    })();
-
-    if let Err(err) = result {
-        // Nothing counts until the index says so: forget the appended
-        // records so the retry writes them again at the same place.
-        store.commit_log.rewind(log_position);
-        for stratum in &touched {
-            stratum.dirty.store(true, Ordering::Release);
-        }
-        return Err(err);
-    }
-    store.next_slot = 1 - store.next_slot;
-    store.index = index.clone();
-    // Records may carry a `checkpoint_to` whose transaction still waits
-    // for its commit to return (this checkpoint's sync made it durable);
-    // until it does, readers are told the older value and must still find
-    // every record above it. The rest goes at a later checkpoint.
-    let applied = shared.meta.lock().checkpointed_to;
-    store.commit_log.trim(index.checkpointed_to.min(applied))?;
-    drop(store);
-
-    // Now that the strata hold these entries: their blobs are read from the
-    // strata, their freed grains may be reused, their records are on disk.
-    let mut meta = shared.meta.lock();
-    meta.wal_checkpointed_entry = meta.wal_checkpointed_entry.max(last_id);
-    meta.recent = meta.recent.split_off(&last_id.saturating_add(1));
-    let mut pending = shared.pending.write();
-    pending.retain(|_, p| p.sequence > last_id);
-    shared
-        .superseded
-        .lock()
-        .retain(|&(_, sequence)| sequence > last_id);
-    Ok(())
-}
-
-/// Largest run of adjacent grains copied with one write.
-const MAX_RUN_BYTES: usize = 1 << 20;
-/// Bytes a checkpoint collects before writing them out.
-const MAX_COLLECTED_BYTES: usize = 16 << 20;
-
-/// Collects the blobs a checkpoint copies into the strata and writes them
-/// sorted by file and offset, so blobs in neighbouring grains go out as
-/// one write (concurrent transactions interleave their blobs in the WAL,
-/// so WAL order rarely puts neighbours together).
-///
-/// No lock is held while writing: a blob freed after its check here keeps
-/// its grains unusable until this checkpoint has finished (see
-/// `Meta::freed_in_wal`).
-struct GrainBatch<'a> {
-    shared: &'a Shared,
-    /// Grain headers, blobs and padding, back to back.
-    arena: Vec<u8>,
-    /// Where each blob goes: stratum, offset in its file, bytes in `arena`.
-    writes: Vec<(Arc<Stratum>, u64, std::ops::Range<usize>)>,
-}
-
-impl<'a> GrainBatch<'a> {
-    fn new(shared: &'a Shared) -> Self {
-        Self {
-            shared,
-            arena: Vec::new(),
-            writes: Vec::new(),
-        }
-    }
-
-    /// Queues the blob `id` written by `sequence`; returns false if it was
-    /// freed since and need not be copied.
-    fn add(
-        &mut self,
-        stratum: &Arc<Stratum>,
-        id: GrainId,
-        sequence: u64,
-        data: &[u8],
-    ) -> Result<bool> {
-        if self.shared.superseded.lock().contains(&(id, sequence)) {
-            return Ok(false);
-        }
-        let start = self.arena.len();
-        let header = GrainHeader {
-            sequence,
-            length: data.len() as u32,
-            crc: grain_crc(sequence, data),
-        };
-        self.arena.extend_from_slice(&header.encode());
-        self.arena.extend_from_slice(data);
-        // The rest of the blob's last grain is its own: padding it keeps
-        // the next blob adjacent.
-        let end = start + (u64::from(id.count()) * stratum.grain_size()) as usize;
-        self.arena.resize(end, 0);
-        self.writes
-            .push((stratum.clone(), stratum.offset_of(id.index()), start..end));
-        if self.arena.len() >= MAX_COLLECTED_BYTES {
-            self.flush()?;
-        }
-        Ok(true)
-    }
-
-    /// Writes everything queued.
-    fn flush(&mut self) -> Result<()> {
-        // Two blobs of one checkpoint never share a grain (a blob freed
-        // before its check is skipped; one freed after keeps its grains
-        // until the checkpoint ends), so the order of the writes is free.
-        self.writes
-            .sort_by_key(|(stratum, offset, _)| (Arc::as_ptr(stratum) as usize, *offset));
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_at: Option<(&Arc<Stratum>, u64)> = None;
-        for (stratum, offset, range) in &self.writes {
-            let adjacent = run_at.is_some_and(|(s, start)| {
-                Arc::ptr_eq(s, stratum) && start + run.len() as u64 == *offset
-            });
-            if !adjacent || run.len() >= MAX_RUN_BYTES {
-                if let Some((s, start)) = run_at {
-                    write_run(s, start, &run)?;
-                }
-                run.clear();
-                run_at = Some((stratum, *offset));
-            }
-            run.extend_from_slice(&self.arena[range.clone()]);
-        }
-        if let Some((s, start)) = run_at {
-            write_run(s, start, &run)?;
-        }
-        self.writes.clear();
-        self.arena.clear();
-        Ok(())
-    }
-}
-
-fn write_run(stratum: &Stratum, start: u64, bytes: &[u8]) -> Result<()> {
-    stratum.file.write_all_at(bytes, start).context(|| {
-        format!(
-            "writing {} bytes of grains at offset {} of {}",
-            bytes.len(),
-            start,
-            stratum.path.display()
-        )
-    })
-}
-
-fn note(touched: &mut Vec<Arc<Stratum>>, stratum: &Arc<Stratum>) {
-    if !touched.iter().any(|s| Arc::ptr_eq(s, stratum)) {
-        touched.push(stratum.clone());
     }
 }

@@ -1,8 +1,9 @@
 //! Space and allocation figures.
 
-use crate::db::{Database, INDEX_FILE};
+use crate::db::Database;
 use crate::error::Result;
 use crate::format::{grain_size, stratum_capacity, BASINS};
+use crate::open::INDEX_FILE;
 
 /// Figures for one basin (grain-size class) that has strata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,22 +61,11 @@ impl Stats {
 
 pub(crate) fn collect(db: &Database) -> Result<Stats> {
     let shared = &db.shared;
-    let (archived, last_committed, checkpointed_to, wal_checkpointed_entry) = {
-        let meta = shared.meta.lock();
-        let mut archived = vec![0_u64; BASINS];
-        for id in meta.archived_set.keys() {
-            archived[usize::from(id.basin())] += u64::from(id.count());
-        }
-        (
-            archived,
-            meta.last_committed,
-            meta.checkpointed_to,
-            meta.wal_checkpointed_entry,
-        )
-    };
+    let figures = shared.reclamation().figures();
+    let archived = figures.archived_grains;
     let mut basins = Vec::new();
-    for (number, basin) in shared.basins.iter().enumerate() {
-        let strata = basin.strata.read().clone();
+    for number in 0..BASINS {
+        let strata = shared.strata().of_basin(number);
         if strata.is_empty() {
             continue;
         }
@@ -90,28 +80,30 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
             bytes_on_disk: 0,
         };
         for stratum in &strata {
-            let bits = stratum.bits.read();
-            stats.grains_used += bits
-                .live_allocated
-                .iter()
-                .map(|w| u64::from(w.count_ones()))
-                .sum::<u64>();
-            stats.grains_free += u64::from(stratum_capacity(number) - bits.busy_count);
-            drop(bits);
+            let (used, busy) = stratum.with_bits(|bits| {
+                let used = bits
+                    .live_allocated
+                    .iter()
+                    .map(|w| u64::from(w.count_ones()))
+                    .sum::<u64>();
+                (used, bits.busy_count)
+            });
+            stats.grains_used += used;
+            stats.grains_free += u64::from(stratum_capacity(number) - busy);
             stats.bytes_on_disk += stratum.file.len()?;
         }
         basins.push(stats);
     }
     let mut wal_files = Vec::new();
     let mut index_bytes = 0;
-    for name in shared.fs.list_files(&shared.directory)? {
-        let path = shared.directory.join(&name);
+    for name in shared.fs().list_files(shared.directory())? {
+        let path = shared.directory().join(&name);
         if !name.starts_with("wal-") && name != INDEX_FILE {
             continue;
         }
         // WAL files are renamed as they are recycled: one listed a moment
         // ago may be gone.
-        let len = match shared.fs.open(&path, okaywal::fs::OpenMode::Read) {
+        let len = match shared.fs().open(&path, okaywal::fs::OpenMode::Read) {
             Ok(file) => file.len()?,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
             Err(err) => return Err(err.into()),
@@ -123,16 +115,16 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
         }
     }
     wal_files.sort();
-    let commit_log_bytes = shared.store.lock().commit_log.bytes();
+    let commit_log_bytes = shared.lock_store().commit_log_bytes();
     Ok(Stats {
         basins,
         wal_files,
         commit_log_bytes,
         index_bytes,
-        blobs_in_wal: shared.pending.read().len() as u64,
-        last_committed,
-        checkpointed_to,
-        wal_checkpointed_entry,
-        cache_bytes: shared.cache.bytes(),
+        blobs_in_wal: shared.reclamation().blobs_in_wal() as u64,
+        last_committed: figures.last_committed,
+        checkpointed_to: figures.checkpointed_to,
+        wal_checkpointed_entry: figures.wal_checkpointed_entry,
+        cache_bytes: shared.cache().bytes(),
     })
 }

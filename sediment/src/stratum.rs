@@ -1,7 +1,10 @@
-//! One stratum file: its double header and its grains.
+//! One stratum file: its double header and its grains, and its allocation
+//! bitmaps in memory. The bitmaps' lock is private: each method takes it
+//! for one operation, with no other lock under it, so it sits below
+//! `meta` and `pending` in the lock order (see `reclamation`).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
@@ -37,14 +40,14 @@ pub(crate) struct Stratum {
     pub number: u32,
     pub path: PathBuf,
     pub file: Arc<dyn FileHandle>,
-    pub bits: RwLock<StratumBits>,
+    bits: RwLock<StratumBits>,
     /// Which header copy to overwrite next, and the generation to write.
     header: Mutex<(usize, u64)>,
     /// The durable bitmaps changed since the header was last written.
-    pub dirty: AtomicBool,
+    dirty: AtomicBool,
     /// Bumped whenever freed grains become reusable, so a reader can tell
     /// that the grain it read may have been reused underneath it.
-    pub reuse_epoch: AtomicU64,
+    reuse_epoch: AtomicU64,
     /// Orders the `fdatasync`s of this file (see [`Stratum::sync`]).
     syncs: Mutex<SyncState>,
     synced: Condvar,
@@ -211,6 +214,87 @@ impl Stratum {
             self.synced.notify_all();
             return result.context(|| format!("syncing {}", self.path.display()));
         }
+    }
+
+    /// Reserves `count` adjacent free grains; their first index, or `None`
+    /// if the stratum has no such run.
+    pub fn reserve(&self, count: u32) -> Option<u32> {
+        self.bits.write().reserve(count)
+    }
+
+    /// Gives back reserved, never committed, grains.
+    pub fn release(&self, start: u32, count: u32) {
+        self.bits.write().release(start, count);
+    }
+
+    /// True if grains `start..start + count` are exactly one committed blob.
+    pub fn is_live_blob(&self, start: u32, count: u32) -> bool {
+        self.bits.read().is_live_blob(start, count)
+    }
+
+    /// A committed blob's grains became live; `replayed` (at open, where
+    /// nothing reserved them) also marks them busy.
+    pub fn blob_committed(&self, start: u32, count: u32, replayed: bool) {
+        let mut bits = self.bits.write();
+        if replayed {
+            bits.mark_busy(start, count);
+        }
+        bits.set_live(start, count, true);
+    }
+
+    /// A blob was freed: its grains are no longer live. The reuse epoch
+    /// moves after, so that a reader that saw the blob live before this
+    /// does not cache it.
+    pub fn blob_freed(&self, start: u32, count: u32) {
+        self.bits.write().set_live(start, count, false);
+        self.reuse_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Freed grains become reusable: the reuse epoch moves first, then
+    /// they go back to the free space.
+    pub fn freed_grains_reusable(&self, start: u32, count: u32) {
+        self.reuse_epoch.fetch_add(1, Ordering::AcqRel);
+        self.bits.write().release(start, count);
+    }
+
+    /// The reuse epoch: it moves whenever grains of this stratum are freed
+    /// or become reusable, so a reader can tell that a grain it read may
+    /// have been reused underneath it.
+    pub fn reuse_epoch(&self) -> u64 {
+        self.reuse_epoch.load(Ordering::Acquire)
+    }
+
+    /// A copy of the bitmaps.
+    pub fn bits_snapshot(&self) -> StratumBits {
+        self.bits.read().clone()
+    }
+
+    /// Runs `f` on the bitmaps under their read lock; `f` must take no
+    /// lock (the bitmaps' lock is taken last, see `reclamation`).
+    pub fn with_bits<R>(&self, f: impl FnOnce(&StratumBits) -> R) -> R {
+        f(&self.bits.read())
+    }
+
+    /// The WAL checkpoint records a blob in (`live`) or out of the durable
+    /// bitmaps; the header must be written again.
+    pub fn set_durable(&self, start: u32, count: u32, live: bool) {
+        self.bits.write().set_durable(start, count, live);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// The header must be written again (a checkpoint that wrote it failed).
+    pub fn mark_dirty(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Whether the header must be written again; clears it.
+    pub fn take_dirty(&self) -> bool {
+        self.dirty.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether the durable bitmaps changed since the header was written.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Acquire)
     }
 
     /// Byte offset of grain `index`.

@@ -1,18 +1,18 @@
 //! Transactions: one WAL entry each, published once durable.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use okaywal::{Durability, EntryWriter, LogPosition};
 
-use crate::commit_log::{CommitRecord, NewGrain, SequenceId};
-use crate::db::{Applied, Database, Meta};
+use crate::commit_record::{CommitRecord, NewGrain, SequenceId};
+use crate::db::Database;
 use crate::error::{Context, Error, Result};
 use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
-use crate::manager::{DATA_CHUNK, RECORD_CHUNK};
+use crate::reclamation::Taken;
 use crate::stratum::Stratum;
+use crate::wal_entry::{encode_data_chunk, encode_record_chunk};
 
 /// A set of writes, archives, an embedded-header change and a checkpoint
 /// that commit together or not at all.
@@ -35,7 +35,7 @@ pub struct Transaction<'db> {
     archived: Vec<GrainId>,
     /// Archived grains this transaction's checkpoint took for freeing,
     /// returned if it does not commit.
-    taken: BTreeMap<u64, Vec<GrainId>>,
+    taken: Taken,
     header: Option<Option<GrainId>>,
     checkpoint_to: Option<u64>,
     direct: Vec<Arc<Stratum>>,
@@ -53,7 +53,7 @@ impl<'db> Transaction<'db> {
             new_grains: Vec::new(),
             positions: HashMap::new(),
             archived: Vec::new(),
-            taken: BTreeMap::new(),
+            taken: Taken::default(),
             header: None,
             checkpoint_to: None,
             direct: Vec::new(),
@@ -75,20 +75,13 @@ impl<'db> Transaction<'db> {
             let db: &'db Database = self.db;
             let wal = db.wal.live()?;
             let floor = wal.next_entry_id().0;
-            *shared.meta.lock().beginning.entry(floor).or_default() += 1;
+            shared.reclamation().sequence_requested(floor);
             let begun = wal.begin_entry();
-            let mut meta = shared.meta.lock();
-            if let Some(count) = meta.beginning.get_mut(&floor) {
-                *count -= 1;
-                if *count == 0 {
-                    meta.beginning.remove(&floor);
-                }
-            }
+            shared
+                .reclamation()
+                .sequence_assigned(floor, begun.as_ref().ok().map(|entry| entry.id().0));
             let entry = begun.context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
-            meta.in_flight
-                .insert(self.sequence, std::thread::current().id());
-            drop(meta);
             self.entry = Some(entry);
         }
         Ok(self.sequence)
@@ -112,17 +105,17 @@ impl<'db> Transaction<'db> {
         let shared = self.db.shared.clone();
         shared.check_usable()?;
         let length = data.len() as u64;
-        if length > shared.max_blob_bytes {
+        if length > shared.strata().max_blob_bytes() {
             return Err(Error::TooLarge {
                 length,
-                maximum: shared.max_blob_bytes,
+                maximum: shared.strata().max_blob_bytes(),
             });
         }
         let sequence = self.ensure_entry()?;
         let (id, stratum) = self.reserve(length)?;
         self.reserved.push(id);
         let crc = grain_crc(sequence, data);
-        if length >= shared.direct_write_bytes {
+        if length >= shared.direct_write_bytes() {
             // Large blobs go straight into their (unreferenced, reserved)
             // grains; commit syncs the stratum before the WAL entry that
             // makes them visible.
@@ -145,10 +138,7 @@ impl<'db> Transaction<'db> {
                 self.direct.push(stratum);
             }
         } else {
-            self.scratch.clear();
-            self.scratch.push(DATA_CHUNK);
-            self.scratch.extend_from_slice(&id.to_bytes());
-            self.scratch.extend_from_slice(data);
+            encode_data_chunk(&mut self.scratch, id, data);
             let scratch = std::mem::take(&mut self.scratch);
             let written = self.entry().write_chunk(&scratch);
             self.scratch = scratch;
@@ -168,18 +158,21 @@ impl<'db> Transaction<'db> {
     /// buffered commits freed reusable.
     fn reserve(&self, length: u64) -> Result<(GrainId, Arc<Stratum>)> {
         let shared = &self.db.shared;
-        if let Some(found) = shared.allocate(length, false)? {
+        if let Some(found) = shared.strata().allocate(length, false)? {
             return Ok(found);
         }
         if self.db.sync_for_space()? {
-            if let Some(found) = shared.allocate(length, false)? {
+            if let Some(found) = shared.strata().allocate(length, false)? {
                 return Ok(found);
             }
         }
-        shared.allocate(length, true)?.ok_or_else(|| Error::Io {
-            context: format!("allocating grains for a blob of {length} bytes"),
-            source: std::io::Error::other("a new stratum had no room for the blob"),
-        })
+        shared
+            .strata()
+            .allocate(length, true)?
+            .ok_or_else(|| Error::Io {
+                context: format!("allocating grains for a blob of {length} bytes"),
+                source: std::io::Error::other("a new stratum had no room for the blob"),
+            })
     }
 
     /// Marks a committed blob as no longer needed. It stays readable until
@@ -188,19 +181,7 @@ impl<'db> Transaction<'db> {
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
         let shared = &self.db.shared;
         shared.check_usable()?;
-        // Liveness is checked under the meta lock, which a commit freeing
-        // this grain holds while clearing it: checked before, a grain freed
-        // meanwhile would be claimed, and a later checkpoint would free
-        // whatever blob had reused its grains by then.
-        let mut meta = shared.meta.lock();
-        if !shared.is_live(id)? {
-            return Err(Error::NotAllocated(id));
-        }
-        if meta.archived_set.contains_key(&id) || meta.claimed.contains(&id) {
-            return Err(Error::AlreadyArchived(id));
-        }
-        meta.claimed.insert(id);
-        drop(meta);
+        shared.reclamation().claim_archive(shared.strata(), id)?;
         self.archived.push(id);
         Ok(())
     }
@@ -220,7 +201,7 @@ impl<'db> Transaction<'db> {
         self.db.shared.check_usable()?;
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
-            if !written_here && !self.db.shared.is_live(id)? {
+            if !written_here && !self.db.shared.strata().is_live(id)? {
                 return Err(Error::NotAllocated(id));
             }
         }
@@ -273,7 +254,7 @@ impl<'db> Transaction<'db> {
     /// the archived blob must still be there, with its bytes.
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
         self.db.shared.check_usable()?;
-        let committed = self.db.shared.meta.lock().last_committed;
+        let committed = self.db.shared.reclamation().last_committed();
         if sequence.0 > committed {
             return Err(Error::FutureSequence {
                 requested: sequence.0,
@@ -290,8 +271,9 @@ impl<'db> Transaction<'db> {
     ///
     /// Two sources together cover every such transaction: the WAL's open
     /// entries (from the moment a transaction's sequence is handed out
-    /// until its commit record is written) and `Meta::in_flight` (from just
-    /// after that until its commit is applied). Transactions still waiting
+    /// until its commit record is written) and the transactions in flight
+    /// in `Reclamation` (from just after that until its commit is
+    /// applied). Transactions still waiting
     /// for their WAL entry get sequences above `through`, which was handed
     /// out already, so they are not waited for (they may be waiting for a
     /// WAL checkpoint that this transaction's own entry holds back).
@@ -305,38 +287,12 @@ impl<'db> Transaction<'db> {
                 .live()?
                 .oldest_open_entry()
                 .is_some_and(|oldest| oldest.0 <= through && oldest.0 != self.sequence);
-            let mut meta = shared.meta.lock();
-            self.check_not_held_by_this_thread(&meta, through)?;
-            let running = meta
-                .in_flight
-                .range(..=through)
-                .any(|(sequence, _)| *sequence != self.sequence);
-            if !running && !open_in_wal {
+            if shared
+                .reclamation()
+                .wait_for_finished(through, self.sequence, open_in_wal)?
+            {
                 return Ok(());
             }
-            // Woken when a transaction finishes (signalled under the lock
-            // held since the check); the timeout covers one that got its
-            // sequence from the WAL and is not in `in_flight` yet.
-            shared
-                .finished
-                .wait_for(&mut meta, std::time::Duration::from_millis(10));
-        }
-    }
-
-    /// Fails if the calling thread holds open a transaction (other than this
-    /// one) with a sequence ≤ `through`: waiting for it would never end.
-    fn check_not_held_by_this_thread(&self, meta: &Meta, through: u64) -> Result<()> {
-        let me = std::thread::current().id();
-        let held = meta
-            .in_flight
-            .range(..=through)
-            .find(|(sequence, thread)| **sequence != self.sequence && **thread == me);
-        match held {
-            Some((&open, _)) => Err(Error::CheckpointBlockedByOwnTransaction {
-                requested: through,
-                open,
-            }),
-            None => Ok(()),
         }
     }
 
@@ -411,7 +367,9 @@ impl<'db> Transaction<'db> {
             if requested >= sequence {
                 // Refused now rather than by the checkpoint-only transaction
                 // once this one has committed.
-                self.check_not_held_by_this_thread(&shared.meta.lock(), requested)?;
+                shared
+                    .reclamation()
+                    .check_not_held_by_this_thread(requested, sequence)?;
                 checkpoint_after = Some(requested);
                 self.checkpoint_to = None;
             } else {
@@ -435,31 +393,12 @@ impl<'db> Transaction<'db> {
         let shared = self.db.shared.clone();
         let mut freed = Vec::new();
         if let Some(requested) = self.checkpoint_to {
-            let mut meta = shared.meta.lock();
-            let keep = meta.archived.split_off(&requested.saturating_add(1));
-            self.taken = std::mem::replace(&mut meta.archived, keep);
-            let mut lowest = None;
-            for (archived_by, grains) in &self.taken {
-                // After a reopen, grains that a record freed without
-                // checkpointing past their archiving are listed again
-                // (see `Meta::taking`); the set knows which still are.
-                for id in grains {
-                    if meta.archived_set.get(id) == Some(archived_by) {
-                        freed.push(*id);
-                        lowest.get_or_insert(*archived_by);
-                    }
-                }
-            }
-            // Grains a concurrent committer took stay archived on disk
-            // until its record is durable: checkpoint only below them.
-            let to = match meta.taking.values().min() {
-                Some(&theirs) => requested.min(theirs.saturating_sub(1)),
-                None => requested,
-            };
-            self.checkpoint_to = Some(to);
-            if let Some(lowest) = lowest {
-                meta.taking.insert(sequence, lowest);
-            }
+            let taking = shared
+                .reclamation()
+                .take_for_checkpoint(sequence, requested);
+            freed = taking.freed;
+            self.taken = taking.taken;
+            self.checkpoint_to = Some(taking.checkpointed_to);
         }
         let record = CommitRecord {
             sequence: SequenceId(sequence),
@@ -469,9 +408,7 @@ impl<'db> Transaction<'db> {
             embedded_header: self.header,
             checkpointed_to: self.checkpoint_to.map(SequenceId),
         };
-        self.scratch.clear();
-        self.scratch.push(RECORD_CHUNK);
-        record.encode(&mut self.scratch);
+        encode_record_chunk(&mut self.scratch, &record);
         let scratch = std::mem::take(&mut self.scratch);
         self.entry()
             .write_chunk(&scratch)
@@ -499,7 +436,7 @@ impl<'db> Transaction<'db> {
         // Every buffered commit applied before this durable one's commit
         // record is written is handed to the OS before it, so the sync
         // that makes this one durable covers them too.
-        let buffered_before = shared.buffered_applied.load(Ordering::Acquire);
+        let buffered_before = shared.reclamation().sync_horizon();
         let entry = self.entry.take().expect("ensure_entry was called");
         if let Err(err) = entry
             .commit_with(durability)
@@ -515,19 +452,17 @@ impl<'db> Transaction<'db> {
             self.reserved.clear();
             return Err(err);
         }
-        let mut meta = shared.meta.lock();
-        let applied = match durability {
-            Durability::Durable => Applied::Durable,
-            Durability::Buffered => Applied::Buffered,
-        };
-        shared.apply_commit(&mut meta, record, &self.positions, applied)?;
-        if durability == Durability::Durable {
-            shared.frees_became_durable(&mut meta, |_, order| order <= buffered_before);
-        }
-        meta.taking.remove(&sequence);
+        shared.reclamation().apply_live(
+            shared.strata(),
+            shared.cache(),
+            record,
+            &self.positions,
+            durability,
+            buffered_before,
+        )?;
         self.reserved.clear();
         self.archived.clear();
-        self.taken.clear();
+        self.taken = Taken::default();
         Ok(SequenceId(sequence))
     }
 
@@ -546,26 +481,15 @@ impl<'db> Transaction<'db> {
     fn abort(&mut self) {
         let shared = &self.db.shared;
         for id in self.reserved.drain(..) {
-            shared.release(id);
+            shared.strata().release(id);
         }
-        let mut meta = shared.meta.lock();
-        for id in self.archived.drain(..) {
-            meta.claimed.remove(&id);
-        }
-        // No other record checkpointed past these meanwhile (see
-        // `Meta::taking`), so they go back where a later checkpoint, or
-        // the commit log after a reopen, still finds them.
-        meta.taking.remove(&self.sequence);
-        for (sequence, grains) in std::mem::take(&mut self.taken) {
-            meta.archived.entry(sequence).or_default().extend(grains);
-        }
-        if self.sequence != 0 {
-            if meta.in_flight.remove(&self.sequence).is_some() {
-                shared.finished.notify_all();
-            }
-            shared.release_freed(&mut meta);
-        }
-        drop(meta);
+        shared.reclamation().abandon(
+            shared.strata(),
+            shared.cache(),
+            self.sequence,
+            self.archived.drain(..),
+            std::mem::take(&mut self.taken),
+        );
         if let Some(entry) = self.entry.take() {
             let _ = entry.rollback();
         }

@@ -1,83 +1,23 @@
 //! Checking every header, allocation, grain and commit record.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::allocator::blobs;
-use crate::commit_log::{CommitLogDamage, CommitRecord};
-use crate::db::{Database, INDEX_FILE};
+use crate::commit_record::{CommitLogDamage, CommitRecord};
+use crate::db::Database;
 use crate::error::{Context, Result};
 use crate::format::{
     grain_crc, newest, placement, GrainHeader, HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
     INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
 };
 use crate::grain_id::GrainId;
-use crate::manager::{DATA_CHUNK, RECORD_CHUNK};
+use crate::open::INDEX_FILE;
 use crate::stratum::{read_headers, Stratum};
-
-/// One thing `verify` found wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The file (and offset, where it applies) holding the problem.
-    pub location: String,
-    /// The grain concerned, if any.
-    pub grain: Option<GrainId>,
-    /// What is wrong.
-    pub description: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.grain {
-            Some(grain) => write!(f, "{}: grain {grain}: {}", self.location, self.description),
-            None => write!(f, "{}: {}", self.location, self.description),
-        }
-    }
-}
-
-/// What [`Database::verify`] checked and found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VerifyReport {
-    /// Every problem found; empty for a healthy database.
-    pub problems: Vec<Problem>,
-    /// Blobs whose checksum was checked.
-    pub grains_checked: u64,
-    /// Stratum files checked.
-    pub strata_checked: u64,
-    /// Commit records checked.
-    pub commit_records_checked: u64,
-    /// Each damaged stretch of the commit log (also listed in `problems`):
-    /// where it is and which sequences' records cannot be read.
-    pub commit_log_damage: Vec<CommitLogDamage>,
-}
-
-impl VerifyReport {
-    /// True if nothing is wrong.
-    #[must_use]
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
-impl fmt::Display for VerifyReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for problem in &self.problems {
-            writeln!(f, "{problem}")?;
-        }
-        write!(
-            f,
-            "checked {} grains in {} strata and {} commit records: {} problem(s)",
-            self.grains_checked,
-            self.strata_checked,
-            self.commit_records_checked,
-            self.problems.len()
-        )
-    }
-}
+use crate::verify_report::{Problem, VerifyReport};
+use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
 
 /// A header copy that was never written reads as zeros: not a problem.
 fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
@@ -89,19 +29,17 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let mut report = VerifyReport::default();
     // Holding the store keeps checkpoints (the only writers of headers and
     // of checkpointed grains) out while we look.
-    let mut store = shared.store.lock();
+    let mut store = shared.lock_store();
     let problem = |location: String, grain: Option<GrainId>, description: String| Problem {
         location,
         grain,
         description,
     };
 
-    let index_path = shared.directory.join(INDEX_FILE);
+    let index_path = shared.directory().join(INDEX_FILE);
     for slot in 0..2_u64 {
         let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
-        let read = store
-            .index_file
-            .read_exact_at(&mut bytes, slot * INDEX_SLOT_SIZE);
+        let read = store.read_index_copy(slot, &mut bytes);
         let zero = bytes.iter().all(|b| *b == 0);
         match read.map(|()| IndexHeader::decode(&bytes)) {
             Ok(Ok(_)) => {}
@@ -121,15 +59,14 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     }
 
     let strata: Vec<_> = (0..BASINS)
-        .flat_map(|b| shared.basins[b].strata.read().clone())
+        .flat_map(|b| shared.strata().of_basin(b))
         .collect();
 
     // The commit records, read before the strata: the blobs the readable
     // records list as written are checked against them (`Expected`). Their
     // problems are listed after the strata's.
-    let last_written = store.index.last_committed;
     let mut expected = Expected::default();
-    let log_problems = match store.commit_log.read(0, last_written) {
+    let log_problems = match store.read_commit_log(0) {
         Ok(contents) => {
             report.commit_records_checked = contents.records.len() as u64;
             expected = Expected::collect(db, &strata, contents.records, &contents.damage);
@@ -151,7 +88,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 .collect()
         }
         Err(e) => vec![problem(
-            commit_log_location(&shared.directory),
+            commit_log_location(shared.directory()),
             None,
             e.to_string(),
         )],
@@ -183,19 +120,17 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 }
             }
         }
-        // The live bitmaps and the blobs still in the WAL are read together
-        // under the `pending` lock, under which a commit makes its blobs
-        // live and pending at once: a blob committed while `verify` runs
-        // is then checked where its bytes are (only in the WAL, at first).
-        let pending = shared.pending.read();
+        // The live bitmaps and the blobs still in the WAL are read together,
+        // as a commit makes its blobs live and pending at once: a blob
+        // committed while `verify` runs is then checked where its bytes
+        // are (only in the WAL, at first).
+        let snapshot = shared.reclamation().stratum_snapshot(stratum);
         // Grains freed (and maybe reused) after this are not damage.
-        let epoch = stratum
-            .reuse_epoch
-            .load(std::sync::atomic::Ordering::Acquire);
-        let bits = stratum.bits.read();
+        let epoch = snapshot.epoch;
+        let bits = &snapshot.bits;
         match newest(first, second, |h| h.generation) {
             Ok((_, header)) => {
-                if !stratum.dirty.load(std::sync::atomic::Ordering::Acquire)
+                if !stratum.is_dirty()
                     && (header.allocated != bits.durable_allocated
                         || header.starts != bits.durable_starts)
                 {
@@ -228,7 +163,6 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
             }
         }
-        drop(bits);
         for (start, count) in runs {
             if count == 0 || count > MAX_GRAINS_PER_BLOB {
                 report.problems.push(problem(
@@ -251,7 +185,12 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             };
-            work.push((stratum.clone(), id, pending.get(&id).copied(), epoch));
+            work.push((
+                stratum.clone(),
+                id,
+                snapshot.in_wal.get(&id).copied(),
+                epoch,
+            ));
         }
     }
 
@@ -264,8 +203,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
                 Ok(chunk.crc_is_valid()?
-                    && bytes.len() >= 9
-                    && grain_crc(p.sequence, &bytes[9..]) == p.crc)
+                    && data_of_chunk(&bytes)
+                        .is_some_and(|data| grain_crc(p.sequence, data) == p.crc))
             });
             match result {
                 // Damage is reported once: the record is compared with
@@ -327,11 +266,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         }
         // A blob freed since its grains were listed may have had them
         // reused by a write in progress: only a blob still live counts.
-        if stratum
-            .reuse_epoch
-            .load(std::sync::atomic::Ordering::Acquire)
-            == epoch
-        {
+        if stratum.reuse_epoch() == epoch {
             report.problems.extend(found.problems);
         }
     }
@@ -352,8 +287,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
     let shared = &db.shared;
-    let inspection = okaywal::Configuration::default_for(&shared.directory)
-        .shared_file_system(shared.fs.clone())
+    let inspection = okaywal::Configuration::default_for(shared.directory())
+        .shared_file_system(shared.fs().clone())
         .inspect()
         .context(|| "inspecting the write-ahead log".to_string())?;
     let location = |path: &Path, offset: Option<u64>| match offset {
@@ -380,7 +315,7 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
         }
         for entry in &segment.incomplete {
             let at = location(&segment.path, Some(entry.commit_offset));
-            if entry.id.0 <= shared.meta.lock().wal_checkpointed_entry {
+            if entry.id.0 <= shared.reclamation().wal_checkpointed_entry() {
                 // Already in the strata: nothing was lost with it.
                 continue;
             }
@@ -417,20 +352,15 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
 /// and what named them.
 fn lost_grains(entry: &okaywal::IncompleteEntry) -> (Vec<GrainId>, &'static str) {
     for chunk in entry.chunks.iter().filter(|chunk| chunk.crc_ok) {
-        if let Some((&RECORD_CHUNK, record)) = chunk.data.split_first() {
-            if let Ok(record) = CommitRecord::decode(record) {
-                let grains = record.new_grains.iter().map(|grain| grain.id).collect();
-                return (grains, "its commit record");
-            }
+        if let Some(record) = record_of_chunk(&chunk.data) {
+            let grains = record.new_grains.iter().map(|grain| grain.id).collect();
+            return (grains, "its commit record");
         }
     }
     let grains = entry
         .chunks
         .iter()
-        .filter_map(|chunk| match chunk.data.get(..9)? {
-            [DATA_CHUNK, id @ ..] => GrainId::from_bytes(id.try_into().ok()?).ok(),
-            _ => None,
-        })
+        .filter_map(|chunk| grain_of_data_chunk(&chunk.data))
         .collect();
     (grains, "its data chunks, unverified")
 }
@@ -463,36 +393,13 @@ impl Expected {
         from_files: Vec<CommitRecord>,
         damage: &[CommitLogDamage],
     ) -> Self {
-        let meta = db.shared.meta.lock();
-        // Taken with the records under the lock under which commits free
-        // grains: a free after this point moves its stratum's epoch.
-        let epochs = strata
-            .iter()
-            .map(|s| ((s.basin, s.number), s.reuse_epoch.load(Ordering::Acquire)))
-            .collect();
-        let after = damage
-            .iter()
-            .map(|d| d.last.0)
-            .max()
-            .unwrap_or(0)
-            .max(meta.checkpointed_to);
-        // `recent` holds the records of applied transactions (whose blobs
-        // are live), in any order of commit. A WAL checkpoint can carry a
-        // record into the commit log files while its transaction still
-        // waits for its sync, before it is applied: such records are left
-        // out.
-        let mut records: BTreeMap<u64, CommitRecord> = meta
-            .recent
-            .range(after.saturating_add(1)..)
-            .map(|(&sequence, record)| (sequence, record.clone()))
-            .collect();
-        let unapplied = |sequence: u64| meta.in_flight.contains_key(&sequence);
-        for record in from_files {
-            if record.sequence.0 > after && !unapplied(record.sequence.0) {
-                records.entry(record.sequence.0).or_insert(record);
-            }
-        }
-        drop(meta);
+        let after = damage.iter().map(|d| d.last.0).max().unwrap_or(0);
+        // Taken with the records at one moment: a free after it moves its
+        // stratum's epoch.
+        let (records, epochs) = db
+            .shared
+            .reclamation()
+            .applied_records(after, from_files, strata);
         let mut blobs = HashMap::new();
         for (sequence, record) in records {
             for id in &record.freed {
@@ -507,8 +414,7 @@ impl Expected {
 
     /// True if no grain of `stratum` was freed since the records were taken.
     fn unchanged(&self, stratum: &Stratum) -> bool {
-        self.epochs.get(&(stratum.basin, stratum.number))
-            == Some(&stratum.reuse_epoch.load(Ordering::Acquire))
+        self.epochs.get(&(stratum.basin, stratum.number)) == Some(&stratum.reuse_epoch())
     }
 
     /// A problem if blob `id`, found holding `found` at `location`, is
@@ -545,11 +451,11 @@ impl Expected {
                 "the commit record of sequence {sequence} lists this blob ({length} bytes) as \
                  written and no later record frees it"
             );
-            let stratum = match shared.stratum_of(id) {
+            let stratum = match shared.strata().stratum_of(id) {
                 Ok(Some(stratum)) => stratum,
                 Ok(None) => {
                     let path = shared
-                        .directory
+                        .directory()
                         .join(crate::stratum::file_name(id.basin(), id.stratum()));
                     missing.push((
                         id,
@@ -565,7 +471,7 @@ impl Expected {
                     missing.push((
                         id,
                         Problem {
-                            location: commit_log_location(&shared.directory),
+                            location: commit_log_location(shared.directory()),
                             grain: Some(id),
                             description: format!("{listed}, but it cannot name a blob: {e}"),
                         },
@@ -574,12 +480,9 @@ impl Expected {
                 }
             };
             // Liveness and epoch together, as a commit's free changes both.
-            let live = {
-                let _pending = shared.pending.read();
-                if !self.unchanged(&stratum) {
-                    continue;
-                }
-                stratum.bits.read().is_live_blob(id.index(), id.count())
+            let epoch = self.epochs.get(&(stratum.basin, stratum.number)).copied();
+            let Some(live) = shared.reclamation().live_at_epoch(&stratum, id, epoch) else {
+                continue;
             };
             if !live {
                 missing.push((

@@ -1,0 +1,450 @@
+//! Opening a store: the lock, the index, the strata and the commit log
+//! files, then the WAL's replay (through `manager`), and recovery from
+//! what a crash or damage left behind.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+
+use crate::checkpoint::Store;
+use crate::commit_log::CommitLogFiles;
+use crate::config::Config;
+use crate::db::{Database, Shared, Wal};
+use crate::error::{Context, Error, Result};
+use crate::format::{newest, IndexHeader, BASINS, INDEX_SLOT_SIZE};
+use crate::manager::Manager;
+use crate::reclamation::Reclamation;
+use crate::stratum::{self, Stratum};
+
+/// The name of the index file.
+pub(crate) const INDEX_FILE: &str = "index";
+
+/// The file an open store holds locked; never read or written.
+pub(crate) const LOCK_FILE: &str = "sediment.lock";
+
+impl Config {
+    /// Opens (creating or recovering) the database.
+    ///
+    /// Fails with [`Error::InvalidConfig`] for a setting it cannot honour
+    /// (see [`Config`]), and with [`Error::Io`] (of kind
+    /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)) if another process
+    /// has the store open: its `sediment.lock` stays locked for 2 s.
+    pub fn open(self) -> Result<Database> {
+        self.validate()?;
+        Database::open(self)
+    }
+
+    /// The same as [`Config::open`].
+    pub fn recover(self) -> Result<Database> {
+        self.open()
+    }
+}
+
+/// What [`Database::open`] found before the WAL replays.
+fn open_index(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    names: &[String],
+    writable: bool,
+) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
+    let path = directory.join(INDEX_FILE);
+    let strata = names
+        .iter()
+        .filter(|n| stratum::parse_file_name(n).is_some())
+        .count();
+    let logs = names
+        .iter()
+        .filter(|n| crate::commit_log::parse_file_name(n).is_some())
+        .count();
+    let wal = names.iter().filter(|n| n.starts_with("wal-")).count();
+    let mut exists = fs
+        .exists(&path)
+        .context(|| format!("checking {}", path.display()))?;
+    if !writable && (!exists || !index_has_a_valid_copy(fs, &path)?) && strata + logs + wal == 0 {
+        return Err(Error::Io {
+            context: format!("opening the store in {} read-only", directory.display()),
+            source: io::Error::new(
+                io::ErrorKind::NotFound,
+                "the directory holds no store (no index file)",
+            ),
+        });
+    }
+    if exists && strata + logs + wal == 0 && !index_has_a_valid_copy(fs, &path)? {
+        // The index is the first file a store creates, and the only one
+        // here: its creation was cut short (a file system may make the new
+        // name durable before the data, e.g. when another file's sync
+        // commits the journal). Nothing was ever stored; start afresh.
+        fs.remove_file(&path)
+            .context(|| format!("removing the unfinished {}", path.display()))?;
+        exists = false;
+    }
+    if exists {
+        let mode = if writable {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
+        let file = fs
+            .open(&path, mode)
+            .context(|| format!("opening {}", path.display()))?;
+        let len = file
+            .len()
+            .context(|| format!("reading {}", path.display()))?;
+        let mut copies = Vec::new();
+        for slot in 0..2 {
+            let start = slot * INDEX_SLOT_SIZE;
+            let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
+            file.read_exact_at(&mut bytes, start)
+                .context(|| format!("reading {}", path.display()))?;
+            copies.push(IndexHeader::decode(&bytes));
+        }
+        let second = copies.pop().expect("two");
+        let first = copies.pop().expect("two");
+        let copies = [first.clone(), second.clone()];
+        let (slot, header) =
+            newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
+                path: path.clone(),
+                what: format!("both index header copies are invalid ({a}; {b})"),
+            })?;
+        if writable && copies[1 - slot].as_ref() != Ok(&header) {
+            // A checkpoint leaves both copies alike, so the other one was
+            // being written when a crash hit, or has decayed since: make it
+            // a copy of the good one again.
+            file.write_all_at(&header.encode(), (1 - slot as u64) * INDEX_SLOT_SIZE)
+                .and_then(|()| file.sync_data())
+                .context(|| format!("repairing a header copy of {}", path.display()))?;
+        }
+        Ok((file, header, 1 - slot))
+    } else {
+        // The index is created, synced and named in the directory before any
+        // stratum or commit log file exists, so finding those without it is
+        // damage. A fresh index would forget the embedded header and every
+        // checkpointed strata count; refuse instead.
+        if strata + logs > 0 {
+            return Err(Error::Corrupt {
+                path,
+                what: format!(
+                    "the index file is missing, but the directory holds {strata} stratum \
+                     and {logs} commit log files"
+                ),
+            });
+        }
+        let file = fs
+            .open(&path, OpenMode::CreateNew)
+            .context(|| format!("creating {}", path.display()))?;
+        let header = IndexHeader {
+            generation: 1,
+            ..IndexHeader::default()
+        };
+        file.write_all_at(&header.encode(), 0)
+            .and_then(|()| file.sync_data())
+            .and_then(|()| fs.sync_dir(directory))
+            .context(|| format!("initializing {}", path.display()))?;
+        Ok((file, header, 1))
+    }
+}
+
+/// Whether either copy of the index header at `path` decodes.
+fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .context(|| format!("opening {}", path.display()))?;
+    let len = file
+        .len()
+        .context(|| format!("reading {}", path.display()))?;
+    for slot in 0..2 {
+        let start = slot * INDEX_SLOT_SIZE;
+        let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
+        file.read_exact_at(&mut bytes, start)
+            .context(|| format!("reading {}", path.display()))?;
+        if IndexHeader::decode(&bytes).is_ok() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Opens every stratum file, in order, per basin; `known` is the index's
+/// count of strata per basin that had a durable header.
+fn open_strata(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    names: &[String],
+    known: &[u32; BASINS],
+    writable: bool,
+) -> Result<Vec<Vec<Arc<Stratum>>>> {
+    let mut numbers: Vec<Vec<u32>> = vec![Vec::new(); BASINS];
+    for (basin, number) in names.iter().filter_map(|n| stratum::parse_file_name(n)) {
+        if usize::from(basin) < BASINS {
+            numbers[usize::from(basin)].push(number);
+        }
+    }
+    let mut basins = Vec::with_capacity(BASINS);
+    for (basin, mut numbers) in numbers.into_iter().enumerate() {
+        numbers.sort_unstable();
+        let mut strata = Vec::with_capacity(numbers.len());
+        for (expected, number) in numbers.into_iter().enumerate() {
+            let basin = basin as u8;
+            if number != expected as u32 {
+                return Err(Error::Corrupt {
+                    path: directory.join(stratum::file_name(basin, expected as u32)),
+                    what: format!("stratum file is missing (stratum {number} exists)"),
+                });
+            }
+            let is_known = number < known[usize::from(basin)];
+            strata.push(Arc::new(open_stratum(
+                fs, directory, basin, number, is_known, writable,
+            )?));
+        }
+        let listed = known[basin];
+        if (strata.len() as u64) < u64::from(listed) {
+            return Err(Error::Corrupt {
+                path: directory.join(stratum::file_name(basin as u8, strata.len() as u32)),
+                what: format!(
+                    "stratum file is missing (the index lists {listed} strata of basin {basin})"
+                ),
+            });
+        }
+        basins.push(strata);
+    }
+    Ok(basins)
+}
+
+/// Opens one stratum; `known` says the index lists it as created.
+fn open_stratum(
+    fs: &dyn FileSystem,
+    directory: &Path,
+    basin: u8,
+    number: u32,
+    known: bool,
+    writable: bool,
+) -> Result<Stratum> {
+    match Stratum::open(fs, directory, basin, number, writable) {
+        Err(Error::Corrupt { path, what }) if !known => {
+            // A stratum whose creation was cut short before its header was
+            // synced holds no grains yet; one with grains is really damaged.
+            // (A stratum the index knows had a durable header once, so a
+            // short file there is damage, not a crash: see FORMAT.md.)
+            let len = fs
+                .open(&path, OpenMode::Read)
+                .and_then(|f| f.len())
+                .context(|| format!("reading {}", path.display()))?;
+            if len <= 2 * crate::format::stratum_slot_size(basin) {
+                if writable {
+                    Stratum::create(fs, directory, basin, number)
+                } else {
+                    Stratum::unfinished(fs, directory, basin, number)
+                }
+            } else {
+                Err(Error::Corrupt { path, what })
+            }
+        }
+        other => other,
+    }
+}
+
+impl Database {
+    /// Opens (creating or recovering) the database in `directory` with the
+    /// default [`Config`].
+    pub fn recover<P: AsRef<Path>>(directory: P) -> Result<Self> {
+        Config::for_directory(directory).open()
+    }
+
+    /// A database that lives in memory only, for tests and scratch data.
+    ///
+    /// # Panics
+    ///
+    /// Never in practice: the in-memory file system cannot fail.
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Config::for_directory("/sediment")
+            .file_system(okaywal::fs::MemoryFileSystem::new())
+            .open()
+            .expect("an in-memory database always opens")
+    }
+
+    /// Opens the database in `directory` read-only with the default
+    /// [`Config`] (see [`Config::read_only`]): nothing is written, any
+    /// number of read-only opens may run at once, and none while the store
+    /// is open for writing.
+    pub fn open_read_only<P: AsRef<Path>>(directory: P) -> Result<Self> {
+        Config::for_directory(directory).read_only(true).open()
+    }
+
+    pub(crate) fn open(config: Config) -> Result<Self> {
+        let fs = config.file_system_in_use().clone();
+        let directory = config.directory().to_path_buf();
+        let writable = !config.is_read_only();
+        let lock = if writable {
+            okaywal::fs::create_dir_durably(&*fs, &directory)
+                .context(|| format!("creating {}", directory.display()))?;
+            // Before anything is read: open repairs and removes files.
+            fs.lock_exclusive(&directory.join(LOCK_FILE))
+        } else {
+            fs.lock_shared(&directory.join(LOCK_FILE))
+        }
+        .context(|| format!("opening the store in {}", directory.display()))?;
+        let names = fs
+            .list_files(&directory)
+            .context(|| format!("listing {}", directory.display()))?;
+        let (index_file, index, next_slot) = open_index(&*fs, &directory, &names, writable)?;
+        let wal_floor = index.wal_checkpointed_entry;
+        let strata = open_strata(&*fs, &directory, &names, &index.strata, writable)?;
+        let mut commit_log = CommitLogFiles::open(
+            &directory,
+            fs.clone(),
+            &names,
+            index.commit_log_file,
+            index.commit_log_end,
+            writable,
+        )?;
+
+        // The commit log is read for the grains archived since the last
+        // `checkpoint_to` (everything else it holds is in the index and the
+        // strata). Damaged records are skipped; see
+        // `forget_unprovable_archives` for what that costs.
+        let contents = commit_log.read(
+            index.checkpointed_to.saturating_add(1),
+            index.last_committed,
+        )?;
+        let hidden_through = contents
+            .damage
+            .iter()
+            .map(|damage| damage.last.0)
+            .filter(|&last| last > index.checkpointed_to)
+            .max();
+        let reclamation = Reclamation::recovered(&index, contents.records);
+
+        let shared = Arc::new(Shared::new(
+            &config,
+            strata,
+            reclamation,
+            Store::new(index_file, index, next_slot, commit_log),
+            lock,
+        ));
+        // `Config::open` checked that the WAL's directory and file system
+        // are the database's.
+        let wal_config = config.into_wal_configuration();
+        // Sequences are WAL entry ids: never hand out one the strata have
+        // already seen, whatever happened to the WAL's files (and never one
+        // below a floor the configuration asks for).
+        let floor = wal_floor
+            .saturating_add(1)
+            .max(wal_config.minimum_next_entry_id);
+        let wal_config = wal_config.minimum_next_entry_id(floor);
+        let wal = if writable {
+            wal_config.open(Manager::new(shared.clone())).map(Wal::Live)
+        } else {
+            wal_config
+                .open_read_only(Manager::new(shared.clone()))
+                .map(|wal| Wal::ReadOnly(Arc::new(wal)))
+        }
+        .context(|| "opening the write-ahead log".to_string())?;
+        let db = Self { shared, wal };
+        if let Some(through) = hidden_through {
+            db.forget_unprovable_archives(through);
+        }
+        Ok(db)
+    }
+
+    /// After damage hid the commit records of sequences up to `through`
+    /// (and after the WAL replay, so that blobs still in the WAL count): a
+    /// hidden record may have freed grains that a readable record before it
+    /// archived, and their space may hold a newer blob by now. So an
+    /// archived grain whose archiving sequence is below `through` stays
+    /// archived only if the blob there is provably the one that was
+    /// archived: live, written before the archiving sequence, and reading
+    /// back with its checksum. Any other grain is no longer taken as
+    /// archived, so no `checkpoint_to` frees it: its space is kept rather
+    /// than risk freeing a newer blob. Grains that hidden records archived
+    /// stay live and unarchived the same way (see FORMAT.md).
+    fn forget_unprovable_archives(&self, through: u64) {
+        let candidates = self.shared.reclamation().archives_before(through);
+        for (id, archived_by) in candidates {
+            let provable = match self.read(id) {
+                Ok(Some(mut reader)) => {
+                    reader.sequence().0 < archived_by
+                        && io::copy(&mut reader, &mut io::sink()).is_ok()
+                }
+                Ok(None) | Err(_) => false,
+            };
+            if provable {
+                continue;
+            }
+            self.shared.reclamation().forget_archive(id, archived_by);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commit_record::SequenceId;
+    use crate::grain_id::GrainId;
+
+    /// What open concludes when damage hid the commit records up to
+    /// `through`: `meta` says `id` was archived by `archived_by`, as a
+    /// readable record said, but a hidden record may have freed it since.
+    fn provable_after_damage(
+        db: &Database,
+        id: GrainId,
+        archived_by: SequenceId,
+        through: SequenceId,
+    ) -> bool {
+        db.shared.reclamation().record_archive(id, archived_by.0);
+        db.forget_unprovable_archives(through.0);
+        db.shared.reclamation().is_archived_by(id, archived_by.0)
+    }
+
+    #[test]
+    fn archives_a_hidden_record_may_have_freed_are_kept_only_when_provable() {
+        let db = Database::in_memory();
+        let mut tx = db.begin_transaction().unwrap();
+        let first = tx.write(b"0123456789").unwrap();
+        let second = tx.write(b"9876543210").unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(first).unwrap();
+        tx.archive(second).unwrap();
+        let archived_by = tx.commit().unwrap();
+        // The free that damage would hide, then a blob of the same size in
+        // one of the freed grains.
+        let mut tx = db.begin_transaction().unwrap();
+        tx.checkpoint_to(archived_by).unwrap();
+        let freeing = tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        let newer = tx.write(b"abcdefghij").unwrap();
+        tx.commit().unwrap();
+        let left_free = match newer {
+            id if id == first => second,
+            id if id == second => first,
+            other => panic!("{other} reuses neither freed grain"),
+        };
+        // Taking them as archived would free `newer` at the next checkpoint.
+        assert!(!provable_after_damage(&db, newer, archived_by, freeing));
+        assert!(!provable_after_damage(&db, left_free, archived_by, freeing));
+
+        // A blob archived (by a sequence below the damage's end) and still
+        // there stays archived, so a later checkpoint frees it.
+        let mut tx = db.begin_transaction().unwrap();
+        let kept = tx.write(b"still archived").unwrap();
+        tx.commit().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        tx.archive(kept).unwrap();
+        let kept_by = tx.commit().unwrap();
+        let through = SequenceId(kept_by.0 + 1);
+        assert!(provable_after_damage(&db, kept, kept_by, through));
+        // Claimed archived before the blob there was written: not provable.
+        assert!(!provable_after_damage(&db, kept, SequenceId(1), through));
+        // Archived after the damage's end: not in doubt, left alone.
+        assert!(provable_after_damage(
+            &db,
+            newer,
+            SequenceId(through.0),
+            through
+        ));
+        assert_eq!(db.get(newer).unwrap().as_deref(), Some(&b"abcdefghij"[..]));
+    }
+}
