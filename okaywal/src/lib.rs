@@ -119,6 +119,7 @@
 
 mod checkpoint;
 mod config;
+pub mod encryption;
 mod failure;
 #[cfg(feature = "internals")]
 pub mod format;
