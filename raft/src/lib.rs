@@ -41,6 +41,7 @@
 
 pub mod api;
 pub mod batch;
+pub mod encryption;
 mod error;
 pub mod journal;
 pub mod limits;
@@ -50,9 +51,11 @@ pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod sealed_snapshot;
 pub mod security;
 pub mod server;
 pub mod snapshot;
+pub mod snapshot_data;
 pub mod state_machine;
 pub mod types;
 pub mod validate;

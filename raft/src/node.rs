@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use okaywal::encryption::KeyProvider;
 use okaywal::fs::{FileSystem, StdFileSystem};
 use openraft::{ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -13,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, App};
 use crate::batch::WriteBatcher;
+use crate::encryption::{check_node_directory, SharedKeys};
 use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::metrics::Counters;
@@ -81,6 +83,13 @@ pub struct NodeConfig {
     pub body_timeout: Duration,
     /// Time a connection may stay open with no request in progress.
     pub idle_timeout: Duration,
+    /// Encrypt the node's files at rest with these keys: the Raft log's
+    /// metadata and archives, snapshot files (see [`crate::encryption`]).
+    /// A node directory is encrypted or not from its first start: a
+    /// directory written without a key does not start with one, nor the
+    /// other way round, and a wrong key is refused before anything is
+    /// written. `None`: plain files.
+    pub key_provider: Option<SharedKeys>,
 }
 
 impl NodeConfig {
@@ -107,7 +116,18 @@ impl NodeConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            key_provider: None,
         }
+    }
+
+    /// The same with its files encrypted with the keys of `provider` (a
+    /// [`StaticKey`](okaywal::encryption::StaticKey), a
+    /// [`Keyring`](okaywal::encryption::Keyring) or a KMS of the
+    /// application's).
+    #[must_use]
+    pub fn with_key_provider(mut self, provider: impl KeyProvider) -> Self {
+        self.key_provider = Some(SharedKeys::new(provider));
+        self
     }
 
     /// The same with TLS.
@@ -255,8 +275,9 @@ impl std::fmt::Debug for RunningNode {
 }
 
 /// Checks the configuration's security ([`NodeConfig::check_network_security`]
-/// and the TLS and token files), opens the node's stores (recovering
-/// them), starts Raft and serves HTTP or HTTPS.
+/// and the TLS and token files) and the node directory's key check
+/// ([`check_node_directory`]), opens the node's stores (recovering them),
+/// starts Raft and serves HTTP or HTTPS.
 pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     config.check_network_security()?;
     if config.max_connections == 0 {
@@ -268,15 +289,24 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         config.token.as_ref(),
     )?;
     let raft_config = Arc::new(config.raft_config()?);
-    let log_config = LogStoreConfig::new(config.directory.join("log"))
+    let mut log_config = LogStoreConfig::new(config.directory.join("log"))
         .segment_bytes(config.log_segment_bytes)
         .file_system(config.file_system.clone());
+    log_config.encryption = config.key_provider.clone();
     let mut sm_config = StateMachineConfig::new(config.directory.join("state"))
         .file_system(config.file_system.clone());
+    sm_config.encryption = config.key_provider.clone();
     if let Some(dir) = &config.snapshot_directory {
         sm_config.snapshot_directory = dir.clone();
     }
+    let (fs, directory, keys) = (
+        config.file_system.clone(),
+        config.directory.clone(),
+        config.key_provider.clone(),
+    );
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+        // Before anything is opened: a wrong key must not change a byte.
+        check_node_directory(&*fs, &directory, keys.as_ref())?;
         Ok::<_, Error>((
             LogStore::open_with(log_config)?,
             StateMachine::open_with(sm_config)?,
