@@ -135,6 +135,7 @@ mod manager;
 mod position;
 mod reader;
 mod recovery;
+mod sealed;
 mod segment;
 mod segments;
 mod stats;
