@@ -131,9 +131,11 @@ impl<'log> EntryWriter<'log> {
                     // The data is sealed now, outside the lock; only the
                     // record header, which binds the offset and durable
                     // mark, is sealed under it (with a nonce drawn here).
-                    let [header_nonce] = FreshNonce::draw_many()?;
+                    // One frame (a small chunk is no longer than one);
+                    // both nonces come from one call to the generator.
+                    let [frame_nonce, header_nonce] = FreshNonce::draw_many()?;
                     let mut sealed = Vec::with_capacity(sealed_data_len(length) as usize);
-                    seal.seal_frames(chunk, 0, data, &mut sealed)
+                    seal.seal_frame(chunk, 0, data, frame_nonce, &mut sealed)
                         .and_then(|()| {
                             inner.append(
                                 &self.segment,
@@ -367,6 +369,9 @@ impl Drop for EntryWriter<'_> {
         }
     }
 }
+
+// A chunk that goes through the write buffer is sealed as one frame.
+const _: () = assert!(INLINE_CHUNK_LIMIT <= FRAME_BYTES);
 
 /// Why writing a large chunk's data failed.
 enum Failed {
