@@ -239,7 +239,7 @@ pub enum AnyHeader {
     /// Format version 1: no encryption.
     Plain(SegmentHeader),
     /// Format version 2: encrypted.
-    Sealed(SealedSegmentHeader),
+    Sealed(Box<SealedSegmentHeader>),
 }
 
 impl AnyHeader {
@@ -247,7 +247,7 @@ impl AnyHeader {
     pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
         match bytes.get(7) {
             Some(&ENCRYPTED_FORMAT_VERSION) if bytes.starts_with(&MAGIC) => {
-                SealedSegmentHeader::decode(bytes).map(Self::Sealed)
+                SealedSegmentHeader::decode(bytes).map(|header| Self::Sealed(Box::new(header)))
             }
             _ => SegmentHeader::decode(bytes).map(Self::Plain),
         }

@@ -31,6 +31,13 @@ const KEY_CHECK_CONTEXT: &[u8] = b"okaywal segment";
 const HEADER_CONTEXT: &[u8] = b"okaywal segment header v2";
 const RECORD_CONTEXT: &[u8] = b"okaywal record v2";
 const FRAME_CONTEXT: &[u8] = b"okaywal frame v2";
+/// Bytes of a record header's associated data: context, segment id,
+/// generation, offset, kind and length.
+const RECORD_ASSOCIATED: usize = 17 + 8 + NONCE_BYTES + 8 + 5;
+/// Bytes of a frame's associated data: context, segment id, generation,
+/// entry id, chunk index, chunk length, frame index.
+const FRAME_ASSOCIATED: usize = 16 + 8 + NONCE_BYTES + 8 + 4 + 4 + 8;
+const _: () = assert!(RECORD_CONTEXT.len() == 17 && FRAME_CONTEXT.len() == 16);
 
 /// The key and generation of one encrypted segment.
 pub(crate) struct SegmentSeal {
@@ -135,13 +142,21 @@ impl SegmentSeal {
         Ok((seal, header))
     }
 
-    fn record_associated(&self, offset: u64, prefix: &[u8]) -> Vec<u8> {
-        let mut associated = Vec::with_capacity(RECORD_CONTEXT.len() + 8 + NONCE_BYTES + 8 + 5);
-        associated.extend_from_slice(RECORD_CONTEXT);
-        associated.extend_from_slice(&self.id.to_le_bytes());
-        associated.extend_from_slice(&self.generation);
-        associated.extend_from_slice(&offset.to_le_bytes());
-        associated.extend_from_slice(prefix);
+    /// The associated data of the record header at `offset` whose kind
+    /// and length bytes are `prefix`.
+    fn record_associated(&self, offset: u64, prefix: &[u8]) -> [u8; RECORD_ASSOCIATED] {
+        let mut associated = [0_u8; RECORD_ASSOCIATED];
+        let mut at = 0;
+        for piece in [
+            RECORD_CONTEXT,
+            &self.id.to_le_bytes(),
+            &self.generation,
+            &offset.to_le_bytes(),
+            &prefix[..5],
+        ] {
+            associated[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
         associated
     }
 
@@ -222,15 +237,22 @@ impl SegmentSeal {
         ))
     }
 
-    fn frame_associated(&self, entry_id: u64, index: u32, length: u32, frame: u64) -> Vec<u8> {
-        let mut associated = Vec::with_capacity(FRAME_CONTEXT.len() + 8 + NONCE_BYTES + 24);
-        associated.extend_from_slice(FRAME_CONTEXT);
-        associated.extend_from_slice(&self.id.to_le_bytes());
-        associated.extend_from_slice(&self.generation);
-        associated.extend_from_slice(&entry_id.to_le_bytes());
-        associated.extend_from_slice(&index.to_le_bytes());
-        associated.extend_from_slice(&length.to_le_bytes());
-        associated.extend_from_slice(&frame.to_le_bytes());
+    /// The associated data of frame `frame` of `chunk`.
+    fn frame_associated(&self, chunk: ChunkId, frame: u64) -> [u8; FRAME_ASSOCIATED] {
+        let mut associated = [0_u8; FRAME_ASSOCIATED];
+        let mut at = 0;
+        for piece in [
+            FRAME_CONTEXT,
+            &self.id.to_le_bytes(),
+            &self.generation,
+            &chunk.entry_id.to_le_bytes(),
+            &chunk.index.to_le_bytes(),
+            &chunk.length.to_le_bytes(),
+            &frame.to_le_bytes(),
+        ] {
+            associated[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
         associated
     }
 
@@ -248,7 +270,7 @@ impl SegmentSeal {
         let start = out.len();
         out.extend_from_slice(&[0; NONCE_BYTES]);
         out.extend_from_slice(plaintext);
-        let associated = self.frame_associated(chunk.entry_id, chunk.index, chunk.length, frame);
+        let associated = self.frame_associated(chunk, frame);
         let seal = self
             .key
             .seal_with(nonce, &associated, &mut out[start + NONCE_BYTES..])?;
@@ -296,7 +318,7 @@ impl SegmentSeal {
             nonce: bytes[..NONCE_BYTES].try_into().expect("24 bytes"),
             tag: bytes[NONCE_BYTES + len..].try_into().expect("16 bytes"),
         };
-        let associated = self.frame_associated(chunk.entry_id, chunk.index, chunk.length, frame);
+        let associated = self.frame_associated(chunk, frame);
         self.key
             .open(
                 &seal,

@@ -17,6 +17,13 @@ use okaywal::encryption::{Key, KeyError, KeyId, Keyring, StaticKey};
 use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
 use okaywal::{Configuration, LogPosition, LogVoid, RecordType, RecoveryMode, WriteAheadLog};
 
+/// A log directory's files: (name, bytes).
+type Files = Vec<(String, Vec<u8>)>;
+/// Entries: (id, chunks).
+type Entries = Vec<(u64, Vec<Vec<u8>>)>;
+/// Chunks and where they were written.
+type Positions = Vec<(LogPosition, Vec<u8>)>;
+
 /// Every file of a real directory, by name.
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
@@ -42,7 +49,7 @@ fn payload(rng: &mut Rng, id: u64, chunk: usize, len: usize) -> Vec<u8> {
 /// streamed chunks, some rolled back, across segment switches and a
 /// checkpoint whose segment is recycled and reused. Returns every payload
 /// written (rolled back ones too) and where each committed chunk is.
-fn varied_workload(log: &WriteAheadLog, seed: u64) -> (Vec<Vec<u8>>, Vec<(LogPosition, Vec<u8>)>) {
+fn varied_workload(log: &WriteAheadLog, seed: u64) -> (Vec<Vec<u8>>, Positions) {
     let mut rng = Rng::new(seed);
     let mut payloads = Vec::new();
     let mut positions = Vec::new();
@@ -165,8 +172,7 @@ fn every_reader_reads_an_encrypted_log_with_its_key() {
     }
     let followed: Vec<Vec<u8>> = follower
         .by_ref()
-        .map(|entry| entry.unwrap().into_chunks())
-        .flatten()
+        .flat_map(|entry| entry.unwrap().into_chunks())
         .collect();
     let written: Vec<Vec<u8>> = positions.iter().map(|(_, data)| data.clone()).collect();
     assert_eq!(followed, written, "the live reader's chunks");
@@ -227,10 +233,7 @@ fn every_reader_reads_an_encrypted_log_with_its_key() {
 /// A small encrypted log on the simulated disk: entries of one to three
 /// chunks, each committed durably, so that every record carries a durable
 /// mark past the entries before it. Returns the files and the entries.
-fn small_encrypted_log(
-    fs: &CrashFileSystem,
-    shapes: &[&[usize]],
-) -> (Vec<(String, Vec<u8>)>, Vec<(u64, Vec<Vec<u8>>)>) {
+fn small_encrypted_log(fs: &CrashFileSystem, shapes: &[&[usize]]) -> (Files, Entries) {
     let log = one_segment(fs).open(LogVoid).unwrap();
     let mut rng = Rng::new(77);
     let mut entries = Vec::new();

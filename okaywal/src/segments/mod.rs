@@ -330,10 +330,9 @@ impl Segments {
     /// seals the one before. Returns true if that one can be checkpointed
     /// now (the maintenance thread should be woken).
     pub fn switch(&mut self, next_entry_id: u64) -> io::Result<bool> {
-        let spare = self
-            .spares
-            .pop()
-            .ok_or_else(|| io::Error::other("no spare segment file available"))?;
+        if self.spares.is_empty() {
+            return Err(io::Error::other("no spare segment file available"));
+        }
         let id = next_entry_id;
         crate::trace::span!(INFO, "switch_segment", segment = id);
         let path = FileName::Segment(id).path_in(&self.settings.directory);
@@ -356,6 +355,8 @@ impl Segments {
             }
             None => (Layout::Plain, header.encode()),
         };
+        // Taken only now: a key provider that fails leaves it in the pool.
+        let spare = self.spares.pop().expect("checked above");
         // The file keeps its spare name until the first sync pass renames
         // it (see `crate::log::sync`), but the header is synced now, before
         // any record salted with `id` can reach the file: records that
@@ -476,29 +477,34 @@ impl Segments {
         let mark = seg.segment.marked_to();
         let free = seg.reserved_end;
         let (pad, offset) = aligned_chunk_start_after(free, header_size);
-        if pad > 0 {
-            // Parallel writers of large chunks then never share a page,
-            // and each data `pwrite` covers whole pages: concurrent
-            // writes into one page serialise on its lock in the kernel,
-            // and every sync would write the shared page again.
-            let padding = RecordHeader {
-                kind: RecordKind::Padding,
-                entry_id: header.entry_id,
-                length: (pad - header_size) as u32,
-                durable_mark: mark,
-            };
-            let encoded = layout.encode(&padding, 0, segment, free, padding_nonce)?;
-            let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
-            seg.buffer(free, &[&encoded, &zeros[..padding.length as usize]]);
-        }
+        // Parallel writers of large chunks then never share a page, and
+        // each data `pwrite` covers whole pages: concurrent writes into one
+        // page serialise on its lock in the kernel, and every sync would
+        // write the shared page again.
+        let padding = RecordHeader {
+            kind: RecordKind::Padding,
+            entry_id: header.entry_id,
+            length: pad.saturating_sub(header_size) as u32,
+            durable_mark: mark,
+        };
         let header = RecordHeader {
             durable_mark: mark,
             ..header
         };
+        // Both headers are encoded before anything is reserved: a failure
+        // leaves the segment as it was.
+        let padding_bytes = match pad {
+            0 => None,
+            _ => Some(layout.encode(&padding, 0, segment, free, padding_nonce)?),
+        };
+        let encoded = layout.encode(&header, index, segment, offset, header_nonce)?;
+        if let Some(padding_bytes) = padding_bytes {
+            let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
+            seg.buffer(free, &[&padding_bytes, &zeros[..padding.length as usize]]);
+        }
         let record_len = layout.record_len(&header);
         seg.reserved_end = offset + record_len;
         seg.data_in_flight.insert(offset);
-        let encoded = layout.encode(&header, index, segment, offset, header_nonce)?;
         seg.buffer(offset, &[&encoded]);
         if let Layout::Plain = layout {
             seg.buffer(
