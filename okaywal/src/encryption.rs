@@ -619,7 +619,7 @@ impl Cipher {
 /// taking a lock, say) and seal later.
 ///
 /// ```rust
-/// use okaywal::encryption::{FreshNonce, Key, KeyId, StaticKey, Cipher};
+/// use okaywal::encryption::{Cipher, FreshNonce, StaticKey};
 ///
 /// # fn main() -> std::io::Result<()> {
 /// let cipher = Cipher::new(StaticKey::new([3; 32]));
