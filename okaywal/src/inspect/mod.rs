@@ -205,6 +205,13 @@ impl Configuration {
     /// seen half-written; inspect a log nobody has open (or hold it open
     /// with [`Configuration::open_read_only`]) for an exact answer.
     ///
+    /// An encrypted log is inspected with its key
+    /// ([`Configuration::encryption`]); without it, or with a wrong one,
+    /// inspection fails with the key error an open would give (see
+    /// [`KeyError`](crate::encryption::KeyError)), reading nothing else.
+    /// Bytes of an incomplete entry's chunks are shown as far as they
+    /// authenticate.
+    ///
     /// ```
     /// use okaywal::{Configuration, LogVoid};
     /// # let dir = tempfile::tempdir()?;
@@ -301,6 +308,8 @@ impl Configuration {
     /// [`Configuration::recovery_mode`] says, in memory), no checkpoint.
     /// The returned [`ReadOnlyLog`] serves the chunks of the recovered
     /// entries by position.
+    ///
+    /// An encrypted log needs its key, as for [`Configuration::open`].
     ///
     /// It holds the log's lock shared: any number of read-only opens may
     /// run at once, none while a writer has the log open, and a writer

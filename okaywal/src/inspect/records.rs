@@ -219,7 +219,10 @@ impl Configuration {
     /// its kind, offset, length and (for chunks) whether its data matches
     /// its CRC, up to the first record that does not verify, and why that
     /// one does not. The walk never skips damage; what recovery would make
-    /// of the log is [`Configuration::inspect`]'s answer.
+    /// of the log is [`Configuration::inspect`]'s answer. An encrypted
+    /// segment is listed with the configuration's key (its records' entry
+    /// ids and marks are encrypted); without the right key the listing
+    /// fails with a key error, as an open would.
     ///
     /// ```
     /// use okaywal::{Configuration, LogVoid, RecordType};
