@@ -152,6 +152,9 @@ impl<'log> EntryWriter<'log> {
         } else {
             // Large chunks are copied by their writers in parallel, with one
             // `pwrite` each; header and trailer wait in the write buffer.
+            // Encrypted, the writer seals the frames after the reservation
+            // and writes them 16 at a time; its header waits alone (sealed
+            // under the lock with a nonce drawn here, like the padding's).
             let nonces = match seal {
                 Some(_) => Some(
                     FreshNonce::draw_many()

@@ -330,9 +330,6 @@ impl Segments {
     /// seals the one before. Returns true if that one can be checkpointed
     /// now (the maintenance thread should be woken).
     pub fn switch(&mut self, next_entry_id: u64) -> io::Result<bool> {
-        if self.spares.is_empty() {
-            return Err(io::Error::other("no spare segment file available"));
-        }
         let id = next_entry_id;
         crate::trace::span!(INFO, "switch_segment", segment = id);
         let path = FileName::Segment(id).path_in(&self.settings.directory);
@@ -356,7 +353,9 @@ impl Segments {
             None => (Layout::Plain, header.encode()),
         };
         // Taken only now: a key provider that fails leaves it in the pool.
-        let spare = self.spares.pop().expect("checked above");
+        let Some(spare) = self.spares.pop() else {
+            return Err(io::Error::other("no spare segment file available"));
+        };
         // The file keeps its spare name until the first sync pass renames
         // it (see `crate::log::sync`), but the header is synced now, before
         // any record salted with `id` can reach the file: records that
