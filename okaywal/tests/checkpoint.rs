@@ -1,5 +1,6 @@
-//! Checkpointing: what `checkpoint_to` is handed and in which order,
-//! recycling of segment files, and managers whose checkpoints fail.
+//! Checkpointing: what `checkpoint_to` is handed and in which order (in a
+//! plain and in an encrypted log), recycling of segment files, and
+//! managers whose checkpoints fail.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::encryption::Encryption;
 use common::{
     checkpoint_until_ok, files_in, occurrences, run_workload, Checkpoint, Mix, Model, Recorder,
     Rng, Workload, REFUSAL,
@@ -104,6 +106,13 @@ fn check_checkpoints(model: &Model, checkpoints: &[Checkpoint]) -> Result<(), St
 
 #[test]
 fn checkpoints_hand_over_every_entry_once_in_order() {
+    for encryption in Encryption::BOTH {
+        checkpoints_hand_over_every_entry_once_in_order_in(encryption);
+    }
+}
+
+fn checkpoints_hand_over_every_entry_once_in_order_in(encryption: Encryption) {
+    let small_segments = |dir: &Path| encryption.configure(small_segments(dir));
     let dir = tempfile::tempdir().unwrap();
     let recorder = Recorder::new();
     let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
@@ -137,6 +146,13 @@ fn checkpoints_hand_over_every_entry_once_in_order() {
 
 #[test]
 fn recovered_segments_are_checkpointed_in_order_after_reopen() {
+    for encryption in Encryption::BOTH {
+        recovered_segments_are_checkpointed_in_order_after_reopen_in(encryption);
+    }
+}
+
+fn recovered_segments_are_checkpointed_in_order_after_reopen_in(encryption: Encryption) {
+    let small_segments = |dir: &Path| encryption.configure(small_segments(dir));
     let dir = tempfile::tempdir().unwrap();
     let first = Recorder::refusing();
     let log = small_segments(dir.path()).open(first.clone()).unwrap();
