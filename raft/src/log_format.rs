@@ -410,6 +410,12 @@ pub fn sealed_archive_header(cipher: &Cipher) -> io::Result<Vec<u8>> {
     key_check_header(cipher, SEALED_ARCHIVE_MAGIC, ARCHIVE_KEY_CONTEXT)
 }
 
+/// Whether `header` starts with a sealed archive's magic.
+#[must_use]
+pub fn is_sealed_archive_header(header: &[u8]) -> bool {
+    header.get(..8) == Some(&SEALED_ARCHIVE_MAGIC[..])
+}
+
 /// Checks a sealed archive file's header (its first
 /// [`SEALED_ARCHIVE_HEADER`] bytes) and key check.
 ///
@@ -418,7 +424,7 @@ pub fn sealed_archive_header(cipher: &Cipher) -> io::Result<Vec<u8>> {
 /// `InvalidData` for damage (or a file that is not a sealed archive), a
 /// `KeyError` for a wrong or missing key.
 pub fn verify_sealed_archive_header(cipher: &Cipher, header: &[u8], what: &str) -> io::Result<()> {
-    if header.get(..8) != Some(&SEALED_ARCHIVE_MAGIC[..]) {
+    if !is_sealed_archive_header(header) {
         return Err(damaged("not a sealed archive file"));
     }
     verify_key_check_header(cipher, header, ARCHIVE_KEY_CONTEXT, what)

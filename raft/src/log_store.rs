@@ -45,7 +45,7 @@ use crate::encryption::{classify, key_error, SharedKeys};
 use crate::error::{Error, Result};
 use crate::log_format::{
     encode_entry_header, open_archive_record, seal_archive_record, sealed_archive_header,
-    sealed_record_header, verify_sealed_archive_header, ArchiveHeader, ArchiveRange, LogMeta,
+    is_sealed_archive_header, sealed_record_header, verify_sealed_archive_header, ArchiveHeader, ArchiveRange, LogMeta,
     MetaForm, WalRecord, ARCHIVE_HEADER, ENTRY_HEADER, SEALED_ARCHIVE_HEADER, SEALED_RECORD_HEADER,
 };
 use crate::metrics::Histogram;
@@ -400,13 +400,49 @@ impl Core {
             );
         }
         drop(state);
-        // Archives written by a checkpoint that died before its metadata.
+        // Archives written by a checkpoint that died before its metadata
+        // (their entries are still in the WAL). The WAL opens only after
+        // them, so their key checks are checked first: a wrong key, or
+        // none for sealed ones, must not delete anything.
+        let mut unlisted = Vec::new();
         for name in fs.list_files(&self.directory)? {
             if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
-                fs.remove_file(&self.path(&name))?;
+                let path = self.path(&name);
+                self.check_unlisted_archive(&path)?;
+                unlisted.push(path);
             }
         }
+        for path in unlisted {
+            fs.remove_file(&path)?;
+        }
         Ok(())
+    }
+
+    /// A sealed archive the metadata does not list must still be one of
+    /// this key's, and a plain log must have no sealed one; anything
+    /// shorter than a sealed header is a torn write.
+    fn check_unlisted_archive(&self, path: &Path) -> Result<()> {
+        let shown = path.display().to_string();
+        let file = self
+            .fs
+            .open(path, OpenMode::Read)
+            .map_err(|e| Error::io(format!("opening {shown}"), e))?;
+        let mut header = vec![0_u8; SEALED_ARCHIVE_HEADER];
+        if file.len()? < header.len() as u64 {
+            return Ok(());
+        }
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        if !is_sealed_archive_header(&header) {
+            return Ok(());
+        }
+        match &self.cipher {
+            None => Err(key_error(KeyError::NotConfigured, &shown)),
+            Some(cipher) => match verify_sealed_archive_header(cipher, &header, &shown) {
+                Err(e) if KeyError::of(&e).is_some() => Err(Error::Key(e)),
+                _ => Ok(()),
+            },
+        }
     }
 
     fn write_meta(&self, meta: &LogMeta) -> io::Result<()> {
@@ -653,12 +689,23 @@ impl LogStore {
         });
         core.load()?;
         let wal_dir = config.directory.join("wal");
-        let wal = okaywal::Configuration::default_for(&wal_dir)
+        let mut wal_config = okaywal::Configuration::default_for(&wal_dir)
             .shared_file_system(fs)
             .preallocate_bytes(config.segment_bytes)
-            .checkpoint_after_bytes(config.segment_bytes)
+            .checkpoint_after_bytes(config.segment_bytes);
+        if let Some(keys) = &config.encryption {
+            wal_config = wal_config.encryption(keys.clone());
+        }
+        let wal = wal_config
             .open(Manager { core: core.clone() })
-            .map_err(|e| Error::io(format!("opening the WAL in {}", wal_dir.display()), e))?;
+            .map_err(|e| {
+                if KeyError::of(&e).is_some() {
+                    Error::Key(e)
+                } else {
+                    Error::io(format!("opening the WAL in {}", wal_dir.display()), e)
+                }
+            })?;
+
         let (sender, receiver) = mpsc::channel();
         let sync_wal = wal.clone();
         let syncs = Arc::new(Histogram::default());
