@@ -174,7 +174,17 @@ pub fn check_node_directory(
         .map_err(|e| Error::io(format!("looking for {shown}"), e))?;
     match (keys, exists) {
         (None, false) => Ok(()),
-        (None, true) => Err(key_error(KeyError::NotConfigured, &shown)),
+        (None, true) => {
+            // Name the key the directory needs, if the file says.
+            let needs = read_all(fs, &path)
+                .ok()
+                .filter(|bytes| bytes.len() == KEY_CHECK_BYTES)
+                .map(|bytes| {
+                    let id = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+                    format!("{shown} (encrypted with key id {id})")
+                });
+            Err(key_error(KeyError::NotConfigured, needs.unwrap_or(shown)))
+        }
         (Some(keys), true) => {
             let bytes =
                 read_all(fs, &path).map_err(|e| Error::io(format!("reading {shown}"), e))?;

@@ -44,9 +44,10 @@ use parking_lot::Mutex;
 use crate::encryption::{classify, key_error, SharedKeys};
 use crate::error::{Error, Result};
 use crate::log_format::{
-    encode_entry_header, open_archive_record, seal_archive_record, sealed_archive_header,
-    is_sealed_archive_header, sealed_record_header, verify_sealed_archive_header, ArchiveHeader, ArchiveRange, LogMeta,
-    MetaForm, WalRecord, ARCHIVE_HEADER, ENTRY_HEADER, SEALED_ARCHIVE_HEADER, SEALED_RECORD_HEADER,
+    encode_entry_header, is_sealed_archive_header, open_archive_record, seal_archive_record,
+    sealed_archive_header, sealed_record_header, verify_sealed_archive_header, ArchiveHeader,
+    ArchiveRange, LogMeta, MetaForm, WalRecord, ARCHIVE_HEADER, ENTRY_HEADER,
+    SEALED_ARCHIVE_HEADER, SEALED_RECORD_HEADER,
 };
 use crate::metrics::Histogram;
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
