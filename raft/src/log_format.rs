@@ -17,6 +17,7 @@ const VOTE: u8 = 2;
 const COMMITTED: u8 = 3;
 const TRUNCATE: u8 = 4;
 const PURGE: u8 = 5;
+const CHECKPOINTED: u8 = 6;
 
 /// Size of the fixed part of an entry chunk: kind, index, term, node.
 pub const ENTRY_HEADER: usize = 1 + 8 + 8 + 8;
@@ -42,6 +43,9 @@ pub enum WalRecord {
     },
     /// Entries up to and including this log id were purged.
     Purge(LogId),
+    /// The metadata file was written covering every WAL entry up to this
+    /// id (sealed logs only): metadata older than this is refused.
+    Checkpointed(u64),
 }
 
 fn log_id_parts(log_id: &LogId) -> [u64; 3] {
@@ -99,6 +103,10 @@ impl WalRecord {
                     out.extend_from_slice(&part.to_le_bytes());
                 }
             }
+            WalRecord::Checkpointed(through) => {
+                out.push(CHECKPOINTED);
+                out.extend_from_slice(&through.to_le_bytes());
+            }
         }
         out
     }
@@ -120,6 +128,7 @@ impl WalRecord {
                 }
             }
             WalRecord::Purge(log_id) => validate::check_log_id(log_id, "a purge"),
+            WalRecord::Checkpointed(_) => Ok(()),
         }
     }
 
@@ -148,6 +157,7 @@ impl WalRecord {
                 u64_at(rest, 8)?,
                 u64_at(rest, 16)?,
             ))),
+            CHECKPOINTED => Ok(WalRecord::Checkpointed(u64_at(rest, 0)?)),
             other => Err(format!("unknown log record kind {other}")),
         }
     }
@@ -544,6 +554,7 @@ mod tests {
             WalRecord::Committed(None),
             WalRecord::Truncate { since: 12 },
             WalRecord::Purge(log_id(2, 3, 40)),
+            WalRecord::Checkpointed(77),
         ];
         for record in records {
             assert_eq!(WalRecord::decode(&record.encode()).unwrap(), record);

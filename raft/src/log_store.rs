@@ -166,6 +166,8 @@ impl State {
             WalRecord::Truncate { since } => {
                 self.entries.split_off(&since);
             }
+            // Checked against the metadata during recovery.
+            WalRecord::Checkpointed(_) => {}
             WalRecord::Purge(log_id) => {
                 if self.purged.is_some_and(|p| p.index >= log_id.index) {
                     return;
@@ -402,9 +404,11 @@ impl Core {
         }
         drop(state);
         // Archives written by a checkpoint that died before its metadata
-        // (their entries are still in the WAL). The WAL opens only after
-        // them, so their key checks are checked first: a wrong key, or
-        // none for sealed ones, must not delete anything.
+        // (their entries are still in the WAL). Their key checks are
+        // checked first: a wrong key, or none for sealed ones, must not
+        // delete anything. A sealed log keeps them until its next
+        // checkpoint: until the WAL is replayed, the metadata that does not
+        // list them may be an older file put in place of the current one.
         let mut unlisted = Vec::new();
         for name in fs.list_files(&self.directory)? {
             if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
@@ -413,8 +417,10 @@ impl Core {
                 unlisted.push(path);
             }
         }
-        for path in unlisted {
-            fs.remove_file(&path)?;
+        if self.cipher.is_none() {
+            for path in unlisted {
+                fs.remove_file(&path)?;
+            }
         }
         Ok(())
     }
@@ -461,7 +467,12 @@ impl Core {
         fs.sync_dir(&self.directory)
     }
 
-    fn checkpoint(&self, last_id: EntryId, reader: &mut SegmentReader) -> io::Result<()> {
+    fn checkpoint(
+        &self,
+        last_id: EntryId,
+        reader: &mut SegmentReader,
+        wal: &WriteAheadLog,
+    ) -> io::Result<()> {
         let mut candidates = Vec::new();
         while let Some(mut entry) = reader.read_entry()? {
             if entry.id().0 <= self.state.lock().checkpointed_through {
@@ -573,7 +584,44 @@ impl Core {
             // Readers holding the handle keep reading the unlinked file.
             self.fs.remove_file(&self.path(&archive_name(file)))?;
         }
+        if self.cipher.is_some() {
+            self.after_sealed_checkpoint(&meta, wal);
+        }
         Ok(())
+    }
+
+    /// After a sealed log's metadata was written: records in the WAL what
+    /// it covers, so that an older metadata file put in its place is
+    /// refused at the next open (the record stays in the WAL until the
+    /// next checkpoint, which writes newer metadata and a newer record);
+    /// then deletes the archives a checkpoint that died before its
+    /// metadata left (checkpoints run one at a time, so none is being
+    /// written). Both only narrow what a later open has to trust: failures
+    /// are logged, not returned.
+    fn after_sealed_checkpoint(&self, meta: &LogMeta, wal: &WriteAheadLog) {
+        let record = WalRecord::Checkpointed(meta.checkpointed_through).encode();
+        let written = wal.begin_entry().and_then(|mut writer| {
+            writer.write_chunk(&record)?;
+            writer.commit_buffered().map(drop)
+        });
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record a checkpoint in the Raft log's WAL");
+        }
+        let listed: BTreeSet<String> = meta.archives.iter().map(|r| archive_name(r.file)).collect();
+        let names = match self.fs.list_files(&self.directory) {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the Raft log's archives");
+                return;
+            }
+        };
+        for name in names {
+            if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
+                if let Err(e) = self.fs.remove_file(&self.path(&name)) {
+                    tracing::warn!(error = %e, file = name, "could not delete an unlisted archive");
+                }
+            }
+        }
     }
 }
 
@@ -609,6 +657,23 @@ impl LogManager for Manager {
             }
         }
         let mut state = self.core.state.lock();
+        for (record, _) in &records {
+            if let WalRecord::Checkpointed(through) = record {
+                if *through > state.checkpointed_through {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: covers the WAL through entry {}, but WAL entry {} records \
+                             metadata written through entry {through}: the metadata file is \
+                             older than the log",
+                            self.core.path(META).display(),
+                            state.checkpointed_through,
+                            entry.id().0
+                        ),
+                    ));
+                }
+            }
+        }
         for (record, position) in records {
             state.apply(record, Some(position));
         }
@@ -619,10 +684,10 @@ impl LogManager for Manager {
         &mut self,
         last_checkpointed_id: EntryId,
         checkpointed_entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
+        wal: &WriteAheadLog,
     ) -> io::Result<()> {
         self.core
-            .checkpoint(last_checkpointed_id, checkpointed_entries)
+            .checkpoint(last_checkpointed_id, checkpointed_entries, wal)
     }
 }
 

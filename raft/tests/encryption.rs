@@ -396,9 +396,13 @@ fn sealed_log_files_refuse_damage_moves_and_the_wrong_key_naming_the_file() {
     };
     let mut rng = Rng::new(11);
     let mut values = Vec::new();
+    let mut old_meta = Vec::new();
     {
         let log = LogStore::open_with(config()).unwrap();
         for batch in 0..6 {
+            if batch == 3 {
+                old_meta = std::fs::read(dir.join("meta")).unwrap();
+            }
             let entries: Vec<Entry> = (batch * 50 + 1..=batch * 50 + 50)
                 .map(|i| {
                     let v = value(&mut rng, i);
@@ -447,6 +451,15 @@ fn sealed_log_files_refuse_damage_moves_and_the_wrong_key_naming_the_file() {
     let error = read_all().unwrap_err();
     println!("an archive in another's place: {error}");
     assert!(matches!(error, Error::Corrupt { .. }), "{error}");
+    restore();
+
+    // The metadata file of three checkpoints ago, sealed with the same
+    // key: the WAL records what the current one covers.
+    std::fs::write(dir.join("meta"), &old_meta).unwrap();
+    let error = read_all().unwrap_err();
+    println!("an older metadata file: {error}");
+    assert!(error.to_string().contains("older than the log"), "{error}");
+    assert!(error.to_string().contains("meta"), "{error}");
     restore();
 
     // Plain metadata in a sealed log, and the wrong key.
