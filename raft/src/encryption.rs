@@ -194,8 +194,22 @@ pub fn check_node_directory(
                     detail: "not a key check file".into(),
                 });
             }
-            verify_key_check_header(&keys.cipher(), &bytes, NODE_CONTEXT, &shown)
-                .map_err(|e| classify(&shown, e))
+            let cipher = keys.cipher();
+            verify_key_check_header(&cipher, &bytes, NODE_CONTEXT, &shown)
+                .map_err(|e| classify(&shown, e))?;
+            // After a rotation, the check moves to the current key, so that
+            // the old one can be retired once nothing else needs it.
+            let made_with = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+            let current = cipher
+                .current_key_id()
+                .map_err(|e| Error::io("asking the key provider for its current key", e))?;
+            if current.get() != made_with {
+                let header = key_check_header(&cipher, KEY_CHECK_MAGIC, NODE_CONTEXT)
+                    .map_err(|e| Error::io("making the key check", e))?;
+                write_durably(fs, directory, KEY_CHECK_FILE, &header)
+                    .map_err(|e| Error::io(format!("writing {shown}"), e))?;
+            }
+            Ok(())
         }
         (Some(keys), false) => {
             for part in ["log", "state"] {
@@ -284,6 +298,24 @@ mod tests {
 
         let error = check_node_directory(&fs, dir, None).unwrap_err();
         assert!(error.to_string().contains("no key was given"), "{error}");
+        assert!(error.to_string().contains("key id 1"), "{error}");
+    }
+
+    #[test]
+    fn the_key_check_follows_a_rotation() {
+        use okaywal::encryption::Keyring;
+        let fs = MemoryFileSystem::new();
+        let dir = Path::new("/node");
+        let ring = Arc::new(Keyring::new(KeyId::new(1), Key::from_bytes([1; 32])));
+        let keys = SharedKeys::from_arc(ring.clone());
+        check_node_directory(&fs, dir, Some(&keys)).unwrap();
+        ring.rotate(KeyId::new(2), Key::from_bytes([2; 32]));
+        check_node_directory(&fs, dir, Some(&keys)).unwrap();
+        assert!(ring.retire(KeyId::new(1)));
+        check_node_directory(&fs, dir, Some(&keys)).unwrap();
+        let only_old = SharedKeys::new(StaticKey::new([1; 32]));
+        let error = check_node_directory(&fs, dir, Some(&only_old)).unwrap_err();
+        assert!(error.to_string().contains("key id 2"), "{error}");
     }
 
     #[test]

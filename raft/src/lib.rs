@@ -35,6 +35,15 @@
 //!   lost entries again from its log. A write costs each node one
 //!   `fdatasync`, its log append's (`FORMAT.md`, "One sync per write").
 //!
+//! # Encryption at rest
+//!
+//! A node given a key provider ([`node::NodeConfig::key_provider`],
+//! `sediment-raft node --key-file`) encrypts its WAL and its sediment store
+//! with their own encryption and seals every file of its own (the log's
+//! metadata and archives, snapshot files) bound to its place, so that a
+//! wrong key is refused at start and damage or moved bytes are detected
+//! ([`encryption`]).
+//!
 //! `FORMAT.md` in the crate describes every file a node writes.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
