@@ -307,10 +307,12 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
         // Before anything is opened: a wrong key must not change a byte.
         check_node_directory(&*fs, &directory, keys.as_ref())?;
-        Ok::<_, Error>((
-            LogStore::open_with(log_config)?,
-            StateMachine::open_with(sm_config)?,
-        ))
+        let log_store = LogStore::open_with(log_config)?;
+        let state_machine = StateMachine::open_with(sm_config)?;
+        if keys.is_some() {
+            check_snapshot_covers_purged(&log_store, &state_machine)?;
+        }
+        Ok::<_, Error>((log_store, state_machine))
     })
     .await
     .map_err(|e| Error::Raft(e.to_string()))??;
@@ -370,6 +372,35 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         server,
         stop,
     })
+}
+
+/// The log is purged only up to a snapshot's last entry, after the
+/// snapshot file is in place: a snapshot older than the purge (an older
+/// file put back under the current one's name is refused by the state
+/// machine; this finds an older one under its own name, with the current
+/// one deleted) or none at all means the snapshot directory is not the
+/// node's.
+fn check_snapshot_covers_purged(log: &LogStore, state_machine: &StateMachine) -> Result<()> {
+    let Some(purged) = log.log_state().last_purged_log_id else {
+        return Ok(());
+    };
+    match state_machine.current_snapshot() {
+        Some((meta, _)) if meta.last_log_id >= Some(purged) => Ok(()),
+        Some((meta, path)) => Err(Error::Corrupt {
+            what: format!("snapshot {}", path.display()),
+            detail: format!(
+                "ends at {:?}, before the log's entries purged through {purged}: it is older \
+                 than the node's current snapshot",
+                meta.last_log_id.map(|id| id.index)
+            ),
+        }),
+        None => Err(Error::Corrupt {
+            what: "the snapshot directory".into(),
+            detail: format!(
+                "holds no snapshot, but the log's entries were purged through {purged}"
+            ),
+        }),
+    }
 }
 
 /// Waits until the Raft core stops (shut down, or failed), and says why.

@@ -774,7 +774,12 @@ fn find_snapshot(dir: &Path, cipher: Option<&Cipher>) -> Result<Option<(Snapshot
             continue;
         }
         let shown = path.display().to_string();
-        let sealed = is_sealed(&path).map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        // A plain node deletes a snapshot file it cannot read, as before.
+        let sealed = match (cipher, is_sealed(&path)) {
+            (_, Ok(sealed)) => sealed,
+            (None, Err(_)) => None,
+            (Some(_), Err(e)) => return Err(Error::io(format!("reading {shown}"), e)),
+        };
         let meta = match (cipher, sealed) {
             (None, Some(true)) => return Err(key_error(KeyError::NotConfigured, &shown)),
             (None, _) => File::open(&path)

@@ -349,6 +349,17 @@ async fn a_wrong_or_missing_key_refuses_to_start_and_changes_nothing() {
             Some(&values[i][..])
         );
     }
+
+    // The snapshots taken away from a log purged behind them.
+    let node = cluster.nodes.get_mut(&1).unwrap();
+    node.kill();
+    let aside = cluster.dir.path().join("aside");
+    std::fs::rename(dir.join("state/snapshots"), &aside).unwrap();
+    std::fs::create_dir(dir.join("state/snapshots")).unwrap();
+    let (status, log) = run_to_exit(&dir, &["--key-file", &key_arg]);
+    assert_eq!(status, Some(false), "{log}");
+    assert!(log.contains("holds no snapshot"), "{log}");
+    assert!(log.contains("purged through"), "{log}");
 }
 
 fn put_entry(index: u64, value: Vec<u8>) -> Entry {
