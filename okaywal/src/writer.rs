@@ -7,7 +7,6 @@ use crate::failure::ErrorRecord;
 use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::position::{EntryId, LogPosition};
 use crate::segment::Segment;
-use crate::stats::Counters;
 use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES};
 use crate::WriteAheadLog;
 
@@ -114,8 +113,8 @@ impl<'log> EntryWriter<'log> {
                 .reserve_chunk(&self.segment, header, crc)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
             let data_offset = offset + RECORD_HEADER_SIZE as u64;
-            let result = self.segment.file.write_all_at(data, data_offset);
-            inner.data_written(self.segment.id, offset);
+            let result = self.segment.write_reserved(data, data_offset);
+            inner.data_written(self.segment.id(), offset);
             result.map_err(|e| self.fail(e))?;
             offset
         };
@@ -123,7 +122,7 @@ impl<'log> EntryWriter<'log> {
         self.bytes += u64::from(length);
         Ok(ChunkRecord {
             position: LogPosition {
-                file_id: self.segment.id,
+                file_id: self.segment.id(),
                 offset,
             },
             crc,
@@ -138,15 +137,14 @@ impl<'log> EntryWriter<'log> {
         self.check_usable()?;
         let inner = &self.log.inner;
         let record_len = (RECORD_HEADER_SIZE + length as usize + CHUNK_TRAILER_SIZE) as u64;
-        let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
+        let (offset, mark) = inner.reserve(self.segment.id(), record_len)?;
         let header = self.header(RecordKind::Chunk, length, mark);
         let result = self
             .segment
-            .file
-            .write_all_at(&header.encode(self.segment.id), offset);
-        inner.complete(self.segment.id, Some(offset), None);
+            .write_reserved(&header.encode(self.segment.id()), offset);
+        inner.complete(self.segment.id(), Some(offset), None);
         if let Err(err) = result {
-            inner.data_written(self.segment.id, offset);
+            inner.data_written(self.segment.id(), offset);
             return Err(self.fail(err));
         }
         let capacity = inner.config().buffer_bytes.min(length as usize);
@@ -204,7 +202,7 @@ impl<'log> EntryWriter<'log> {
                     inner.sync_own(&self.segment, end)?;
                 }
                 inner.wait_durable(&self.segment, end)?;
-                Counters::add(&inner.counters().durable_commits, 1);
+                inner.counters().durable_commit();
             }
             Durability::Buffered => {
                 if self.segment.end_mark_due() {
@@ -219,15 +217,11 @@ impl<'log> EntryWriter<'log> {
                     // (rare: only for entries held open across a switch).
                     inner.wait_durable(&self.segment, end)?;
                 } else {
-                    inner.hand_to_os(self.segment.id, end)?;
+                    inner.hand_to_os(self.segment.id(), end)?;
                 }
-                Counters::add(&inner.counters().buffered_commits, 1);
+                inner.counters().buffered_commit();
                 inner.buffered_commit_done();
-                let unsynced = inner
-                    .counters()
-                    .unsynced_bytes
-                    .fetch_add(self.bytes.max(1), std::sync::atomic::Ordering::AcqRel)
-                    + self.bytes.max(1);
+                let unsynced = inner.counters().add_unsynced_bytes(self.bytes.max(1));
                 if inner
                     .config()
                     .max_unsynced_bytes
@@ -257,13 +251,13 @@ impl<'log> EntryWriter<'log> {
     fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
         let inner = &self.log.inner;
         if kind == RecordKind::Rollback {
-            Counters::add(&inner.counters().rollbacks, 1);
+            inner.counters().rollback();
         }
         if kind == RecordKind::Rollback && self.chunks == 0 {
             // No chunk of this entry was finished, so recovery discards
             // whatever of it is on disk (an abandoned chunk's record is
             // walkable but has no commit): nothing to mark.
-            inner.complete(self.segment.id, None, Some(self.id.0));
+            inner.complete(self.segment.id(), None, Some(self.id.0));
             return Ok(0);
         }
         let header = self.header(kind, self.chunks, 0);
@@ -315,7 +309,7 @@ impl ChunkWriter<'_, '_> {
 
     fn write_out(&mut self, bytes: &[u8]) -> io::Result<()> {
         let at = self.data_offset() + u64::from(self.flushed);
-        match self.entry.segment.file.write_all_at(bytes, at) {
+        match self.entry.segment.write_reserved(bytes, at) {
             Ok(()) => {
                 self.flushed += bytes.len() as u32;
                 Ok(())
@@ -359,8 +353,7 @@ impl ChunkWriter<'_, '_> {
         if let Err(err) = self
             .entry
             .segment
-            .file
-            .write_all_at(&crc.to_le_bytes(), trailer_at)
+            .write_reserved(&crc.to_le_bytes(), trailer_at)
         {
             return Err(self.entry.fail(err));
         }
@@ -369,7 +362,7 @@ impl ChunkWriter<'_, '_> {
         self.entry.bytes += u64::from(self.length);
         Ok(ChunkRecord {
             position: LogPosition {
-                file_id: self.entry.segment.id,
+                file_id: self.entry.segment.id(),
                 offset: self.offset,
             },
             crc,
@@ -418,7 +411,7 @@ impl Drop for ChunkWriter<'_, '_> {
             // even when nothing else was written beyond it (a record that
             // runs past the end of the file reads as the torn tail).
             let trailer_at = self.data_offset() + u64::from(self.length);
-            if let Err(err) = self.entry.segment.file.write_all_at(&[0; 4], trailer_at) {
+            if let Err(err) = self.entry.segment.write_reserved(&[0; 4], trailer_at) {
                 self.entry.fail(err);
             }
         }
@@ -427,7 +420,7 @@ impl Drop for ChunkWriter<'_, '_> {
         self.entry
             .log
             .inner
-            .data_written(self.entry.segment.id, self.offset);
+            .data_written(self.entry.segment.id(), self.offset);
         if !self.finished && self.entry.broken.is_none() {
             self.entry.broken = Some(ErrorRecord {
                 kind: io::ErrorKind::InvalidInput,

@@ -41,12 +41,15 @@ pub(crate) fn parse_file_name(name: &str) -> Option<(u8, u32)> {
 }
 
 /// A stratum file, open for the life of the database.
+///
+/// Its identity (basin, number, path, file handle) never changes; its
+/// bytes are written, and its bitmaps changed, only through its methods.
 #[derive(Debug)]
 pub(crate) struct Stratum {
-    pub basin: u8,
-    pub number: u32,
-    pub path: PathBuf,
-    pub file: Arc<dyn FileHandle>,
+    basin: u8,
+    number: u32,
+    path: PathBuf,
+    file: Arc<dyn FileHandle>,
     bits: RwLock<StratumBits>,
     /// Which header copy to overwrite next, and the generation to write.
     header: Mutex<(usize, u64)>,
@@ -169,6 +172,54 @@ impl Stratum {
             syncs_finished: AtomicU64::new(0),
             sync_failure: Mutex::new(None),
         }
+    }
+
+    /// The basin the stratum belongs to.
+    pub fn basin(&self) -> u8 {
+        self.basin
+    }
+
+    /// The stratum's number within its basin.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// The stratum file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file, for a reader that streams a grain's data.
+    pub fn file(&self) -> &Arc<dyn FileHandle> {
+        &self.file
+    }
+
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> std::io::Result<u64> {
+        self.file.len()
+    }
+
+    /// Reads into `buf` from `offset`; how many bytes were read (0 at the
+    /// end of the file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    /// Reads and decodes both header copies, as they are on disk.
+    pub fn read_headers(
+        &self,
+    ) -> std::io::Result<(
+        Result<StratumHeader, HeaderError>,
+        Result<StratumHeader, HeaderError>,
+    )> {
+        read_headers(&*self.file, self.basin, self.number)
+    }
+
+    /// Writes `bytes` (grain headers and data) at `offset`, not synced:
+    /// grains a transaction writes straight into the file, or those the
+    /// WAL checkpoint copies there.
+    pub fn write_grains(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        self.file.write_all_at(bytes, offset)
     }
 
     /// Makes every write to this file that completed before the call
@@ -362,7 +413,7 @@ impl Stratum {
 }
 
 /// Reads and decodes both header copies.
-pub(crate) fn read_headers(
+fn read_headers(
     file: &dyn FileHandle,
     basin: u8,
     number: u32,

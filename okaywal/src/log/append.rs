@@ -14,7 +14,6 @@ use super::{Inner, State};
 use crate::format::{RecordHeader, RecordKind};
 use crate::segment::Segment;
 use crate::segments::Ranges;
-use crate::stats::Counters;
 use crate::tuning::PROGRESS_WAIT;
 
 impl Inner {
@@ -25,7 +24,7 @@ impl Inner {
         let mut state = self.state.lock();
         self.check_usable(&state)?;
         let (offset, mark, wake) = state.segments.reserve(segment, len)?;
-        Counters::add(&self.counters.bytes_written, len);
+        self.counters.wrote(len);
         if wake {
             self.signal.wake();
         }
@@ -50,8 +49,8 @@ impl Inner {
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
         self.check_usable(&state)?;
-        let placed = state.segments.reserve_chunk(segment.id, header, crc)?;
-        Counters::add(&self.counters.bytes_written, placed.bytes);
+        let placed = state.segments.reserve_chunk(segment.id(), header, crc)?;
+        self.counters.wrote(placed.bytes);
         if placed.wake {
             self.signal.wake();
         }
@@ -91,22 +90,22 @@ impl Inner {
             state.open_ids.remove(&header.entry_id);
         }
         if !finishes_entry {
-            state.segments.check_live(segment.id)?;
-        } else if state.segments.finish_entry(segment.id)?.drained {
+            state.segments.check_live(segment.id())?;
+        } else if state.segments.finish_entry(segment.id())?.drained {
             self.drained.notify_all();
         }
         if let Some(err) = self.failed().or(refused) {
             return Err(err);
         }
-        let placed = state.segments.append_record(segment.id, header, data)?;
-        Counters::add(&self.counters.bytes_written, placed.bytes);
+        let placed = state.segments.append_record(segment.id(), header, data)?;
+        self.counters.wrote(placed.bytes);
         if header.kind == RecordKind::Commit {
-            Counters::add(&self.counters.unsynced_commits, 1);
+            self.counters.commit_appended();
             self.last_committed_id
                 .fetch_max(header.entry_id, Ordering::AcqRel);
             state
                 .pending_commits
-                .insert(header.entry_id, (segment.id, placed.end));
+                .insert(header.entry_id, (segment.id(), placed.end));
         }
         if placed.wake {
             self.signal.wake();
@@ -123,7 +122,7 @@ impl Inner {
     pub fn write_ranges(&self, segment: &Arc<Segment>, ranges: Ranges) -> io::Result<()> {
         let mut result = Ok(());
         for (start, data) in &ranges {
-            if let Err(err) = segment.file.write_all_at(data, *start) {
+            if let Err(err) = segment.write_reserved(data, *start) {
                 result = Err(self.poison(err));
                 break;
             }
@@ -131,7 +130,7 @@ impl Inner {
         let mut state = self.state.lock();
         if state
             .segments
-            .written(segment.id, ranges.iter().map(|(start, _)| *start))
+            .written(segment.id(), ranges.iter().map(|(start, _)| *start))
         {
             self.signal.wake();
         }

@@ -390,9 +390,9 @@ impl Inner {
             return Err(invalid("offset is outside the segment's records"));
         }
         let mut header = [0_u8; RECORD_HEADER_SIZE];
-        segment.file.read_exact_at(&mut header, position.offset)?;
+        segment.file().read_exact_at(&mut header, position.offset)?;
         let header =
-            RecordHeader::decode(&header, segment.id).map_err(|e| invalid(&format!("{e:?}")))?;
+            RecordHeader::decode(&header, segment.id()).map_err(|e| invalid(&format!("{e:?}")))?;
         if header.kind != RecordKind::Chunk {
             return Err(invalid("the record there is not a chunk"));
         }
@@ -400,7 +400,7 @@ impl Inner {
             return Err(invalid("the chunk extends past the written records"));
         }
         let mut reader = ChunkReader::new(
-            segment.file.clone(),
+            segment.file().clone(),
             position,
             position.offset + RECORD_HEADER_SIZE as u64,
             header.length,

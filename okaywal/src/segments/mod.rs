@@ -336,8 +336,8 @@ impl Segments {
         let previous = self
             .live
             .get(&self.active)
-            .filter(|old| old.segment.id != 0 && old.open_entries == 0)
-            .map(|old| (old.segment.id, old.reserved_end));
+            .filter(|old| old.segment.id() != 0 && old.open_entries == 0)
+            .map(|old| (old.segment.id(), old.reserved_end));
         let header = SegmentHeader {
             first_entry_id: id,
             previous,
@@ -658,7 +658,10 @@ impl Segments {
             .map(|seg| {
                 let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
                 let synced = seg.segment.synced_to();
-                (seg.segment.id, seg.written_to().min(unwritten).max(synced))
+                (
+                    seg.segment.id(),
+                    seg.written_to().min(unwritten).max(synced),
+                )
             })
             .collect()
     }
@@ -672,7 +675,7 @@ impl Segments {
         self.live
             .values()
             .next()
-            .filter(|seg| seg.segment.id != self.active && seg.ready_for_checkpoint())
+            .filter(|seg| seg.segment.id() != self.active && seg.ready_for_checkpoint())
             .map(|seg| Checkpointable {
                 segment: seg.segment.clone(),
                 limit: seg.reserved_end,
