@@ -13,6 +13,7 @@ use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
 use crate::db::{Database, Shared, Wal};
 use crate::error::{Context, Error, Result};
+use crate::files::open_existing;
 use crate::format::{newest, IndexHeader, BASINS, INDEX_SLOT_SIZE};
 use crate::manager::Manager;
 use crate::reclamation::Reclamation;
@@ -81,14 +82,8 @@ fn open_index(
         exists = false;
     }
     if exists {
-        let mode = if writable {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let file = fs
-            .open(&path, mode)
-            .context(|| format!("opening {}", path.display()))?;
+        let file =
+            open_existing(fs, &path, writable).context(|| format!("opening {}", path.display()))?;
         let len = file
             .len()
             .context(|| format!("reading {}", path.display()))?;

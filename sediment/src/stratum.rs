@@ -19,6 +19,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::allocator::StratumBits;
 use crate::error::{Context, Error, Result};
+use crate::files::open_existing;
 use crate::format::{
     grain_offset, grain_size, newest, stratum_capacity, stratum_slot_size, HeaderError,
     StratumHeader,
@@ -98,13 +99,7 @@ impl Stratum {
         writable: bool,
     ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
-        let mode = if writable {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let file = fs
-            .open(&path, mode)
+        let file = open_existing(fs, &path, writable)
             .context(|| format!("opening stratum {}", path.display()))?;
         let (first, second) = read_headers(&*file, basin, number)
             .context(|| format!("reading stratum {}", path.display()))?;

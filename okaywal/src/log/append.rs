@@ -13,7 +13,7 @@ use parking_lot::MutexGuard;
 use super::{Inner, State};
 use crate::format::{RecordHeader, RecordKind};
 use crate::segment::Segment;
-use crate::segments::Ranges;
+use crate::segments::{Placed, Ranges};
 use crate::tuning::PROGRESS_WAIT;
 
 impl Inner {
@@ -51,14 +51,7 @@ impl Inner {
         self.check_usable(&state)?;
         let placed = state.segments.reserve_chunk(segment.id(), header, crc)?;
         self.counters.wrote(placed.bytes);
-        if placed.wake {
-            self.signal.wake();
-        }
-        drop(state);
-        if let Some(ranges) = placed.flush {
-            self.write_ranges(segment, ranges)?;
-        }
-        Ok(placed.offset)
+        self.after_placing(state, segment, placed)
     }
 
     /// Reserves room for a small record and copies it into the segment's
@@ -107,6 +100,18 @@ impl Inner {
                 .pending_commits
                 .insert(header.entry_id, (segment.id(), placed.end));
         }
+        self.after_placing(state, segment, placed)
+    }
+
+    /// After a record was placed: wakes the maintenance thread if it has
+    /// work, releases the state lock and writes out the ranges a full
+    /// write buffer gave up. Returns the record's offset.
+    fn after_placing(
+        &self,
+        state: MutexGuard<'_, State>,
+        segment: &Arc<Segment>,
+        placed: Placed,
+    ) -> io::Result<u64> {
         if placed.wake {
             self.signal.wake();
         }

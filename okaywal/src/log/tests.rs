@@ -67,6 +67,11 @@ fn switch_to_a_new_segment(inner: &Inner) {
 }
 
 /// The ids of the segments the next sync pass would sync, in order.
+/// Where the reservations in segment `id` end.
+fn reserved_end(inner: &Inner, id: u64) -> u64 {
+    inner.state.lock().segments.state(id).reserved_end()
+}
+
 fn next_sync_covers(inner: &Inner) -> Vec<u64> {
     sync_targets(&inner.state.lock().segments)
         .iter()
@@ -105,12 +110,7 @@ fn a_checkpoint_waits_for_records_another_thread_took_for_writing() {
     let inner = log.inner.clone();
     let (first, _) = buffer_entry(&inner, b"first");
     let (last, segment) = buffer_entry(&inner, b"last");
-    let limit = inner
-        .state
-        .lock()
-        .segments
-        .state(segment.id())
-        .reserved_end();
+    let limit = reserved_end(&inner, segment.id());
     let taken = take_buffered(&inner, segment.id());
 
     let ids = Ids::default();
@@ -167,12 +167,7 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     inner.complete(segment.id(), Some(offset), None);
     let (_, other_segment) = buffer_entry(&inner, b"another entry");
     assert_eq!(other_segment.id(), segment.id());
-    let end = inner
-        .state
-        .lock()
-        .segments
-        .state(segment.id())
-        .reserved_end();
+    let end = reserved_end(&inner, segment.id());
     inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.synced_to(), end);
     assert_eq!(segment.marked_to(), offset);
@@ -187,12 +182,7 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     inner
         .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
         .unwrap();
-    let end = inner
-        .state
-        .lock()
-        .segments
-        .state(segment.id())
-        .reserved_end();
+    let end = reserved_end(&inner, segment.id());
     inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     log.shutdown().unwrap();
@@ -213,7 +203,7 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     let (id, first) = inner.begin().unwrap();
     let (offset, _) = inner.reserve(first.id(), 200_000).unwrap();
     inner.complete(first.id(), Some(offset), None);
-    let end = inner.state.lock().segments.state(first.id()).reserved_end();
+    let end = reserved_end(&inner, first.id());
     inner.sync_pass(first.id(), end).unwrap();
     assert_eq!(first.synced_to(), end);
     assert_eq!(first.marked_to(), offset);
@@ -222,12 +212,7 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
     assert_eq!(next_sync_covers(&inner), vec![first.id(), second.id()]);
-    let second_end = inner
-        .state
-        .lock()
-        .segments
-        .state(second.id())
-        .reserved_end();
+    let second_end = reserved_end(&inner, second.id());
     inner.sync_pass(second.id(), second_end).unwrap();
     assert_eq!(first.marked_to(), end);
     assert_eq!(second.synced_to(), second_end);
@@ -253,12 +238,7 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     assert_eq!((offset + RECORD_HEADER_SIZE as u64) % CHUNK_ALIGNMENT, 0);
     let (_, other) = buffer_entry(&inner, b"a later entry");
     assert_eq!(other.id(), segment.id());
-    let end = inner
-        .state
-        .lock()
-        .segments
-        .state(segment.id())
-        .reserved_end();
+    let end = reserved_end(&inner, segment.id());
     {
         let state = inner.state.lock();
         let seg = state.segments.state(segment.id());
@@ -343,13 +323,8 @@ fn a_checkpoint_sync_covers_entries_buffered_in_later_segments() {
     let (first_id, first) = buffer_entry(&inner, b"in the first segment");
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"buffered in the second segment");
-    let second_end = inner
-        .state
-        .lock()
-        .segments
-        .state(second.id())
-        .reserved_end();
-    let limit = inner.state.lock().segments.state(first.id()).reserved_end();
+    let second_end = reserved_end(&inner, second.id());
+    let limit = reserved_end(&inner, first.id());
     crate::checkpoint::checkpoint(&log, &mut Ids::default(), &first, limit, Some(first_id))
         .unwrap();
     assert_eq!(first.synced_to(), limit);

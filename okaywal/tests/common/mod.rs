@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
+use okaywal::fs::{CrashFileSystem, FaultKind};
 use okaywal::{ChunkRecord, Configuration, WriteAheadLog};
 
 /// A log at `/log` on the simulated disk, with 16 KiB segments so that
@@ -46,6 +46,8 @@ pub fn jitter_budget(default_seconds: u64) -> Duration {
     )
 }
 
+#[allow(unused_imports)]
+pub use testkit::disk::ALL_OPERATIONS;
 #[allow(unused_imports)]
 pub use testkit::recorder::{lock, read_entry_streaming, Checkpoint, Recorder, Seen, REFUSAL};
 #[allow(unused_imports)]
@@ -552,17 +554,6 @@ pub fn checkpoint_until_ok(log: &WriteAheadLog) -> io::Result<()> {
     }
     Err(last.expect("at least one attempt"))
 }
-
-pub const ALL_OPERATIONS: [Operation; 8] = [
-    Operation::Write,
-    Operation::Sync,
-    Operation::SyncDir,
-    Operation::Rename,
-    Operation::Read,
-    Operation::Create,
-    Operation::Remove,
-    Operation::SetLen,
-];
 
 /// Cuts the power now: the next few operations of every kind are planned
 /// to fail as a power cut, so whatever the log's background thread does

@@ -630,6 +630,24 @@ mod tests {
             .unwrap();
     }
 
+    /// Runs sequence `sequence`, which writes the 10-byte blob `id`.
+    fn commit_new_blob(
+        reclamation: &Reclamation,
+        strata: &Strata,
+        cache: &BlobCache,
+        sequence: u64,
+        id: GrainId,
+    ) {
+        begin(reclamation, sequence);
+        let mut written = CommitRecord::new(SequenceId(sequence));
+        written.new_grains.push(NewGrain {
+            id,
+            length: 10,
+            crc: 0,
+        });
+        commit(reclamation, strata, cache, written);
+    }
+
     fn busy(strata: &Strata, id: GrainId) -> bool {
         let stratum = strata.stratum_of(id).unwrap().unwrap();
         stratum.with_bits(|bits| bit(&bits.busy, id.index()))
@@ -644,14 +662,7 @@ mod tests {
             Err(Error::NotAllocated(_))
         ));
 
-        begin(&reclamation, 1);
-        let mut written = CommitRecord::new(SequenceId(1));
-        written.new_grains.push(NewGrain {
-            id,
-            length: 10,
-            crc: 0,
-        });
-        commit(&reclamation, &strata, &cache, written);
+        commit_new_blob(&reclamation, &strata, &cache, 1, id);
         assert!(strata.is_live(id).unwrap());
 
         begin(&reclamation, 2);
@@ -688,14 +699,7 @@ mod tests {
     fn grains_taken_by_an_abandoned_checkpoint_go_back_and_hold_others_below() {
         let (reclamation, strata, cache) = empty();
         let (id, _) = strata.allocate(10, true).unwrap().unwrap();
-        begin(&reclamation, 1);
-        let mut written = CommitRecord::new(SequenceId(1));
-        written.new_grains.push(NewGrain {
-            id,
-            length: 10,
-            crc: 0,
-        });
-        commit(&reclamation, &strata, &cache, written);
+        commit_new_blob(&reclamation, &strata, &cache, 1, id);
         begin(&reclamation, 2);
         reclamation.claim_archive(&strata, id).unwrap();
         let mut archived = CommitRecord::new(SequenceId(2));
