@@ -316,6 +316,15 @@ pub struct Model {
 }
 
 impl Model {
+    /// The committed ids that `counts` does not list.
+    pub fn committed_not_in(&self, counts: &BTreeMap<u64, usize>) -> Vec<u64> {
+        self.committed
+            .keys()
+            .copied()
+            .filter(|id| !counts.contains_key(id))
+            .collect()
+    }
+
     pub fn record(&mut self, plan: &Plan, done: &Done) {
         if let Some(error) = &done.error {
             self.errors.push(error.to_string());
@@ -512,11 +521,7 @@ pub fn check_exactly_once(model: &Model, first: &Seen, second: &Seen) -> Result<
             &duplicated[..duplicated.len().min(10)]
         ));
     }
-    let missing: Vec<_> = model
-        .committed
-        .keys()
-        .filter(|id| !counts.contains_key(id))
-        .collect();
+    let missing = model.committed_not_in(&counts);
     if !missing.is_empty() {
         return Err(format!(
             "{} of {} committed entries were neither checkpointed nor recovered, e.g. {:?}",
