@@ -259,7 +259,7 @@ pub(crate) fn checkpoint(
     limit: u64,
     last_entry_id: Option<u64>,
 ) -> io::Result<()> {
-    crate::trace::span!(INFO, "checkpoint", segment = segment.id, last_entry_id = ?last_entry_id);
+    crate::trace::span!(INFO, "checkpoint", segment = segment.id(), last_entry_id = ?last_entry_id);
     let inner = &log.inner;
     // After a failed sync (or recycle) nothing more is moved to the
     // manager: the segments stay, in order, for the next open to replay.
