@@ -26,7 +26,7 @@ impl Database {
     /// and [`Error::ChecksumMismatch`] if the stored bytes are damaged.
     pub fn get(&self, id: GrainId) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
-        let shared = &self.shared;
+        let shared = &self.shared();
         // Only live blobs are ever cached, and freeing removes them.
         if let Some(hit) = shared.cache().get(id) {
             return Ok(Some(hit.to_vec()));
@@ -59,14 +59,15 @@ impl Database {
         // A blob's bytes move from the WAL to its stratum at checkpoints and
         // freed grains may be reused; retry if either happens mid-lookup.
         for _ in 0..16 {
-            let stratum = self.shared.strata().stratum_of(id)?;
-            let (pending, epoch) = match self.shared.reclamation().locate(id, stratum.as_deref()) {
+            let stratum = self.shared().strata().stratum_of(id)?;
+            let (pending, epoch) = match self.shared().reclamation().locate(id, stratum.as_deref())
+            {
                 Location::Wal(found) => (Some(found), 0),
                 Location::Stratum { epoch } => (None, epoch),
                 Location::Nowhere => return Ok(None),
             };
             if let Some(pending) = pending {
-                match self.wal.read_at(pending.position) {
+                match self.wal().read_at(pending.position) {
                     Ok(mut chunk) => {
                         skip_data_prefix(&mut chunk)
                             .context(|| format!("reading grain {id} from the WAL"))?;
@@ -146,9 +147,8 @@ impl GrainReader {
         let mut filled = 0;
         while filled < head.len() {
             let n = stratum
-                .file
                 .read_at(&mut head[filled..], offset + filled as u64)
-                .context(|| format!("reading grain {id} from {}", stratum.path.display()))?;
+                .context(|| format!("reading grain {id} from {}", stratum.path().display()))?;
             if n == 0 {
                 break;
             }
@@ -157,7 +157,7 @@ impl GrainReader {
         head.truncate(filled);
         let mismatch = || Error::ChecksumMismatch {
             grain: id,
-            path: stratum.path.clone(),
+            path: stratum.path().to_path_buf(),
             offset,
         };
         let header = GrainHeader::decode(&head).ok_or_else(mismatch)?;
@@ -173,7 +173,7 @@ impl GrainReader {
         Ok(Self {
             id,
             source: Source::Stratum {
-                file: stratum.file.clone(),
+                file: stratum.file().clone(),
                 next: offset + GRAIN_HEADER_SIZE as u64 + head.len() as u64,
                 head,
             },
@@ -182,7 +182,7 @@ impl GrainReader {
             sequence: header.sequence,
             expected_crc: header.crc,
             hasher,
-            location: (stratum.path.clone(), offset),
+            location: (stratum.path().to_path_buf(), offset),
         })
     }
 

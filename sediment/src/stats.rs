@@ -60,7 +60,7 @@ impl Stats {
 }
 
 pub(crate) fn collect(db: &Database) -> Result<Stats> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let figures = shared.reclamation().figures();
     let archived = figures.archived_grains;
     let mut basins = Vec::new();
@@ -90,7 +90,7 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
             });
             stats.grains_used += used;
             stats.grains_free += u64::from(stratum_capacity(number) - busy);
-            stats.bytes_on_disk += stratum.file.len()?;
+            stats.bytes_on_disk += stratum.file_len()?;
         }
         basins.push(stats);
     }

@@ -15,7 +15,7 @@ use crate::format::{
 };
 use crate::grain_id::GrainId;
 use crate::open::INDEX_FILE;
-use crate::stratum::{read_headers, Stratum};
+use crate::stratum::Stratum;
 use crate::verify_report::{Problem, VerifyReport};
 use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
 
@@ -25,7 +25,7 @@ fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
 }
 
 pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Result<VerifyReport> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let mut report = VerifyReport::default();
     // Holding the store keeps checkpoints (the only writers of headers and
     // of checkpointed grains) out while we look.
@@ -97,8 +97,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let mut work = Vec::new();
     for stratum in &strata {
         report.strata_checked += 1;
-        let location = stratum.path.display().to_string();
-        let headers = read_headers(&*stratum.file, stratum.basin, stratum.number);
+        let location = stratum.path().display().to_string();
+        let headers = stratum.read_headers();
         let (first, second) = match headers {
             Ok(pair) => pair,
             Err(e) => {
@@ -174,13 +174,13 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             }
-            let Some(id) = GrainId::new(stratum.basin, stratum.number, start, count) else {
+            let Some(id) = GrainId::new(stratum.basin(), stratum.number(), start, count) else {
                 report.problems.push(problem(
                     location.clone(),
                     None,
                     format!(
                         "stratum number {} cannot be named by a grain id",
-                        stratum.number
+                        stratum.number()
                     ),
                 ));
                 continue;
@@ -199,7 +199,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         progress(done as u64, total);
         report.grains_checked += 1;
         if let Some(p) = in_wal {
-            let result = db.wal.read_at(p.position).and_then(|mut chunk| {
+            let result = db.wal().read_at(p.position).and_then(|mut chunk| {
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
                 Ok(chunk.crc_is_valid()?
@@ -231,15 +231,12 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
             continue;
         }
         let offset = stratum.offset_of(id.index());
-        let location = format!("{} offset {offset}", stratum.path.display());
+        let location = format!("{} offset {offset}", stratum.path().display());
         let size = u64::from(id.count()) * stratum.grain_size();
         let mut bytes = vec![0; size as usize];
         let mut filled = 0;
         while filled < bytes.len() {
-            match stratum
-                .file
-                .read_at(&mut bytes[filled..], offset + filled as u64)
-            {
+            match stratum.read_at(&mut bytes[filled..], offset + filled as u64) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) => {
@@ -286,7 +283,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// the store does not know them otherwise. Only for a store open
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let inspection = okaywal::Configuration::default_for(shared.directory())
         .shared_file_system(shared.fs().clone())
         .inspect()
@@ -397,7 +394,7 @@ impl Expected {
         // Taken with the records at one moment: a free after it moves its
         // stratum's epoch.
         let (records, epochs) = db
-            .shared
+            .shared()
             .reclamation()
             .applied_records(after, from_files, strata);
         let mut blobs = HashMap::new();
@@ -414,7 +411,7 @@ impl Expected {
 
     /// True if no grain of `stratum` was freed since the records were taken.
     fn unchanged(&self, stratum: &Stratum) -> bool {
-        self.epochs.get(&(stratum.basin, stratum.number)) == Some(&stratum.reuse_epoch())
+        self.epochs.get(&(stratum.basin(), stratum.number())) == Some(&stratum.reuse_epoch())
     }
 
     /// A problem if blob `id`, found holding `found` at `location`, is
@@ -444,7 +441,7 @@ impl Expected {
 
     /// A problem for each listed blob that is not allocated.
     fn check_allocated(&self, db: &Database, report: &mut VerifyReport) {
-        let shared = &db.shared;
+        let shared = db.shared();
         let mut missing: Vec<(GrainId, Problem)> = Vec::new();
         for (&id, &(sequence, length, _)) in &self.blobs {
             let listed = format!(
@@ -480,7 +477,10 @@ impl Expected {
                 }
             };
             // Liveness and epoch together, as a commit's free changes both.
-            let epoch = self.epochs.get(&(stratum.basin, stratum.number)).copied();
+            let epoch = self
+                .epochs
+                .get(&(stratum.basin(), stratum.number()))
+                .copied();
             let Some(live) = shared.reclamation().live_at_epoch(&stratum, id, epoch) else {
                 continue;
             };
@@ -490,7 +490,7 @@ impl Expected {
                     Problem {
                         location: format!(
                             "{} offset {}",
-                            stratum.path.display(),
+                            stratum.path().display(),
                             stratum.offset_of(id.index())
                         ),
                         grain: Some(id),

@@ -16,9 +16,9 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use common::crash::{checked, with_timeout, CrashPoint, HUNG};
 use common::{blob, seed, Rng, Watchdog};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::format::grain_crc;
@@ -431,7 +431,6 @@ fn check(db: &Database, attempts: &[Attempt]) -> Result<(), String> {
 
 const TORN_HEADER: &str = "VERIFY-TORN-HEADER";
 const FREED_GRAIN: &str = "VERIFY-FREED-GRAIN";
-const HUNG: &str = "HUNG";
 
 /// Sorts a verify failure after recovery into the kinds seen so far:
 /// only invalid copies of doubly stored headers (the copy being written
@@ -494,13 +493,6 @@ fn explain(db: &Database, attempts: &[Attempt], error: &Error) -> String {
     out
 }
 
-#[derive(Debug, Clone, Copy)]
-struct CrashPoint {
-    operation: Operation,
-    nth: u64,
-    policy: PowerLoss,
-}
-
 /// Runs the workload with a power cut at `point`, reboots and checks.
 /// Returns whether the fault fired, or what went wrong.
 /// With `jitter`, the disk delays operations at random (seeded by it)
@@ -516,17 +508,7 @@ fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Resul
     fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
     let db = open(&fs).map_err(|e| format!("reopening failed: {e}"))?;
-    let checked =
-        catch_unwind(AssertUnwindSafe(|| check(&db, &attempts))).unwrap_or_else(|panic| {
-            Err(format!(
-                "checking panicked: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-            ))
-        });
+    let checked = checked(|| check(&db, &attempts));
     let acked = attempts.iter().filter(|a| a.acked().is_some()).count();
     checked.map_err(|e| {
         format!(
@@ -590,15 +572,7 @@ fn crash_at_with_timeout(
     workload_seed: u64,
     jitter: Option<u64>,
 ) -> Result<bool, String> {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let result = catch_unwind(AssertUnwindSafe(|| crash_at(point, workload_seed, jitter)))
-            .unwrap_or_else(|_| Err("panicked".to_string()));
-        let _ = sender.send(result);
-    });
-    receiver
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|_| Err(format!("{HUNG}: the run did not finish within 10 s")))
+    with_timeout(10, move || crash_at(point, workload_seed, jitter))
 }
 
 #[test]
@@ -823,22 +797,7 @@ fn power_cut_with_jittered_io() {
         let workload_seed = rng.next_u64();
         let jitter = rng.next_u64();
         // A fault-free run makes about 60 syncs and 70 writes.
-        let (operation, count) = if rng.percent(40) {
-            (Operation::Sync, 64)
-        } else {
-            (Operation::Write, 76)
-        };
-        let policy = match rng.below(4) {
-            0 => PowerLoss::Clean,
-            1 => PowerLoss::TornPrefix,
-            2 => PowerLoss::SectorHole,
-            _ => PowerLoss::Random(rng.next_u64()),
-        };
-        let point = CrashPoint {
-            operation,
-            nth: rng.below(count),
-            policy,
-        };
+        let point = CrashPoint::random(&mut rng, 64, 76);
         runs += 1;
         match crash_at_with_timeout(point, workload_seed, Some(jitter)) {
             Ok(true) => fired += 1,
