@@ -980,7 +980,11 @@ impl LogStore {
             let record = writer
                 .write_chunk(&chunk)
                 .map_err(|e| Error::io("writing a log entry", e))?;
-            written.push((entry.log_id, record.position, Digest::of(&chunk[ENTRY_HEADER..])));
+            written.push((
+                entry.log_id,
+                record.position,
+                Digest::of(&chunk[ENTRY_HEADER..]),
+            ));
         }
         let first = entries[0].log_id.index;
         {

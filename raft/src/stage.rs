@@ -71,7 +71,7 @@ pub const MAX_LAG: u64 = 64;
 pub const STAGE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The body of `POST /raft/stage` (bincode).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageRequest {
     /// The leader's vote (committed).
     pub vote: Vote,
@@ -223,9 +223,7 @@ impl StageOffer for Stager {
         };
         let mut peers = self.peers.lock();
         for (id, addr) in targets {
-            let peer = peers
-                .entry(id)
-                .or_insert_with(|| self.spawn_peer(&addr));
+            let peer = peers.entry(id).or_insert_with(|| self.spawn_peer(&addr));
             if peer.addr != addr {
                 *peer = self.spawn_peer(&addr);
             }

@@ -197,7 +197,11 @@ async fn a_hostile_clients_stage_requests_leave_the_data_alone() {
         "a gap after the log",
         stage_body(
             vote,
-            Some(log_id(last.leader_id.term, last.leader_id.node_id, last.index + 1)),
+            Some(log_id(
+                last.leader_id.term,
+                last.leader_id.node_id,
+                last.index + 1,
+            )),
             vec![put_entry(
                 log_id(term, leader, last.index + 2),
                 "forged-gap",
@@ -292,7 +296,13 @@ async fn a_hostile_clients_stage_requests_leave_the_data_alone() {
         ),
     )
     .await;
-    refused(&cluster, follower, "garbage", b"not a stage request".to_vec()).await;
+    refused(
+        &cluster,
+        follower,
+        "garbage",
+        b"not a stage request".to_vec(),
+    )
+    .await;
 
     // With the leader's vote and next log id, forged bytes are staged (the
     // sender is trusted as a peer is), and the leader's own entry with that
@@ -385,7 +395,10 @@ async fn with_one_client_followers_find_most_appends_staged() {
         appends += a - appends_before;
         prestaged += p - prestaged_before;
     }
-    assert!(appends >= 200, "the followers appended the writes: {appends}");
+    assert!(
+        appends >= 200,
+        "the followers appended the writes: {appends}"
+    );
     assert!(
         prestaged * 2 > appends,
         "only {prestaged} of {appends} follower appends found their entries staged"
