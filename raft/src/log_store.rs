@@ -72,6 +72,11 @@ pub struct LogStoreConfig {
     pub file_system: Arc<dyn FileSystem>,
     /// WAL segment size: entries move to archive files at this interval.
     pub segment_bytes: u64,
+    /// The id of the node whose log this is. With it, openraft reads a
+    /// saved vote that is committed and names this node as not committed
+    /// ([`LogStore::vote_at_start`]), and the store can stage its appends
+    /// on followers ([`LogStore::set_stage_offer`]).
+    pub node_id: Option<NodeId>,
 }
 
 impl LogStoreConfig {
@@ -81,6 +86,7 @@ impl LogStoreConfig {
             directory: directory.as_ref().to_path_buf(),
             file_system: Arc::new(StdFileSystem),
             segment_bytes: 8 << 20,
+            node_id: None,
         }
     }
 
@@ -95,6 +101,13 @@ impl LogStoreConfig {
     #[must_use]
     pub fn segment_bytes(mut self, bytes: u64) -> Self {
         self.segment_bytes = bytes;
+        self
+    }
+
+    /// Sets the id of the node whose log this is.
+    #[must_use]
+    pub fn node_id(mut self, id: NodeId) -> Self {
+        self.node_id = Some(id);
         self
     }
 }
@@ -350,6 +363,8 @@ struct Inner {
     syncer: Arc<SyncQueue>,
     /// How long each sync of the sync thread took.
     syncs: Arc<Histogram>,
+    /// The node whose log this is, if known.
+    node_id: Option<NodeId>,
     /// Where a leader's appends are offered to its followers, once the
     /// node has set it.
     offer: OnceLock<Arc<dyn StageOffer>>,
@@ -744,6 +759,7 @@ impl LogStore {
                 writes: Mutex::new(()),
                 syncer,
                 syncs,
+                node_id: config.node_id,
                 offer: OnceLock::new(),
                 counters,
             }),
@@ -752,7 +768,10 @@ impl LogStore {
 
     /// Makes this store offer the entries it appends while it leads to
     /// `offer` (see [`StageOffer`]). Set once, after the node's Raft is
-    /// built; later calls change nothing.
+    /// built; later calls change nothing. Nothing is offered unless the
+    /// store was opened with the same node id
+    /// ([`LogStoreConfig::node_id`]): staging is safe only if a restarted
+    /// leader never resumes the term it led ([`LogStore::vote_at_start`]).
     pub fn set_stage_offer(&self, offer: Arc<dyn StageOffer>) {
         let _ = self.inner.offer.set(offer);
     }
@@ -847,7 +866,8 @@ impl LogStore {
             )
         };
         if let (Some(offer), Some(vote)) = (self.inner.offer.get(), vote) {
-            let leading = vote.is_committed()
+            let leading = self.inner.node_id == Some(offer.node_id())
+                && vote.is_committed()
                 && vote.leader_id().voted_for() == Some(offer.node_id())
                 && rest.iter().all(|e| e.log_id.leader_id == *vote.leader_id())
                 && prev.map_or(0, |p| p.index + 1) == rest_first;
@@ -1148,6 +1168,25 @@ impl LogStore {
         self.inner.core.state.lock().vote
     }
 
+    /// The saved vote as openraft reads it when it starts: a committed
+    /// vote that names this node ([`LogStoreConfig::node_id`]) is given as
+    /// not committed, so that a restarted leader does not lead again in
+    /// the term it led (openraft 0.9 would resume it at once) and must win
+    /// a later term. A leader that crashed before syncing entries it had
+    /// already staged on followers would otherwise create other entries
+    /// under the same log ids, while a follower holds the staged ones:
+    /// Log Matching would break (`FORMAT.md`, "Pre-staged entries"). The
+    /// vote itself stays what was saved: the node still voted for itself
+    /// in that term, and votes for no one else in it.
+    #[must_use]
+    pub fn vote_at_start(&self) -> Option<Vote> {
+        let mut vote = self.vote()?;
+        if vote.is_committed() && self.inner.node_id == vote.leader_id().voted_for() {
+            vote.committed = false;
+        }
+        Some(vote)
+    }
+
     /// The saved committed log id.
     #[must_use]
     pub fn committed(&self) -> Option<LogId> {
@@ -1360,7 +1399,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.vote())
+        Ok(self.vote_at_start())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {

@@ -270,6 +270,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     )?;
     let raft_config = Arc::new(config.raft_config()?);
     let log_config = LogStoreConfig::new(config.directory.join("log"))
+        .node_id(config.id)
         .segment_bytes(config.log_segment_bytes)
         .file_system(config.file_system.clone());
     let mut sm_config = StateMachineConfig::new(config.directory.join("state"))

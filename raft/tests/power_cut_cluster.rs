@@ -9,7 +9,12 @@
 //! write and sync each entry while the leader syncs its own, so at the cut
 //! their logs may hold staged entries openraft never acknowledged, synced
 //! or not, and a node that voted on its shorter view restarts with them
-//! as part of its log.
+//! as part of its log; a follower may also hold, synced, an entry its
+//! leader lost. The restarted nodes must then agree on every entry: each
+//! node's whole state is compared, not only the acknowledged writes. (Had
+//! the old leader resumed its term after the restart, it would have
+//! written other entries under the log ids of the ones it lost, and a
+//! follower holding those would have kept them: this test caught that.)
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -209,6 +214,7 @@ async fn cluster_power_cut_at(seed: u64) -> (usize, u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     start_nodes(&mut nodes, late, &addrs, &fs, snapshots.path()).await;
+    let mut states = Vec::new();
     for (&id, running) in &nodes {
         running
             .raft
@@ -216,6 +222,22 @@ async fn cluster_power_cut_at(seed: u64) -> (usize, u64) {
             .applied_index_at_least(Some(index), "caught up after the cut")
             .await
             .unwrap_or_else(|e| panic!("seed {seed}: node {id} did not catch up: {e}"));
+        // Every node applied the same entries: the same keys and values.
+        let state: BTreeMap<String, Option<Vec<u8>>> = running
+            .state_machine
+            .keys()
+            .into_iter()
+            .map(|key| {
+                let value = running.state_machine.get(&key).unwrap();
+                (key, value)
+            })
+            .collect();
+        assert_eq!(
+            state.get("after-the-cut"),
+            Some(&Some(b"x".to_vec())),
+            "seed {seed}: node {id}"
+        );
+        states.push((id, state));
         for (key, value) in &acknowledged {
             let found = running.state_machine.get(key).unwrap();
             assert_eq!(
@@ -224,6 +246,17 @@ async fn cluster_power_cut_at(seed: u64) -> (usize, u64) {
                 "seed {seed}: acknowledged write {key} on node {id} after a power cut at \
                  {operation:?} #{nth} (leader {first}, then {new_leader})"
             );
+        }
+    }
+    for (id, state) in &states[1..] {
+        let (first_id, first_state) = &states[0];
+        if state != first_state {
+            let differ: Vec<&String> = first_state
+                .keys()
+                .chain(state.keys())
+                .filter(|key| first_state.get(*key) != state.get(*key))
+                .collect();
+            panic!("seed {seed}: nodes {first_id} and {id} differ at {differ:?}");
         }
     }
     println!(
@@ -241,7 +274,7 @@ async fn cluster_power_cut_at(seed: u64) -> (usize, u64) {
 async fn acknowledged_writes_survive_a_power_cut_of_the_whole_cluster() {
     let started = Instant::now();
     let (mut acknowledged, mut prestaged) = (0, 0);
-    const CUTS: u64 = 12;
+    const CUTS: u64 = 16;
     for seed in 0..CUTS {
         let (n, p) = cluster_power_cut_at(seed).await;
         acknowledged += n;

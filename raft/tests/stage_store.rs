@@ -439,3 +439,25 @@ fn an_append_that_skips_over_staged_entries_is_refused() {
     assert!(result.is_err());
     assert_eq!(log.log_state().last_log_id, Some(log_id(1, LEADER, 4)));
 }
+
+#[test]
+fn a_restarted_leader_reads_its_own_vote_as_not_committed() {
+    // openraft 0.9 resumes leading at once when it reads a committed vote
+    // naming its node; a leader that lost entries it had staged on
+    // followers would then reuse their log ids.
+    let fs = CrashFileSystem::new();
+    let config = || LogStoreConfig::new("/log").file_system(Arc::new(fs.clone()));
+    let log = LogStore::open_with(config().node_id(OWN)).unwrap();
+    log.save_vote_blocking(Vote::new_committed(3, OWN)).unwrap();
+    assert_eq!(log.vote(), Some(Vote::new_committed(3, OWN)));
+    assert_eq!(log.vote_at_start(), Some(Vote::new(3, OWN)));
+    // Another node's committed vote is read as it is.
+    log.save_vote_blocking(Vote::new_committed(4, LEADER))
+        .unwrap();
+    assert_eq!(log.vote_at_start(), Some(Vote::new_committed(4, LEADER)));
+    drop(log);
+    // A store that does not know its node reads every vote as saved.
+    let log = LogStore::open_with(config()).unwrap();
+    log.save_vote_blocking(Vote::new_committed(5, OWN)).unwrap();
+    assert_eq!(log.vote_at_start(), Some(Vote::new_committed(5, OWN)));
+}
