@@ -25,13 +25,15 @@
 //! **Costs.** The entries cross the network twice. Appends carrying more
 //! than [`MAX_STAGE_PAYLOAD_BYTES`] of keys and values are not staged: a
 //! large value's time goes to its transfer, which staging would double.
-//! Each follower has one queue of at most [`QUEUE_LENGTH`] requests, sent
+//! Each follower has one queue of at most [`QUEUE_LENGTH`] requests and
+//! [`QUEUE_BYTES`] of bodies, sent
 //! one after the other on the peers' pooled HTTP client (so they arrive in
 //! order, on a kept-alive connection); a request that finds the queue full
 //! is dropped. A follower whose replication is more than [`MAX_LAG`]
 //! entries behind is not sent any (it would ignore them).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +64,10 @@ pub const MAX_STAGE_PAYLOAD_BYTES: usize = 2 << 20;
 
 /// Stage requests waiting for one follower at most; more are dropped.
 pub const QUEUE_LENGTH: usize = 64;
+
+/// Bytes of stage request bodies waiting for one follower at most; a
+/// request that would pass it is dropped (one always fits).
+pub const QUEUE_BYTES: usize = 8 << 20;
 
 /// A follower whose last replicated entry is more than this many entries
 /// before the ones being appended is not sent them.
@@ -104,6 +110,8 @@ pub struct StageResponse {
 struct Peer {
     addr: String,
     queue: mpsc::Sender<Bytes>,
+    /// Bytes of the bodies in `queue` and being sent.
+    queued: Arc<AtomicUsize>,
 }
 
 /// The leader's side: sends what its log store offers to the followers
@@ -184,17 +192,22 @@ impl Stager {
 
     fn spawn_peer(&self, addr: &str) -> Peer {
         let (queue, requests) = mpsc::channel(QUEUE_LENGTH);
+        let queued = Arc::new(AtomicUsize::new(0));
         let url = format!("{}://{addr}{STAGE_PATH}", self.scheme);
         self.runtime.spawn(send_loop(
-            self.client.clone(),
-            url,
-            self.token.clone(),
+            SendTo {
+                client: self.client.clone(),
+                url,
+                token: self.token.clone(),
+                queued: queued.clone(),
+                counters: self.counters.clone(),
+            },
             requests,
-            self.counters.clone(),
         ));
         Peer {
             addr: addr.to_string(),
             queue,
+            queued,
         }
     }
 }
@@ -227,25 +240,38 @@ impl StageOffer for Stager {
             if peer.addr != addr {
                 *peer = self.spawn_peer(&addr);
             }
+            let queued = peer.queued.load(Ordering::Relaxed);
+            if queued > 0 && queued + body.len() > QUEUE_BYTES {
+                StageCounters::add(&self.counters.dropped, 1);
+                continue;
+            }
+            peer.queued.fetch_add(body.len(), Ordering::Relaxed);
             if peer.queue.try_send(body.clone()).is_err() {
+                peer.queued.fetch_sub(body.len(), Ordering::Relaxed);
                 StageCounters::add(&self.counters.dropped, 1);
             }
         }
     }
 }
 
-/// Sends one follower's stage requests one after the other, until its
-/// queue is dropped.
-async fn send_loop(
+/// Where one follower's stage requests go, and what they are counted in.
+struct SendTo {
     client: reqwest::Client,
     url: String,
+    /// The `Authorization` header.
     token: Option<HeaderValue>,
-    mut requests: mpsc::Receiver<Bytes>,
+    queued: Arc<AtomicUsize>,
     counters: Arc<StageCounters>,
-) {
+}
+
+/// Sends one follower's stage requests one after the other, until its
+/// queue is dropped.
+async fn send_loop(to: SendTo, mut requests: mpsc::Receiver<Bytes>) {
+    let counters = &to.counters;
     while let Some(body) = requests.recv().await {
-        let mut request = client.post(&url).timeout(STAGE_TIMEOUT).body(body);
-        if let Some(token) = &token {
+        let len = body.len();
+        let mut request = to.client.post(&to.url).timeout(STAGE_TIMEOUT).body(body);
+        if let Some(token) = &to.token {
             request = request.header(AUTHORIZATION, token.clone());
         }
         let counter = match request.send().await {
@@ -258,6 +284,7 @@ async fn send_loop(
             }
             _ => &counters.sent_failed,
         };
+        to.queued.fetch_sub(len, Ordering::Relaxed);
         StageCounters::add(counter, 1);
     }
 }
