@@ -184,7 +184,7 @@ impl Stager {
             .iter()
             .filter(|(id, matched)| {
                 **id != self.id
-                    && matched.is_some_and(|m| m.index.saturating_add(MAX_LAG) + 1 >= next)
+                    && matched.is_some_and(|m| m.index.saturating_add(MAX_LAG + 1) >= next)
             })
             .filter_map(|(id, _)| membership.get_node(id).map(|n| (*id, n.addr.clone())))
             .collect()
