@@ -11,7 +11,7 @@
 //! | `POST /cluster/*` | [`MAX_CLUSTER_BODY_BYTES`] (1 MiB of JSON) |
 //! | `POST /raft/append` | [`MAX_APPEND_BODY_BYTES`]: one largest entry and its framing, 65 MiB |
 //! | `POST /raft/snapshot` | [`MAX_SNAPSHOT_BODY_BYTES`]: one chunk and its metadata, 4 MiB |
-//! | `POST /raft/stage` | [`MAX_STAGE_BODY_BYTES`]: the entries of one append of at most [`MAX_STAGE_PAYLOAD_BYTES`](crate::stage::MAX_STAGE_PAYLOAD_BYTES) of keys and values and their framing, 3 MiB |
+//! | `POST /raft/stage` | [`MAX_STAGE_BODY_BYTES`]: the entries of one append of at most [`MAX_STAGE_PAYLOAD_BYTES`] of keys and values and their framing, 3 MiB |
 //! | `POST /raft/vote` | [`MAX_VOTE_BODY_BYTES`] (64 KiB) |
 //! | anything else | [`MAX_OTHER_BODY_BYTES`] (64 KiB) |
 //!
