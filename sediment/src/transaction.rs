@@ -115,30 +115,43 @@ impl<'db> Transaction<'db> {
         let (id, stratum) = self.reserve(length)?;
         self.reserved.push(id);
         let crc = grain_crc(sequence, data);
+        let header = GrainHeader {
+            sequence,
+            length: length as u32,
+            crc,
+        };
+        // An encrypted store seals the blob here, on the writer's thread
+        // and outside every lock: the image (bound to the grain and the
+        // sequence) is what the grains hold, whichever way it goes.
+        let sealer = shared.strata().sealer().cloned();
         if length >= shared.direct_write_bytes() {
             // Large blobs go straight into their (unreferenced, reserved)
             // grains; commit syncs the stratum before the WAL entry that
             // makes them visible.
-            let header = GrainHeader {
-                sequence,
-                length: length as u32,
-                crc,
-            };
             let offset = stratum.offset_of(id.index());
-            stratum
-                .file
-                .write_all_at(&header.encode(), offset)
-                .and_then(|()| {
-                    stratum
-                        .file
-                        .write_all_at(data, offset + GRAIN_HEADER_SIZE as u64)
-                })
-                .context(|| format!("writing grain {id} to {}", stratum.path.display()))?;
+            let file = &stratum.file;
+            match &sealer {
+                Some(sealer) => sealer.seal_image(id, &header, data, |at, piece| {
+                    file.write_all_at(piece, offset + at)
+                }),
+                None => file
+                    .write_all_at(&header.encode(), offset)
+                    .and_then(|()| file.write_all_at(data, offset + GRAIN_HEADER_SIZE as u64)),
+            }
+            .context(|| format!("writing grain {id} to {}", stratum.path.display()))?;
             if !self.direct.iter().any(|s| Arc::ptr_eq(s, &stratum)) {
                 self.direct.push(stratum);
             }
         } else {
-            encode_data_chunk(&mut self.scratch, id, data);
+            match &sealer {
+                Some(sealer) => {
+                    let image = sealer
+                        .image(id, &header, data)
+                        .context(|| format!("sealing grain {id}"))?;
+                    encode_data_chunk(&mut self.scratch, id, &image);
+                }
+                None => encode_data_chunk(&mut self.scratch, id, data),
+            }
             let scratch = std::mem::take(&mut self.scratch);
             let written = self.entry().write_chunk(&scratch);
             self.scratch = scratch;

@@ -606,6 +606,7 @@ mod tests {
             fs,
             1 << 20,
             vec![Vec::new(); crate::format::BASINS],
+            None,
         );
         let reclamation = Reclamation::recovered(&IndexHeader::default(), Vec::new());
         (reclamation, strata, BlobCache::new(0))
