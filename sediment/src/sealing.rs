@@ -247,6 +247,9 @@ impl Sealer {
         Ok(seal)
     }
 
+    /// Opens `buffer` in place. A key id that neither the provider nor
+    /// the store's key checks know is a damaged seal, not a missing key:
+    /// every key the store's files need was checked at open.
     fn open(
         &self,
         seal: &Seal,
@@ -254,10 +257,13 @@ impl Sealer {
         buffer: &mut [u8],
         what: &dyn fmt::Display,
     ) -> Result<KeyId, Unsealed> {
-        self.cipher
-            .open(seal, &ad.0, buffer)
-            .map_err(|error| Unsealed::from_open(error, what))?;
-        Ok(seal.key_id)
+        match self.cipher.open(seal, &ad.0, buffer) {
+            Ok(()) => Ok(seal.key_id),
+            Err(OpenError::Key(KeyError::Missing(id))) if !self.checks.lock().contains_key(&id) => {
+                Err(Unsealed::Damaged)
+            }
+            Err(error) => Err(Unsealed::from_open(error, what)),
+        }
     }
 
     // --- Blob images -------------------------------------------------
