@@ -42,7 +42,7 @@ use crate::verify_report::Problem;
 pub(crate) const JOURNAL: &str = "rekey-journal";
 const JOURNAL_MAGIC: [u8; 8] = *b"SEDREKEY";
 /// Bytes of new pieces a batch collects before it is written.
-const BATCH_BYTES: usize = 8 << 20;
+const BATCH_BYTES: usize = 1 << 20;
 
 /// What [`Database::rekey`] did and what the store still needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
