@@ -317,8 +317,9 @@ pub use testkit::sediment_runs::second_run_without_a_checkpoint;
 
 /// Whether a parameterised suite runs on a plain store or an encrypted
 /// one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
+    #[default]
     Plain,
     Encrypted,
 }
