@@ -381,13 +381,14 @@ fn recycle_finished(inner: &Inner) {
         let keep = inner.lock_state().segments.keeps_another_spare();
         if keep {
             let file = segment.file.clone();
-            // A segment that grew far past its preallocated size (writers
-            // outran the spares) goes back to that size, so spares do not
-            // keep the disk space of a burst. The usual overshoot of up to
-            // one entry is kept: cutting it would only make the next user
-            // of the file allocate those blocks again.
+            // A segment that grew past its preallocated size (writers
+            // outran the checkpointer, or entries overshot the switch) goes
+            // back to that size, so an idle log takes the same space
+            // whatever bursts it has seen: spares never keep a burst's
+            // blocks. The next user of the file allocates any overshoot
+            // again, a few blocks at the end of a segment.
             let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
-            if file.len().is_ok_and(|len| len > 2 * preallocated) {
+            if file.len().is_ok_and(|len| len > preallocated) {
                 if let Err(err) = file.set_len(preallocated) {
                     inner.lock_state().checkpoints.error = Some(ErrorRecord {
                         kind: err.kind(),

@@ -524,6 +524,32 @@ impl Cipher {
         Ok(self.provider.current()?.0)
     }
 
+    /// The provider's current key, resolved once: [`SealingKey`] seals
+    /// many ranges without asking the provider again.
+    ///
+    /// # Errors
+    ///
+    /// The provider's.
+    pub fn current_key(&self) -> io::Result<SealingKey> {
+        let (id, key) = self.provider.current()?;
+        Ok(SealingKey { id, key })
+    }
+
+    /// The provider's key with id `id`, resolved once.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Missing`] inside an `io::Error` of kind
+    /// `PermissionDenied` naming `what` if the provider does not have it;
+    /// the provider's errors as they are.
+    pub fn key_by_id(&self, id: KeyId, what: impl fmt::Display) -> io::Result<SealingKey> {
+        match self.key(id) {
+            Ok(key) => Ok(SealingKey { id, key }),
+            Err(OpenError::Key(error)) => Err(error.into_io(what)),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// Encrypts `buffer` in place under the current key and a fresh nonce,
     /// authenticating `associated` with it.
     ///
@@ -532,36 +558,7 @@ impl Cipher {
     /// The provider's, or `InvalidInput` if `buffer` is too long for the
     /// cipher (over 256 GiB).
     pub fn seal(&self, associated: &[u8], buffer: &mut [u8]) -> io::Result<Seal> {
-        let (key_id, key) = self.provider.current()?;
-        Self::seal_with(&key, key_id, associated, buffer)
-    }
-
-    fn seal_with(
-        key: &Key,
-        key_id: KeyId,
-        associated: &[u8],
-        buffer: &mut [u8],
-    ) -> io::Result<Seal> {
-        let mut nonce = [0; NONCE_BYTES];
-        getrandom::fill(&mut nonce).map_err(|error| {
-            io::Error::other(format!(
-                "the operating system's random generator failed: {error}"
-            ))
-        })?;
-        let tag = key
-            .cipher()
-            .encrypt_in_place_detached(XNonce::from_slice(&nonce), associated, buffer)
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "too many bytes to encrypt at once",
-                )
-            })?;
-        Ok(Seal {
-            key_id,
-            nonce,
-            tag: tag.into(),
-        })
+        self.current_key()?.seal(associated, buffer)
     }
 
     /// Decrypts `buffer` in place if `seal` and `associated` authenticate
@@ -573,14 +570,7 @@ impl Cipher {
     /// not have the key; [`OpenError::Damaged`] if authentication fails.
     pub fn open(&self, seal: &Seal, associated: &[u8], buffer: &mut [u8]) -> Result<(), OpenError> {
         let key = self.key(seal.key_id)?;
-        key.cipher()
-            .decrypt_in_place_detached(
-                XNonce::from_slice(&seal.nonce),
-                associated,
-                buffer,
-                (&seal.tag).into(),
-            )
-            .map_err(|_| OpenError::Damaged)
+        open_with(&key, seal, associated, buffer)
     }
 
     fn key(&self, id: KeyId) -> Result<Key, OpenError> {
@@ -599,9 +589,7 @@ impl Cipher {
     ///
     /// The provider's.
     pub fn key_check(&self, context: &[u8]) -> io::Result<Seal> {
-        let (key_id, key) = self.provider.current()?;
-        let associated = [KEY_CHECK_CONTEXT, context].concat();
-        Self::seal_with(&key, key_id, &associated, &mut [])
+        self.current_key()?.key_check(context)
     }
 
     /// Whether the provider's key for `check.key_id` is the one that made
@@ -618,14 +606,210 @@ impl Cipher {
         context: &[u8],
         what: impl fmt::Display,
     ) -> io::Result<()> {
+        let key = self.key_by_id(check.key_id, &what)?;
+        key.verify_key_check(check, context, what)
+    }
+}
+
+/// A nonce drawn from the operating system's generator for one seal.
+///
+/// It is neither `Clone` nor `Copy`, and [`SealingKey::seal_with`] takes
+/// it by value: a nonce is used at most once. Drawing it apart from the
+/// seal lets a caller draw it where a system call costs least (before
+/// taking a lock, say) and seal later.
+///
+/// ```rust
+/// use okaywal::encryption::{Cipher, FreshNonce, StaticKey};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let cipher = Cipher::new(StaticKey::new([3; 32]));
+/// let key = cipher.current_key()?;
+/// let [first, second] = FreshNonce::draw_many()?;
+/// let mut a = *b"one";
+/// let mut b = *b"two";
+/// let seal_a = key.seal_with(first, b"place a", &mut a)?;
+/// let seal_b = key.seal_with(second, b"place b", &mut b)?;
+/// assert_ne!(seal_a.nonce, seal_b.nonce);
+/// # Ok(())
+/// # }
+/// ```
+pub struct FreshNonce([u8; NONCE_BYTES]);
+
+impl FreshNonce {
+    /// One nonce.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's generator failed.
+    pub fn draw() -> io::Result<Self> {
+        let [nonce] = Self::draw_many()?;
+        Ok(nonce)
+    }
+
+    /// `N` nonces from one call to the generator.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's generator failed.
+    pub fn draw_many<const N: usize>() -> io::Result<[Self; N]> {
+        let mut bytes = [[0_u8; NONCE_BYTES]; N];
+        getrandom::fill(bytes.as_flattened_mut()).map_err(|error| {
+            io::Error::other(format!(
+                "the operating system's random generator failed: {error}"
+            ))
+        })?;
+        Ok(bytes.map(Self))
+    }
+}
+
+impl fmt::Debug for FreshNonce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FreshNonce")
+    }
+}
+
+/// A key resolved from a [`KeyProvider`] once ([`Cipher::current_key`],
+/// [`Cipher::key_by_id`]), with its id: it seals and opens many ranges
+/// without asking the provider again. Its bytes are zeroed when it is
+/// dropped and never printed.
+///
+/// ```rust
+/// use okaywal::encryption::{Cipher, KeyId, StaticKey};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let cipher = Cipher::new(StaticKey::new([5; 32]));
+/// let key = cipher.current_key()?;
+/// assert_eq!(key.id(), KeyId::new(1));
+/// let mut bytes = b"payload".to_vec();
+/// let seal = key.seal(b"where", &mut bytes)?;
+/// key.open(&seal, b"where", &mut bytes).unwrap();
+/// assert_eq!(bytes, b"payload");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SealingKey {
+    id: KeyId,
+    key: Key,
+}
+
+impl fmt::Debug for SealingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SealingKey")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealingKey {
+    /// The key's id.
+    #[must_use]
+    pub fn id(&self) -> KeyId {
+        self.id
+    }
+
+    /// Encrypts `buffer` in place under this key and a fresh nonce,
+    /// authenticating `associated` with it.
+    ///
+    /// # Errors
+    ///
+    /// The operating system's generator failed, or `buffer` is too long
+    /// for the cipher (over 256 GiB: `InvalidInput`).
+    pub fn seal(&self, associated: &[u8], buffer: &mut [u8]) -> io::Result<Seal> {
+        self.seal_with(FreshNonce::draw()?, associated, buffer)
+    }
+
+    /// [`SealingKey::seal`] with a nonce drawn beforehand.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `buffer` is too long for the cipher (over
+    /// 256 GiB).
+    pub fn seal_with(
+        &self,
+        nonce: FreshNonce,
+        associated: &[u8],
+        buffer: &mut [u8],
+    ) -> io::Result<Seal> {
+        let tag = self
+            .key
+            .cipher()
+            .encrypt_in_place_detached(XNonce::from_slice(&nonce.0), associated, buffer)
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "too many bytes to encrypt at once",
+                )
+            })?;
+        Ok(Seal {
+            key_id: self.id,
+            nonce: nonce.0,
+            tag: tag.into(),
+        })
+    }
+
+    /// Decrypts `buffer` in place if `seal` and `associated` authenticate
+    /// it; on failure `buffer`'s contents are unspecified.
+    ///
+    /// # Errors
+    ///
+    /// [`OpenError::Damaged`] if authentication fails, or if `seal` names
+    /// another key id than this key's.
+    pub fn open(&self, seal: &Seal, associated: &[u8], buffer: &mut [u8]) -> Result<(), OpenError> {
+        if seal.key_id != self.id {
+            return Err(OpenError::Damaged);
+        }
+        open_with(&self.key, seal, associated, buffer)
+    }
+
+    /// A key check for this key (see [`Cipher::key_check`]).
+    ///
+    /// # Errors
+    ///
+    /// The operating system's generator failed.
+    pub fn key_check(&self, context: &[u8]) -> io::Result<Seal> {
         let associated = [KEY_CHECK_CONTEXT, context].concat();
-        match self.open(check, &associated, &mut []) {
+        self.seal(&associated, &mut [])
+    }
+
+    /// Whether this key made `check` (see [`Cipher::verify_key_check`]).
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Wrong`] inside an `io::Error` of kind
+    /// `PermissionDenied` naming `what` if it did not; [`KeyError::Missing`]
+    /// the same way if `check` names another key id.
+    pub fn verify_key_check(
+        &self,
+        check: &Seal,
+        context: &[u8],
+        what: impl fmt::Display,
+    ) -> io::Result<()> {
+        if check.key_id != self.id {
+            return Err(KeyError::Missing(check.key_id).into_io(what));
+        }
+        let associated = [KEY_CHECK_CONTEXT, context].concat();
+        match open_with(&self.key, check, &associated, &mut []) {
             Ok(()) => Ok(()),
-            Err(OpenError::Key(error)) => Err(error.into_io(what)),
-            Err(OpenError::Damaged) => Err(KeyError::Wrong(check.key_id).into_io(what)),
-            Err(OpenError::Provider(error)) => Err(error),
+            Err(_) => Err(KeyError::Wrong(check.key_id).into_io(what)),
         }
     }
+}
+
+fn open_with(
+    key: &Key,
+    seal: &Seal,
+    associated: &[u8],
+    buffer: &mut [u8],
+) -> Result<(), OpenError> {
+    key.cipher()
+        .decrypt_in_place_detached(
+            XNonce::from_slice(&seal.nonce),
+            associated,
+            buffer,
+            (&seal.tag).into(),
+        )
+        .map_err(|_| OpenError::Damaged)
 }
 
 #[cfg(test)]

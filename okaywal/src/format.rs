@@ -3,8 +3,12 @@
 
 /// The first seven bytes of every segment file.
 pub const MAGIC: [u8; 7] = *b"OKAYWAL";
-/// The version of the byte format written by this crate.
+/// The version of the byte format written by this crate for logs without
+/// encryption.
 pub const FORMAT_VERSION: u8 = 1;
+/// The version of the byte format of encrypted logs (FORMAT.md,
+/// "Encrypted logs").
+pub const ENCRYPTED_FORMAT_VERSION: u8 = 2;
 /// Size of the segment header; records start at this offset.
 pub const HEADER_SIZE: u64 = 512;
 /// Size of a record header (every record starts with one).
@@ -16,6 +20,26 @@ pub const MAX_VERSION_INFO: usize = 255;
 /// The data of a chunk written whole by its writer (larger than 64 KiB)
 /// starts at a multiple of this offset, after a padding record if needed.
 pub const CHUNK_ALIGNMENT: u64 = 4096;
+/// Size of a record header in an encrypted segment.
+pub const SEALED_RECORD_HEADER_SIZE: usize = 69;
+/// Where the CRC of an encrypted record header starts.
+pub const SEALED_RECORD_CRC_AT: usize = SEALED_RECORD_HEADER_SIZE - 4;
+/// Size of the encrypted part of an encrypted record header: entry id,
+/// durable mark and a number (the chunk's index in its entry, or the
+/// commit's chunk count).
+pub const SEALED_RECORD_BODY: usize = 20;
+/// Plaintext bytes in each frame of an encrypted chunk's data (the last
+/// frame may hold fewer).
+pub const FRAME_BYTES: usize = 64 * 1024;
+/// Bytes a frame adds to its plaintext: a 24-byte nonce before it and a
+/// 16-byte tag after it.
+pub const FRAME_OVERHEAD: usize = 24 + 16;
+/// Size of the encrypted part of an encrypted segment header: previous
+/// id, previous end, `version_info` length and `version_info` padded to
+/// its largest size.
+pub const SEALED_HEADER_BODY: usize = 8 + 8 + 1 + MAX_VERSION_INFO;
+/// Where the encrypted part of an encrypted segment header starts.
+pub const SEALED_HEADER_BODY_AT: usize = 100;
 
 /// The header at offset 0 of every segment file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +105,7 @@ impl SegmentHeader {
     }
 
     /// The format version of an intact header of this crate's layout with
-    /// a version other than this crate's: its magic and its checksum
+    /// a version other than this crate's two: its magic and its checksum
     /// verify, so it was written whole by another version of the format,
     /// not torn or damaged. `None` for anything else.
     #[must_use]
@@ -91,6 +115,7 @@ impl SegmentHeader {
         let stored = u32::from_le_bytes(bytes[crc_at..].try_into().ok()?);
         (bytes[..7] == MAGIC
             && bytes[7] != FORMAT_VERSION
+            && bytes[7] != ENCRYPTED_FORMAT_VERSION
             && crc32fast::hash(&bytes[..crc_at]) == stored)
             .then_some(bytes[7])
     }
@@ -123,6 +148,188 @@ impl SegmentHeader {
     }
 }
 
+/// An encrypted segment header (format version
+/// [`ENCRYPTED_FORMAT_VERSION`]) as it is on disk, before its encrypted
+/// part is opened:
+///
+/// | offset | size | field |
+/// | --- | --- | --- |
+/// | 0 | 7 | magic |
+/// | 7 | 1 | format version, 2 |
+/// | 8 | 8 | `first_entry_id` |
+/// | 16 | 44 | key check: key id (u32), nonce, tag |
+/// | 60 | 24 | nonce of the encrypted part |
+/// | 84 | 16 | tag of the encrypted part |
+/// | 100 | 272 | encrypted part (see [`SEALED_HEADER_BODY`]) |
+/// | 372 | 136 | zeros |
+/// | 508 | 4 | CRC32 of bytes 0..508 |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedSegmentHeader {
+    /// The id of the first entry this segment may hold.
+    pub first_entry_id: u64,
+    /// Key id, nonce and tag of the key check (`Cipher::key_check`).
+    pub key_check: [u8; 44],
+    /// Nonce of the encrypted part.
+    pub body_nonce: [u8; 24],
+    /// Tag of the encrypted part.
+    pub body_tag: [u8; 16],
+    /// The encrypted part, as stored.
+    pub body: [u8; SEALED_HEADER_BODY],
+}
+
+impl SealedSegmentHeader {
+    /// Bytes 0..60: what the encrypted part's tag also authenticates.
+    #[must_use]
+    pub fn associated(&self) -> [u8; 60] {
+        let mut bytes = [0_u8; 60];
+        bytes[..7].copy_from_slice(&MAGIC);
+        bytes[7] = ENCRYPTED_FORMAT_VERSION;
+        bytes[8..16].copy_from_slice(&self.first_entry_id.to_le_bytes());
+        bytes[16..60].copy_from_slice(&self.key_check);
+        bytes
+    }
+
+    /// Encodes the header into exactly [`HEADER_SIZE`] bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![0_u8; HEADER_SIZE as usize];
+        bytes[..60].copy_from_slice(&self.associated());
+        bytes[60..84].copy_from_slice(&self.body_nonce);
+        bytes[84..100].copy_from_slice(&self.body_tag);
+        bytes[SEALED_HEADER_BODY_AT..SEALED_HEADER_BODY_AT + SEALED_HEADER_BODY]
+            .copy_from_slice(&self.body);
+        let crc_at = HEADER_SIZE as usize - 4;
+        let crc = crc32fast::hash(&bytes[..crc_at]);
+        bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes an encrypted header from the first [`HEADER_SIZE`] bytes
+    /// of `bytes` (its encrypted part stays encrypted).
+    pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
+        let bytes = bytes
+            .get(..HEADER_SIZE as usize)
+            .ok_or(HeaderError::TooShort)?;
+        if bytes[..7] != MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        if bytes[7] != ENCRYPTED_FORMAT_VERSION {
+            return Err(HeaderError::UnknownVersion(bytes[7]));
+        }
+        let crc_at = HEADER_SIZE as usize - 4;
+        let stored = u32::from_le_bytes(bytes[crc_at..].try_into().expect("4 bytes"));
+        if crc32fast::hash(&bytes[..crc_at]) != stored {
+            return Err(HeaderError::BadChecksum);
+        }
+        Ok(Self {
+            first_entry_id: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            key_check: bytes[16..60].try_into().expect("44 bytes"),
+            body_nonce: bytes[60..84].try_into().expect("24 bytes"),
+            body_tag: bytes[84..100].try_into().expect("16 bytes"),
+            body: bytes[SEALED_HEADER_BODY_AT..SEALED_HEADER_BODY_AT + SEALED_HEADER_BODY]
+                .try_into()
+                .expect("body bytes"),
+        })
+    }
+}
+
+/// A segment header of either format version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnyHeader {
+    /// Format version 1: no encryption.
+    Plain(SegmentHeader),
+    /// Format version 2: encrypted.
+    Sealed(Box<SealedSegmentHeader>),
+}
+
+impl AnyHeader {
+    /// Decodes a header of either version.
+    pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
+        match bytes.get(7) {
+            Some(&ENCRYPTED_FORMAT_VERSION) if bytes.starts_with(&MAGIC) => {
+                SealedSegmentHeader::decode(bytes).map(|header| Self::Sealed(Box::new(header)))
+            }
+            _ => SegmentHeader::decode(bytes).map(Self::Plain),
+        }
+    }
+
+    /// The id of the first entry the segment may hold.
+    #[must_use]
+    pub fn first_entry_id(&self) -> u64 {
+        match self {
+            Self::Plain(header) => header.first_entry_id,
+            Self::Sealed(header) => header.first_entry_id,
+        }
+    }
+}
+
+/// How many frames an encrypted chunk of `length` bytes has: one per
+/// [`FRAME_BYTES`] begun, and one for an empty chunk.
+#[must_use]
+pub fn frame_count(length: u32) -> u64 {
+    u64::from(length).div_ceil(FRAME_BYTES as u64).max(1)
+}
+
+/// The bytes an encrypted chunk of `length` bytes takes after its
+/// record header: its frames.
+#[must_use]
+pub fn sealed_data_len(length: u32) -> u64 {
+    u64::from(length) + frame_count(length) * FRAME_OVERHEAD as u64
+}
+
+/// Where frame `frame` of an encrypted chunk of `length` bytes starts,
+/// counted from the end of the record header, and how many plaintext
+/// bytes it holds.
+#[must_use]
+pub fn frame_span(length: u32, frame: u64) -> (u64, usize) {
+    let start = frame * (FRAME_BYTES + FRAME_OVERHEAD) as u64;
+    let before = frame * FRAME_BYTES as u64;
+    let len = u64::from(length)
+        .saturating_sub(before)
+        .min(FRAME_BYTES as u64) as usize;
+    (start, len)
+}
+
+/// The length of an encrypted record of `kind` (a record kind byte, 1–4)
+/// whose plaintext `length` field is `length`.
+#[must_use]
+pub fn sealed_record_len(kind: RecordKind, length: u32) -> u64 {
+    SEALED_RECORD_HEADER_SIZE as u64
+        + match kind {
+            RecordKind::Chunk => sealed_data_len(length),
+            RecordKind::Commit | RecordKind::Rollback => 0,
+            RecordKind::Padding => u64::from(length),
+        }
+}
+
+/// The kind and plaintext length of an encrypted record header at the
+/// start of `bytes` whose CRC (salted with the segment id `salt`)
+/// verifies: what a walk needs to step over it, without the key.
+pub fn peek_sealed_record(bytes: &[u8], salt: u64) -> Result<(RecordKind, u32), RecordError> {
+    let bytes = bytes
+        .get(..SEALED_RECORD_HEADER_SIZE)
+        .ok_or(RecordError::Truncated)?;
+    if bytes.iter().all(|b| *b == 0) {
+        return Err(RecordError::Unwritten);
+    }
+    let stored = u32::from_le_bytes(bytes[SEALED_RECORD_CRC_AT..].try_into().expect("4 bytes"));
+    if header_crc(salt, &bytes[..SEALED_RECORD_CRC_AT]) != stored {
+        return Err(RecordError::BadChecksum);
+    }
+    let kind = RecordKind::from_byte(bytes[0]).ok_or(RecordError::BadKind(bytes[0]))?;
+    Ok((
+        kind,
+        u32::from_le_bytes(bytes[1..5].try_into().expect("4 bytes")),
+    ))
+}
+
+/// The CRC of an encrypted record header whose first
+/// [`SEALED_RECORD_CRC_AT`] bytes are `bytes`, in segment `salt`.
+#[must_use]
+pub fn sealed_record_crc(salt: u64, bytes: &[u8]) -> u32 {
+    header_crc(salt, bytes)
+}
+
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordKind {
@@ -135,6 +342,20 @@ pub enum RecordKind {
     /// Filler before a large chunk, so that its data starts at a multiple
     /// of [`CHUNK_ALIGNMENT`]: `length` bytes of no meaning follow.
     Padding = 4,
+}
+
+impl RecordKind {
+    /// The kind whose byte is `byte`.
+    #[must_use]
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            1 => Some(RecordKind::Chunk),
+            2 => Some(RecordKind::Commit),
+            3 => Some(RecordKind::Rollback),
+            4 => Some(RecordKind::Padding),
+            _ => None,
+        }
+    }
 }
 
 /// The fixed-size header that starts every record.
@@ -165,6 +386,10 @@ pub enum RecordError {
     BadKind(u8),
     /// Fewer than [`RECORD_HEADER_SIZE`] bytes were available.
     Truncated,
+    /// In an encrypted segment: the checksum matches but the record does
+    /// not authenticate (tampered with, or written in another generation
+    /// of the segment).
+    Unauthentic,
 }
 
 impl RecordHeader {
@@ -207,13 +432,7 @@ impl RecordHeader {
         if header_crc(salt, &bytes[..21]) != stored {
             return Err(RecordError::BadChecksum);
         }
-        let kind = match bytes[0] {
-            1 => RecordKind::Chunk,
-            2 => RecordKind::Commit,
-            3 => RecordKind::Rollback,
-            4 => RecordKind::Padding,
-            other => return Err(RecordError::BadKind(other)),
-        };
+        let kind = RecordKind::from_byte(bytes[0]).ok_or(RecordError::BadKind(bytes[0]))?;
         Ok(Self {
             kind,
             entry_id: u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes")),
@@ -239,7 +458,13 @@ fn header_crc(salt: u64, bytes: &[u8]) -> u32 {
 /// alignment further.
 #[must_use]
 pub fn aligned_chunk_start(free: u64) -> (u64, u64) {
-    let header = RECORD_HEADER_SIZE as u64;
+    aligned_chunk_start_after(free, RECORD_HEADER_SIZE as u64)
+}
+
+/// [`aligned_chunk_start`] for record headers of `header` bytes (an
+/// encrypted segment's are [`SEALED_RECORD_HEADER_SIZE`] long).
+#[must_use]
+pub fn aligned_chunk_start_after(free: u64, header: u64) -> (u64, u64) {
     let mut start = (free + header).next_multiple_of(CHUNK_ALIGNMENT) - header;
     if start != free && start - free < header {
         start += CHUNK_ALIGNMENT;

@@ -80,6 +80,21 @@
 //! with [`LogEntries::include_buffered`] buffered ones too) and
 //! [`WriteAheadLog::stats`] returns counters.
 //!
+//! # Encryption at rest
+//!
+//! [`Configuration::encryption`] seals everything the log writes (chunk
+//! data, entry ids, commit records, `version_info`) with XChaCha20-Poly1305
+//! under keys from an [`encryption::KeyProvider`], each record bound to
+//! its segment, its segment's generation and its offset: damage,
+//! tampering and bytes from another place or an earlier use of a file
+//! are detected and handled like any damage, never returned. A wrong or
+//! missing key makes opening fail with a `PermissionDenied` error carrying
+//! an [`encryption::KeyError`], and changes nothing. Every reader
+//! (recovery, checkpoints, [`WriteAheadLog::read_at`],
+//! [`WriteAheadLog::entries_from`], [`Configuration::open_read_only`],
+//! [`Configuration::inspect`]) reads an encrypted log given its key.
+//! `FORMAT.md` ("Encrypted logs") has the layout.
+//!
 //! # Tracing
 //!
 //! With the cargo feature `tracing`, the log enters spans a `tracing`
@@ -135,6 +150,7 @@ mod manager;
 mod position;
 mod reader;
 mod recovery;
+mod sealed;
 mod segment;
 mod segments;
 mod stats;

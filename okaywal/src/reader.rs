@@ -1,11 +1,18 @@
-//! Reading one chunk's data, checking its CRC at the end.
+//! Reading one chunk's data, checking its CRC at the end (or, in an
+//! encrypted log, authenticating every frame before any of its bytes are
+//! returned).
 
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use crate::format::CHUNK_TRAILER_SIZE;
+use crate::encryption::NONCE_BYTES;
+use crate::format::{
+    frame_span, RecordKind, CHUNK_TRAILER_SIZE, FRAME_OVERHEAD, HEADER_SIZE,
+    SEALED_RECORD_HEADER_SIZE,
+};
 use crate::fs::FileHandle;
 use crate::position::LogPosition;
+use crate::sealed::{ChunkId, Layout, SegmentSeal};
 use crate::segment::Segment;
 
 /// A reader over the data of one chunk, returned by
@@ -15,6 +22,12 @@ use crate::segment::Segment;
 /// to the end: see [`ChunkReader::crc_is_valid`]. Reading past a mismatch
 /// is not prevented, so callers that need verified bytes read everything
 /// and then check.
+///
+/// In an encrypted log the chunk's data is stored in frames of 64 KiB,
+/// each authenticated on its own: the reader opens a frame before it
+/// returns any byte of it, so it never returns bytes that do not
+/// authenticate. Reading fails with `InvalidData` at the first frame that
+/// does not, and [`ChunkReader::crc_is_valid`] then returns `false`.
 #[derive(Debug)]
 pub struct ChunkReader {
     // Holding the file (not just a path) keeps the segment from being
@@ -32,6 +45,28 @@ pub struct ChunkReader {
     /// The CRC trailer, kept when the prefetched buffer was handed out by
     /// `take_all`.
     stored_crc: Option<u32>,
+    /// The frames of a chunk in an encrypted segment.
+    frames: Option<Box<Frames>>,
+}
+
+/// The frames of an encrypted chunk, opened one at a time.
+#[derive(Debug)]
+struct Frames {
+    seal: Arc<SegmentSeal>,
+    chunk: ChunkId,
+    /// All frames, when they were read together with the record header
+    /// (small chunks).
+    raw: Option<Vec<u8>>,
+    /// The frame opened last: nonce, plaintext, tag.
+    frame: Vec<u8>,
+    /// Its plaintext bytes not handed out yet start here (after the nonce).
+    at: usize,
+    /// Where its plaintext ends.
+    end: usize,
+    /// The next frame to open.
+    next: u64,
+    /// A frame did not authenticate.
+    failed: bool,
 }
 
 impl ChunkReader {
@@ -51,6 +86,32 @@ impl ChunkReader {
             hasher: crc32fast::Hasher::new(),
             prefetched: None,
             stored_crc: None,
+            frames: None,
+        }
+    }
+
+    /// A reader over a chunk of an encrypted segment whose frames start at
+    /// `data_offset` in `file`, or (`raw`) were read already.
+    pub(crate) fn sealed(
+        file: Arc<dyn FileHandle>,
+        position: LogPosition,
+        data_offset: u64,
+        seal: Arc<SegmentSeal>,
+        chunk: ChunkId,
+        raw: Option<Vec<u8>>,
+    ) -> Self {
+        Self {
+            frames: Some(Box::new(Frames {
+                seal,
+                chunk,
+                raw,
+                frame: Vec::new(),
+                at: NONCE_BYTES,
+                end: NONCE_BYTES,
+                next: 0,
+                failed: false,
+            })),
+            ..Self::new(file, position, data_offset, chunk.length)
         }
     }
 
@@ -88,8 +149,26 @@ impl ChunkReader {
     }
 
     /// Reads (and hashes) any unread data, then compares the CRC of the
-    /// whole chunk with the one stored on disk.
+    /// whole chunk with the one stored on disk. In an encrypted log: reads
+    /// any unread data and returns whether every frame authenticated.
     pub fn crc_is_valid(&mut self) -> io::Result<bool> {
+        if self.frames.is_some() {
+            let mut buffer = vec![0_u8; (self.bytes_remaining() as usize).min(256 * 1024)];
+            while self.bytes_remaining() > 0 {
+                let wanted = buffer.len().min(self.bytes_remaining() as usize);
+                match self.read(&mut buffer[..wanted]) {
+                    Ok(_) => {}
+                    Err(_) if self.frames.as_ref().is_some_and(|f| f.failed) => break,
+                    Err(error) => return Err(error),
+                }
+            }
+            if let Err(error) = self.open_empty() {
+                if !self.frames.as_ref().is_some_and(|f| f.failed) {
+                    return Err(error);
+                }
+            }
+            return Ok(!self.frames.as_ref().is_some_and(|f| f.failed));
+        }
         self.hash_rest()?;
         if let Some(stored) = self.stored_crc {
             return Ok(self.hasher.clone().finalize() == stored);
@@ -136,6 +215,12 @@ impl ChunkReader {
     /// [`ChunkReader::read_all`] that leaves the reader usable (for
     /// `crc_is_valid` and `bytes_remaining`, which then reports 0).
     pub(crate) fn take_all(&mut self) -> io::Result<Vec<u8>> {
+        if self.frames.is_some() {
+            let mut data = vec![0; self.bytes_remaining() as usize];
+            self.read_exact(&mut data)?;
+            self.open_empty()?;
+            return Ok(data);
+        }
         let start = self.read as usize;
         let end = self.length as usize;
         if let Some(mut bytes) = self.prefetched.take() {
@@ -165,6 +250,53 @@ impl ChunkReader {
         }
     }
 
+    /// Opens the one frame of an empty encrypted chunk, which no read
+    /// reaches.
+    fn open_empty(&mut self) -> io::Result<()> {
+        let position = self.position;
+        let data_offset = self.data_offset;
+        let file = self.file.clone();
+        match self.frames.as_mut() {
+            Some(frames) if frames.chunk.length == 0 && frames.next == 0 && !frames.failed => {
+                frames.open_next(&*file, data_offset).map_err(|error| {
+                    frames.failed = true;
+                    error.unwrap_or_else(|| unauthentic(position))
+                })
+            }
+            Some(frames) if frames.failed => Err(unauthentic(position)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads from the frames of an encrypted chunk (see [`Frames`]).
+    fn read_sealed(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let wanted = buf.len().min(self.bytes_remaining() as usize);
+        if wanted == 0 {
+            return Ok(0);
+        }
+        let position = self.position;
+        let data_offset = self.data_offset;
+        let file = self.file.clone();
+        let frames = self.frames.as_mut().expect("an encrypted chunk");
+        if frames.failed {
+            return Err(unauthentic(position));
+        }
+        if frames.at == frames.end {
+            frames.open_next(&*file, data_offset).map_err(|error| {
+                frames.failed = true;
+                match error {
+                    Some(error) => error,
+                    None => unauthentic(position),
+                }
+            })?;
+        }
+        let n = wanted.min(frames.end - frames.at);
+        buf[..n].copy_from_slice(&frames.frame[frames.at..frames.at + n]);
+        frames.at += n;
+        self.read += n as u32;
+        Ok(n)
+    }
+
     fn crc_mismatch(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -173,8 +305,106 @@ impl ChunkReader {
     }
 }
 
+/// A reader over the chunk record at `position` in `file`, a segment of
+/// `layout` whose records end at `limit`: `InvalidData` if no chunk
+/// record whose header verifies starts there.
+pub(crate) fn chunk_at(
+    file: &Arc<dyn FileHandle>,
+    layout: &Layout,
+    position: LogPosition,
+    limit: u64,
+) -> io::Result<ChunkReader> {
+    let invalid = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("no chunk at {position}: {why}"),
+        )
+    };
+    let header_size = layout.header_size();
+    let header_end = position.offset.saturating_add(header_size as u64);
+    if position.offset < HEADER_SIZE || header_end > limit {
+        return Err(invalid("offset is outside the segment's records"));
+    }
+    let mut header = [0_u8; SEALED_RECORD_HEADER_SIZE];
+    let header = &mut header[..header_size];
+    file.read_exact_at(header, position.offset)?;
+    let (header, index) = layout
+        .decode(header, position.file_id, position.offset)
+        .map_err(|e| invalid(&format!("{e:?}")))?;
+    if header.kind != RecordKind::Chunk {
+        return Err(invalid("the record there is not a chunk"));
+    }
+    if position.offset + layout.record_len(&header) > limit {
+        return Err(invalid("the chunk extends past the written records"));
+    }
+    Ok(match layout {
+        Layout::Plain => ChunkReader::new(file.clone(), position, header_end, header.length),
+        Layout::Sealed(seal) => ChunkReader::sealed(
+            file.clone(),
+            position,
+            header_end,
+            seal.clone(),
+            ChunkId {
+                entry_id: header.entry_id,
+                index,
+                length: header.length,
+            },
+            None,
+        ),
+    })
+}
+
+fn unauthentic(position: LogPosition) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "chunk at {position} does not authenticate: its encrypted bytes are damaged or not \
+             from this place"
+        ),
+    )
+}
+
+impl Frames {
+    /// Reads and opens the next frame. `Err(None)` if it does not
+    /// authenticate (or is cut short by the end of the file).
+    fn open_next(
+        &mut self,
+        file: &dyn FileHandle,
+        data_offset: u64,
+    ) -> Result<(), Option<io::Error>> {
+        let (start, len) = frame_span(self.chunk.length, self.next);
+        let total = len + FRAME_OVERHEAD;
+        self.frame.clear();
+        match &self.raw {
+            Some(raw) => {
+                let start = start as usize;
+                let bytes = raw.get(start..start + total).ok_or(None)?;
+                self.frame.extend_from_slice(bytes);
+            }
+            None => {
+                self.frame.resize(total, 0);
+                match file.read_exact_at(&mut self.frame, data_offset + start) {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Err(None),
+                    Err(error) => return Err(Some(error)),
+                }
+            }
+        }
+        if !self.seal.open_frame(self.chunk, self.next, &mut self.frame) {
+            return Err(None);
+        }
+        self.next += 1;
+        self.at = NONCE_BYTES;
+        self.end = NONCE_BYTES + len;
+        Ok(())
+    }
+}
+
 impl Read for ChunkReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.frames.is_some() {
+            return self.read_sealed(buf);
+        }
         let wanted = buf.len().min(self.bytes_remaining() as usize);
         if wanted == 0 {
             return Ok(0);

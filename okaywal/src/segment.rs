@@ -11,6 +11,7 @@ use std::io;
 
 use crate::format::{RecordHeader, RecordKind};
 use crate::fs::{FileHandle, FileSystem};
+use crate::sealed::Layout;
 
 /// A segment file while it is live (active, sealed or being checkpointed).
 ///
@@ -45,6 +46,9 @@ pub(crate) struct Segment {
     end_mark: Mutex<EndMark>,
     /// The version information in the segment's header.
     pub version_info: Arc<Vec<u8>>,
+    /// How its records are laid out: plain, or encrypted with its key and
+    /// generation.
+    pub layout: Layout,
 }
 
 impl Segment {
@@ -58,6 +62,7 @@ impl Segment {
         pending_name: Option<PathBuf>,
         durable_to: u64,
         version_info: Arc<Vec<u8>>,
+        layout: Layout,
     ) -> Self {
         Self {
             id,
@@ -69,6 +74,7 @@ impl Segment {
             marked_to: durable_to.into(),
             end_mark: Mutex::new(EndMark::NotDue),
             version_info,
+            layout,
         }
     }
 
@@ -152,8 +158,8 @@ impl Segment {
             entry_id: self.id,
             length: 0,
             durable_mark: end,
-        }
-        .encode(self.id);
+        };
+        let mark = self.layout.encode(&mark, 0, self.id, end, None)?;
         self.file.write_all_at(&mark, end)?;
         Ok(true)
     }

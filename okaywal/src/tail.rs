@@ -219,10 +219,13 @@ impl LogEntries {
             if limit <= crate::format::HEADER_SIZE {
                 continue;
             }
-            let scanner = self
-                .scanners
-                .entry(segment.id)
-                .or_insert_with(|| SegmentScanner::new(segment.id, inner.config().buffer_bytes));
+            let scanner = self.scanners.entry(segment.id).or_insert_with(|| {
+                SegmentScanner::with_layout(
+                    segment.layout.clone(),
+                    segment.id,
+                    inner.config().buffer_bytes,
+                )
+            });
             // Damage is skipped where recovery skipped it, so the entries
             // recovery presented after it are not passed over here.
             let skip_damage = inner.config().recovery_mode == RecoveryMode::SkipCorrupted;
@@ -304,6 +307,7 @@ impl LogEntries {
                 segment.id,
                 &segment.version_info,
                 segment.file.clone(),
+                segment.layout.clone(),
                 entries,
                 None,
             );

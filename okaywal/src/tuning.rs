@@ -19,6 +19,11 @@ use std::time::Duration;
 /// FORMAT.md).
 pub(crate) const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
 
+/// An encrypted large chunk is sealed and written this many frames
+/// (64 KiB each) at a time, so that its writer holds one batch of
+/// ciphertext in memory, not the whole chunk.
+pub(crate) const SEAL_BATCH_FRAMES: u64 = 16;
+
 /// Entries from this size commit with a sync pass of their own (see
 /// `EntryWriter::commit_with`): their writers gain more from overlapping
 /// syncs than from sharing one.

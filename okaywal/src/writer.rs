@@ -3,12 +3,17 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
+use crate::encryption::{FreshNonce, TAG_BYTES};
 use crate::failure::ErrorRecord;
-use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::{
+    frame_count, frame_span, sealed_data_len, RecordHeader, RecordKind, CHUNK_TRAILER_SIZE,
+    FRAME_BYTES, FRAME_OVERHEAD,
+};
 use crate::position::{EntryId, LogPosition};
+use crate::sealed::{ChunkId, SegmentSeal};
 use crate::segment::Segment;
 use crate::stats::Counters;
-use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES};
+use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, SEAL_BATCH_FRAMES};
 use crate::WriteAheadLog;
 
 /// How durable a commit is when it returns; see
@@ -94,29 +99,92 @@ impl<'log> EntryWriter<'log> {
         self.log.inner.poison(err)
     }
 
+    /// The identity an encrypted chunk's frames are bound to: this
+    /// entry's next chunk, of `length` bytes.
+    fn next_chunk(&self, length: u32) -> ChunkId {
+        ChunkId {
+            entry_id: self.id.0,
+            index: self.chunks,
+            length,
+        }
+    }
+
     /// Appends `data` as one chunk of this entry.
+    ///
+    /// In an encrypted log the chunk is encrypted here, in the calling
+    /// thread, before the log's lock is taken (small chunks) or after its
+    /// room is reserved (large ones): writers encrypt in parallel.
     pub fn write_chunk(&mut self, data: &[u8]) -> io::Result<ChunkRecord> {
         self.check_usable()?;
         let length = chunk_length(data.len())?;
         let crc = crc32fast::hash(data);
         let inner = &self.log.inner;
         let header = self.header(RecordKind::Chunk, length, 0);
+        let chunk = self.next_chunk(length);
+        let seal = self.segment.layout.seal().cloned();
         let offset = if data.len() <= INLINE_CHUNK_LIMIT {
             // Small chunks go through the segment's write buffer: no
             // system call here, one `pwrite` per sync for everyone.
-            inner
-                .append(&self.segment, header, Some((data, crc)), false)
-                .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?
+            let result = match &seal {
+                None => inner.append(&self.segment, header, Some((data, crc)), false, 0, None),
+                Some(seal) => {
+                    // The data is sealed now, outside the lock; only the
+                    // record header, which binds the offset and durable
+                    // mark, is sealed under it (with a nonce drawn here).
+                    // One frame (a small chunk is no longer than one);
+                    // both nonces come from one call to the generator.
+                    let [frame_nonce, header_nonce] = FreshNonce::draw_many()?;
+                    let mut sealed = Vec::with_capacity(sealed_data_len(length) as usize);
+                    seal.seal_frame(chunk, 0, data, frame_nonce, &mut sealed)
+                        .and_then(|()| {
+                            inner.append(
+                                &self.segment,
+                                header,
+                                Some((&sealed, crc)),
+                                false,
+                                chunk.index,
+                                Some(header_nonce),
+                            )
+                        })
+                }
+            };
+            result.inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?
         } else {
             // Large chunks are copied by their writers in parallel, with one
             // `pwrite` each; header and trailer wait in the write buffer.
+            // Encrypted, the writer seals the frames after the reservation
+            // and writes them 16 at a time; its header waits alone (sealed
+            // under the lock with a nonce drawn here, like the padding's).
+            let nonces = match seal {
+                Some(_) => Some(
+                    FreshNonce::draw_many()
+                        .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?,
+                ),
+                None => None,
+            };
             let offset = inner
-                .reserve_chunk(&self.segment, header, crc)
+                .reserve_chunk(&self.segment, header, crc, chunk.index, nonces)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
-            let data_offset = offset + RECORD_HEADER_SIZE as u64;
-            let result = self.segment.file.write_all_at(data, data_offset);
+            let data_offset = offset + self.segment.layout.header_size() as u64;
+            let result = match &seal {
+                None => self
+                    .segment
+                    .file
+                    .write_all_at(data, data_offset)
+                    .map_err(Failed::Write),
+                Some(seal) => write_sealed(&self.segment, seal, chunk, data, data_offset),
+            };
             inner.data_written(self.segment.id, offset);
-            result.map_err(|e| self.fail(e))?;
+            match result {
+                Ok(()) => {}
+                Err(Failed::Write(e)) => return Err(self.fail(e)),
+                // Nothing of the chunk was written wrong, but its data is
+                // missing: the entry cannot commit.
+                Err(Failed::Seal(e)) => {
+                    self.broken = Some(ErrorRecord::of(&e));
+                    return Err(e);
+                }
+            }
             offset
         };
         self.chunks += 1;
@@ -134,25 +202,43 @@ impl<'log> EntryWriter<'log> {
     /// Begins a chunk of exactly `length` bytes, to be written in pieces
     /// through the returned [`ChunkWriter`] and completed with
     /// [`ChunkWriter::finish`].
+    ///
+    /// In an encrypted log, the bytes are encrypted and written a frame
+    /// (64 KiB) at a time, the last frame at `finish`.
     pub fn begin_chunk(&mut self, length: u32) -> io::Result<ChunkWriter<'_, 'log>> {
         self.check_usable()?;
         let inner = &self.log.inner;
-        let record_len = (RECORD_HEADER_SIZE + length as usize + CHUNK_TRAILER_SIZE) as u64;
+        let layout = self.segment.layout.clone();
+        let record_len = layout.chunk_record_len(length);
+        let nonce = match layout.seal() {
+            Some(_) => Some(FreshNonce::draw()?),
+            None => None,
+        };
+        let chunk = self.next_chunk(length);
         let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
         let header = self.header(RecordKind::Chunk, length, mark);
-        let result = self
-            .segment
-            .file
-            .write_all_at(&header.encode(self.segment.id), offset);
+        // Sealed outside the lock: the reservation fixed the offset.
+        let result = layout
+            .encode(&header, chunk.index, self.segment.id, offset, nonce)
+            .and_then(|encoded| self.segment.file.write_all_at(&encoded, offset));
         inner.complete(self.segment.id, Some(offset), None);
         if let Err(err) = result {
             inner.data_written(self.segment.id, offset);
             return Err(self.fail(err));
         }
-        let capacity = inner.config().buffer_bytes.min(length as usize);
+        let seal = layout.seal().cloned();
+        let capacity = match &seal {
+            Some(_) => FRAME_BYTES.min(length as usize),
+            None => inner.config().buffer_bytes.min(length as usize),
+        };
         Ok(ChunkWriter {
             entry: self,
             offset,
+            data_offset: offset + layout.header_size() as u64,
+            chunk,
+            seal,
+            frame: 0,
+            sealed: Vec::new(),
             length,
             written: 0,
             flushed: 0,
@@ -267,8 +353,14 @@ impl<'log> EntryWriter<'log> {
             return Ok(0);
         }
         let header = self.header(kind, self.chunks, 0);
-        let offset = inner.append(&self.segment, header, None, true)?;
-        Ok(offset + RECORD_HEADER_SIZE as u64)
+        // Drawn before the lock; should that fail, the append draws again
+        // (and finishes the entry whatever happens).
+        let nonce = match self.segment.layout.seal() {
+            Some(_) => FreshNonce::draw().ok(),
+            None => None,
+        };
+        let offset = inner.append(&self.segment, header, None, true, 0, nonce)?;
+        Ok(offset + self.segment.layout.header_size() as u64)
     }
 }
 
@@ -279,6 +371,48 @@ impl Drop for EntryWriter<'_> {
             let _ = self.write_end(RecordKind::Rollback);
         }
     }
+}
+
+// A chunk that goes through the write buffer is sealed as one frame.
+const _: () = assert!(INLINE_CHUNK_LIMIT <= FRAME_BYTES);
+
+/// Why writing a large chunk's data failed.
+enum Failed {
+    /// Writing into the file: the log stops.
+    Write(io::Error),
+    /// Encrypting (the generator failed): only the entry is lost.
+    Seal(io::Error),
+}
+
+/// Encrypts `data`, the whole of `chunk`, a few frames at a time, and
+/// writes the frames at `data_offset`.
+fn write_sealed(
+    segment: &Segment,
+    seal: &SegmentSeal,
+    chunk: ChunkId,
+    data: &[u8],
+    data_offset: u64,
+) -> Result<(), Failed> {
+    let frames = frame_count(chunk.length);
+    let mut out = Vec::with_capacity(
+        ((FRAME_BYTES + FRAME_OVERHEAD) as u64 * frames.min(SEAL_BATCH_FRAMES)) as usize,
+    );
+    let mut frame = 0;
+    while frame < frames {
+        let batch = (frames - frame).min(SEAL_BATCH_FRAMES);
+        let (start, _) = frame_span(chunk.length, frame);
+        let plain_start = frame as usize * FRAME_BYTES;
+        let plain_end = (plain_start + batch as usize * FRAME_BYTES).min(data.len());
+        out.clear();
+        seal.seal_frames(chunk, frame, &data[plain_start..plain_end], &mut out)
+            .map_err(Failed::Seal)?;
+        segment
+            .file
+            .write_all_at(&out, data_offset + start)
+            .map_err(Failed::Write)?;
+        frame += batch;
+    }
+    Ok(())
 }
 
 fn chunk_length(len: usize) -> io::Result<u32> {
@@ -293,12 +427,23 @@ fn chunk_length(len: usize) -> io::Result<u32> {
 /// A chunk being written in pieces; see [`EntryWriter::begin_chunk`].
 ///
 /// Dropping it without [`ChunkWriter::finish`] makes its entry impossible
-/// to commit (the chunk would fail its CRC).
+/// to commit (the chunk would fail its CRC, or in an encrypted log its
+/// authentication).
 #[derive(Debug)]
 #[must_use = "a chunk dropped without `finish` leaves its entry unable to commit"]
 pub struct ChunkWriter<'entry, 'log> {
     entry: &'entry mut EntryWriter<'log>,
     offset: u64,
+    /// Where the chunk's data (or its first frame) starts.
+    data_offset: u64,
+    /// What the frames of an encrypted chunk are bound to.
+    chunk: ChunkId,
+    /// The segment's seal, in an encrypted log.
+    seal: Option<Arc<SegmentSeal>>,
+    /// The next frame to seal (encrypted logs).
+    frame: u64,
+    /// The sealed frame being written (encrypted logs).
+    sealed: Vec<u8>,
     length: u32,
     written: u32,
     flushed: u32,
@@ -309,12 +454,8 @@ pub struct ChunkWriter<'entry, 'log> {
 }
 
 impl ChunkWriter<'_, '_> {
-    fn data_offset(&self) -> u64 {
-        self.offset + RECORD_HEADER_SIZE as u64
-    }
-
     fn write_out(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let at = self.data_offset() + u64::from(self.flushed);
+        let at = self.data_offset + u64::from(self.flushed);
         match self.entry.segment.file.write_all_at(bytes, at) {
             Ok(()) => {
                 self.flushed += bytes.len() as u32;
@@ -325,12 +466,65 @@ impl ChunkWriter<'_, '_> {
     }
 
     fn flush_buffer(&mut self) -> io::Result<()> {
+        if self.seal.is_some() {
+            // Frames are written whole, as they fill.
+            return Ok(());
+        }
         if !self.buffer.is_empty() {
             let buffer = std::mem::take(&mut self.buffer);
             let result = self.write_out(&buffer);
             self.buffer = buffer;
             self.buffer.clear();
             result?;
+        }
+        Ok(())
+    }
+
+    /// Seals the buffered frame (it holds all of its plaintext) and
+    /// writes it.
+    fn write_frame(&mut self) -> io::Result<()> {
+        let Some(seal) = self.seal.clone() else {
+            return Ok(());
+        };
+        let (start, _) = frame_span(self.length, self.frame);
+        self.sealed.clear();
+        let sealed = FreshNonce::draw().and_then(|nonce| {
+            seal.seal_frame(
+                self.chunk,
+                self.frame,
+                &self.buffer,
+                nonce,
+                &mut self.sealed,
+            )
+        });
+        if let Err(err) = sealed {
+            self.entry.broken = Some(ErrorRecord::of(&err));
+            return Err(err);
+        }
+        if let Err(err) = self
+            .entry
+            .segment
+            .file
+            .write_all_at(&self.sealed, self.data_offset + start)
+        {
+            return Err(self.entry.fail(err));
+        }
+        self.buffer.clear();
+        self.frame += 1;
+        Ok(())
+    }
+
+    /// Takes plaintext into the current frame, writing every frame that
+    /// fills.
+    fn write_frames(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            let (_, frame_len) = frame_span(self.length, self.frame);
+            let take = (frame_len - self.buffer.len()).min(bytes.len());
+            self.buffer.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.buffer.len() == frame_len {
+                self.write_frame()?;
+            }
         }
         Ok(())
     }
@@ -353,16 +547,24 @@ impl ChunkWriter<'_, '_> {
                 ),
             ));
         }
-        self.flush_buffer()?;
         let crc = self.hasher.clone().finalize();
-        let trailer_at = self.data_offset() + u64::from(self.length);
-        if let Err(err) = self
-            .entry
-            .segment
-            .file
-            .write_all_at(&crc.to_le_bytes(), trailer_at)
-        {
-            return Err(self.entry.fail(err));
+        if self.seal.is_some() {
+            // The last frame, shorter than the others (or the one empty
+            // frame of an empty chunk), unless it filled exactly.
+            if self.frame < frame_count(self.length) {
+                self.write_frame()?;
+            }
+        } else {
+            self.flush_buffer()?;
+            let trailer_at = self.data_offset + u64::from(self.length);
+            if let Err(err) = self
+                .entry
+                .segment
+                .file
+                .write_all_at(&crc.to_le_bytes(), trailer_at)
+            {
+                return Err(self.entry.fail(err));
+            }
         }
         self.finished = true;
         self.entry.chunks += 1;
@@ -393,7 +595,9 @@ impl Write for ChunkWriter<'_, '_> {
         }
         self.hasher.update(buf);
         self.written += buf.len() as u32;
-        if self.buffer.is_empty() && buf.len() >= self.capacity {
+        if self.seal.is_some() {
+            self.write_frames(buf)?;
+        } else if self.buffer.is_empty() && buf.len() >= self.capacity {
             self.write_out(buf)?;
         } else {
             self.buffer.extend_from_slice(buf);
@@ -414,11 +618,27 @@ impl Drop for ChunkWriter<'_, '_> {
         if !self.finished && !self.entry.log.inner.has_failed() {
             // An abandoned chunk's entry never commits, but recovery must
             // still be able to walk past its record to the ones after it:
-            // writing the trailer makes the file cover the whole record
-            // even when nothing else was written beyond it (a record that
-            // runs past the end of the file reads as the torn tail).
-            let trailer_at = self.data_offset() + u64::from(self.length);
-            if let Err(err) = self.entry.segment.file.write_all_at(&[0; 4], trailer_at) {
+            // writing the trailer (in an encrypted log, zeros over the
+            // last frame's tag) makes the file cover the whole record even
+            // when nothing else was written beyond it (a record that runs
+            // past the end of the file reads as the torn tail).
+            let (trailer_at, trailer) = match self.seal {
+                Some(_) => (
+                    self.data_offset + sealed_data_len(self.length) - TAG_BYTES as u64,
+                    TAG_BYTES,
+                ),
+                None => (
+                    self.data_offset + u64::from(self.length),
+                    CHUNK_TRAILER_SIZE,
+                ),
+            };
+            let zeros = [0_u8; TAG_BYTES];
+            if let Err(err) = self
+                .entry
+                .segment
+                .file
+                .write_all_at(&zeros[..trailer], trailer_at)
+            {
                 self.entry.fail(err);
             }
         }

@@ -1,6 +1,8 @@
 //! Damaged segment files: truncated, overwritten with garbage, flipped
 //! bits, zeroed, damaged headers. Reopening must never panic nor hand over
-//! wrong bytes; entries before the damage must survive it.
+//! wrong bytes; entries before the damage must survive it. The tests that
+//! damage a log written by the log itself run on a plain and on an
+//! encrypted log.
 
 mod common;
 
@@ -8,6 +10,7 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use common::encryption::Encryption;
 use common::{check_exactly_once, Model, Recorder, Rng, Seen};
 use okaywal::format::{
     encode_chunk, RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE,
@@ -27,6 +30,7 @@ struct Base {
     /// record, offset just past the commit record.
     entries: Vec<(u64, Vec<Vec<u8>>, u64, u64)>,
     rolled_back: u64,
+    encryption: Encryption,
 }
 
 impl Base {
@@ -66,35 +70,45 @@ impl Base {
     }
 }
 
-fn config(fs: &CrashFileSystem, buffer_bytes: usize) -> Configuration {
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(4096)
-        .checkpoint_after_bytes(1 << 20)
-        .buffer_bytes(buffer_bytes)
+fn config(fs: &CrashFileSystem, buffer_bytes: usize, encryption: Encryption) -> Configuration {
+    encryption.configure(
+        Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(4096)
+            .checkpoint_after_bytes(1 << 20)
+            .buffer_bytes(buffer_bytes),
+    )
 }
 
 /// Offset just past the commit record of the entry whose chunks start at
-/// `records`, checked against the on-disk format.
-fn commit_end(bytes: &[u8], segment_id: u64, id: u64, chunks: &[Vec<u8>], records: u64) -> u64 {
-    let mut at = records as usize;
-    for chunk in chunks {
-        let header = RecordHeader::decode(&bytes[at..], segment_id).expect("chunk header");
-        assert_eq!(header.kind, RecordKind::Chunk);
-        assert_eq!(header.entry_id, id);
-        assert_eq!(header.length as usize, chunk.len());
-        at += RECORD_HEADER_SIZE + chunk.len() + 4;
+/// `records`, checked against the records the log's own listing of the
+/// segment shows (in either format).
+fn commit_end(listing: &okaywal::SegmentRecords, id: u64, chunks: &[Vec<u8>], records: u64) -> u64 {
+    let first = listing
+        .records
+        .iter()
+        .position(|record| record.offset == records)
+        .expect("the entry's first record");
+    let own = &listing.records[first..=first + chunks.len()];
+    for (record, chunk) in own.iter().zip(chunks) {
+        assert_eq!(record.kind, okaywal::RecordType::Chunk);
+        assert_eq!(record.entry_id, id);
+        assert_eq!(record.length as usize, chunk.len());
+        assert_eq!(record.crc_ok, Some(true));
     }
-    let commit = RecordHeader::decode(&bytes[at..], segment_id).expect("commit header");
-    assert_eq!(commit.kind, RecordKind::Commit);
+    let commit = own.last().expect("the commit record");
+    assert_eq!(commit.kind, okaywal::RecordType::Commit);
     assert_eq!(commit.entry_id, id);
     assert_eq!(commit.length as usize, chunks.len());
-    (at + RECORD_HEADER_SIZE) as u64
+    listing.records.get(first + chunks.len() + 1).map_or_else(
+        || listing.end.expect("records end").offset,
+        |next| next.offset,
+    )
 }
 
-fn build_base() -> Base {
+fn build_base(encryption: Encryption) -> Base {
     let fs = CrashFileSystem::new();
-    let log = config(&fs, 4096).open(Recorder::new()).unwrap();
+    let log = config(&fs, 4096, encryption).open(Recorder::new()).unwrap();
     let mut rng = Rng::new(99);
     let mut written = Vec::new();
 
@@ -156,10 +170,13 @@ fn build_base() -> Base {
         .expect("the segment file")
         .1
         .clone();
+    let listing = config(&fs, 4096, encryption)
+        .inspect_segment(segment_id)
+        .unwrap();
     let entries: Vec<_> = written
         .into_iter()
         .map(|(id, chunks, position)| {
-            let end = commit_end(&bytes, segment_id, id, &chunks, position.offset);
+            let end = commit_end(&listing, id, &chunks, position.offset);
             (id, chunks, position.offset, end)
         })
         .collect();
@@ -173,6 +190,7 @@ fn build_base() -> Base {
         segment,
         entries,
         rolled_back,
+        encryption,
     }
 }
 
@@ -209,7 +227,7 @@ fn reopen_mode(
 ) -> io::Result<Vec<u64>> {
     let fs = fresh_fs(files);
     let recorder = Recorder::new();
-    let log = config(&fs, buffer_bytes)
+    let log = config(&fs, buffer_bytes, base.encryption)
         .recovery_mode(mode)
         .open(recorder.clone())?;
     let model = base.model();
@@ -256,7 +274,7 @@ fn reopen_mode(
     drop(log);
 
     let second = Recorder::new();
-    let log = config(&fs, buffer_bytes)
+    let log = config(&fs, buffer_bytes, base.encryption)
         .recovery_mode(mode)
         .open(second.clone())
         .unwrap_or_else(|e| panic!("{what}: second reopen: {e}"));
@@ -286,7 +304,12 @@ fn ids_before(base: &Base, end: u64) -> Vec<u64> {
 /// from there to the end with garbage, or flip one bit there.
 #[test]
 fn damage_anywhere_in_the_last_entry_loses_only_that_entry() {
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        damage_anywhere_in_the_last_entry_of(build_base(encryption));
+    }
+}
+
+fn damage_anywhere_in_the_last_entry_of(base: Base) {
     let original = base.segment_bytes();
     let (last_id, _, start, end) = base.last().clone();
     let earlier: Vec<u64> = base.entries[..base.entries.len() - 1]
@@ -325,7 +348,8 @@ fn damage_anywhere_in_the_last_entry_loses_only_that_entry() {
         cases += 3;
     }
     println!(
-        "{cases} damaged variants of a {}-byte last entry; it survived garbage {} times",
+        "{:?}: {cases} damaged variants of a {}-byte last entry; it survived garbage {} times",
+        base.encryption,
         end - start,
         last_survived_garbage
     );
@@ -340,7 +364,12 @@ fn damage_anywhere_in_the_last_entry_loses_only_that_entry() {
 /// for 304 of these 354 flips, the data ones).
 #[test]
 fn damage_in_an_earlier_entry_is_refused_by_default_and_never_yields_wrong_bytes() {
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        damage_in_an_earlier_entry_of(build_base(encryption));
+    }
+}
+
+fn damage_in_an_earlier_entry_of(base: Base) {
     let original = base.segment_bytes();
     let (first_id, _, start, end) = base.entries[0].clone();
     let others: Vec<u64> = base.entries[1..].iter().map(|(id, ..)| *id).collect();
@@ -348,7 +377,10 @@ fn damage_in_an_earlier_entry_is_refused_by_default_and_never_yields_wrong_bytes
         let at = offset as usize;
         let mut flipped = original.clone();
         flipped[at] ^= 0x80;
-        let what = format!("high bit flipped at {offset} in entry {first_id}");
+        let what = format!(
+            "high bit flipped at {offset} in entry {first_id} ({:?})",
+            base.encryption
+        );
         // By default: an error naming the segment, never a silent drop.
         let err = reopen(&base.with_segment(flipped.clone()), &base, 4096, &what).expect_err(&what);
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{what}: {err}");
@@ -378,7 +410,12 @@ fn damage_in_an_earlier_entry_is_refused_by_default_and_never_yields_wrong_bytes
 
 #[test]
 fn truncating_the_segment_keeps_exactly_the_whole_entries() {
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        truncating_the_segment_of(build_base(encryption));
+    }
+}
+
+fn truncating_the_segment_of(base: Base) {
     let original = base.segment_bytes();
     let mut lengths: Vec<u64> = vec![
         0,
@@ -394,7 +431,7 @@ fn truncating_the_segment_keeps_exactly_the_whole_entries() {
         original.len() as u64,
     ];
     for (_, _, start, end) in &base.entries {
-        for delta in [0, 1, 24, 25, 26] {
+        for delta in [0, 1, 24, 25, 26, 68, 69, 70] {
             lengths.push(start + delta);
             lengths.push(end - delta.min(end - start));
             lengths.push(end + delta);
@@ -404,7 +441,7 @@ fn truncating_the_segment_keeps_exactly_the_whole_entries() {
     lengths.dedup();
     for len in lengths {
         let len = len.min(original.len() as u64);
-        let what = format!("segment cut to {len} bytes");
+        let what = format!("segment cut to {len} bytes ({:?})", base.encryption);
         let ids = reopen(
             &base.with_segment(original[..len as usize].to_vec()),
             &base,
@@ -418,7 +455,12 @@ fn truncating_the_segment_keeps_exactly_the_whole_entries() {
 
 #[test]
 fn garbage_and_zeroed_segment_files_recover_nothing() {
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        garbage_and_zeroed_segment_files_of(build_base(encryption));
+    }
+}
+
+fn garbage_and_zeroed_segment_files_of(base: Base) {
     let original = base.segment_bytes();
     let mut rng = Rng::new(77);
     for round in 0..20 {
@@ -444,7 +486,12 @@ fn garbage_and_zeroed_segment_files_recover_nothing() {
 
 #[test]
 fn a_damaged_segment_header_gives_an_error_or_nothing() {
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        a_damaged_segment_header_of(build_base(encryption));
+    }
+}
+
+fn a_damaged_segment_header_of(base: Base) {
     let original = base.segment_bytes();
     let mut errors = 0;
     for at in 0..HEADER_SIZE as usize {
@@ -464,7 +511,10 @@ fn a_damaged_segment_header_gives_an_error_or_nothing() {
             }
         }
     }
-    println!("{errors} of {HEADER_SIZE} header bit flips refused with an error");
+    println!(
+        "{:?}: {errors} of {HEADER_SIZE} header bit flips refused with an error",
+        base.encryption
+    );
 }
 
 #[test]
@@ -472,7 +522,12 @@ fn a_damaged_header_and_first_record_before_intact_records_is_an_error() {
     // Damage across the start of the file (one bad sector, say) took the
     // header and the first record. The entries after them must not be
     // dropped silently by treating the file as an unused one.
-    let base = build_base();
+    for encryption in Encryption::BOTH {
+        a_damaged_header_and_first_record_of(build_base(encryption));
+    }
+}
+
+fn a_damaged_header_and_first_record_of(base: Base) {
     let original = base.segment_bytes();
     let first_record = HEADER_SIZE as usize;
     for (header_at, record_at) in [(0, first_record), (100, first_record + 5)] {
@@ -552,10 +607,17 @@ fn truncated_segment_on_disk() {
 /// never acknowledged, with ids the new run may have used for others.
 #[test]
 fn records_left_in_an_unnamed_segment_file_never_come_back() {
+    for encryption in Encryption::BOTH {
+        records_left_in_an_unnamed_segment_file_of(encryption);
+    }
+}
+
+fn records_left_in_an_unnamed_segment_file_of(encryption: Encryption) {
     // The stale file: entries 61–65 of another run, the way an activated
     // segment holds them (built here by a log that starts at id 61).
     let stale = CrashFileSystem::new();
-    let log = Configuration::default_for(DIR)
+    let log = encryption
+        .configure(Configuration::default_for(DIR))
         .file_system(stale.clone())
         .minimum_next_entry_id(61)
         .open(Recorder::new())
@@ -572,7 +634,8 @@ fn records_left_in_an_unnamed_segment_file_never_come_back() {
     // This run would start at 61 too, and finds the file as a spare.
     let fs = fresh_fs(&[("wal-spare-7".to_string(), bytes)]);
     let config = || {
-        Configuration::default_for(DIR)
+        encryption
+            .configure(Configuration::default_for(DIR))
             .file_system(fs.clone())
             .minimum_next_entry_id(61)
     };

@@ -1,13 +1,15 @@
 //! Power cuts at every sync (and at a sample of writes) of a concurrent
 //! workload on the crash-simulating file system, followed by each kind of
 //! power loss and a reopen: every acknowledged commit must come back with
-//! its bytes, and nothing may come back partially or changed.
+//! its bytes, and nothing may come back partially or changed. Every test
+//! runs on a plain and on an encrypted log.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use common::encryption::Encryption;
 use common::{
     cut_power, jitter_budget, test_seed, try_run_workload, Mix, Model, Recorder, Rng, Workload,
     ALL_OPERATIONS,
@@ -17,11 +19,13 @@ use okaywal::Configuration;
 
 const DIR: &str = "/crash";
 
-fn config(fs: &CrashFileSystem) -> Configuration {
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(16 * 1024)
-        .checkpoint_after_bytes(16 * 1024)
+fn config(fs: &CrashFileSystem, encryption: Encryption) -> Configuration {
+    encryption.configure(
+        Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(16 * 1024)
+            .checkpoint_after_bytes(16 * 1024),
+    )
 }
 
 fn workload(threads: usize, entries_per_thread: usize) -> Workload {
@@ -67,8 +71,9 @@ fn crash_run(
     fault: Option<(Operation, u64)>,
     policy: PowerLoss,
     work: &Workload,
+    encryption: Encryption,
 ) -> Result<Report, String> {
-    crash_run_on(CrashFileSystem::new(), fault, policy, work)
+    crash_run_on(CrashFileSystem::new(), fault, policy, work, encryption)
 }
 
 /// `crash_run` on a given (for instance jittered) disk.
@@ -77,13 +82,14 @@ fn crash_run_on(
     fault: Option<(Operation, u64)>,
     policy: PowerLoss,
     work: &Workload,
+    encryption: Encryption,
 ) -> Result<Report, String> {
     if let Some((op, n)) = fault {
         fs.inject(op, n, FaultKind::PowerOff);
     }
     let before = Recorder::new();
     let mut report = Report::default();
-    let model = match config(&fs).open(before.clone()) {
+    let model = match config(&fs, encryption).open(before.clone()) {
         Ok(log) => {
             let model = try_run_workload(&log, work, Duration::from_secs(30))?;
             report.fired = fs.is_powered_off();
@@ -106,7 +112,7 @@ fn crash_run_on(
     fs.power_loss(policy);
 
     let after = Recorder::new();
-    let log = config(&fs)
+    let log = config(&fs, encryption)
         .open(after.clone())
         .map_err(|e| format!("reopening after the power loss failed: {e}"))?;
     let before = before.seen();
@@ -171,7 +177,7 @@ fn crash_run_on(
 
 /// Runs `crash_run` for every planned fault and policy; fails with the
 /// first few failures (each naming its crash point, policy and seed).
-fn sweep(op: Operation, points: &[u64], work: &Workload, min_fired: usize) {
+fn sweep(op: Operation, points: &[u64], work: &Workload, min_fired: usize, encryption: Encryption) {
     let start = Instant::now();
     let mut failures = Vec::new();
     let mut fired = 0;
@@ -179,17 +185,18 @@ fn sweep(op: Operation, points: &[u64], work: &Workload, min_fired: usize) {
     for &k in points {
         for policy in policies(k) {
             runs += 1;
-            match crash_run(Some((op, k)), policy, work) {
+            match crash_run(Some((op, k)), policy, work, encryption) {
                 Ok(report) => fired += usize::from(report.fired),
                 Err(err) => failures.push(format!(
-                    "power cut at {op:?} #{k}, {policy:?}, workload seed {}: {err}",
+                    "power cut at {op:?} #{k}, {policy:?}, {encryption:?}, workload seed {}: \
+                     {err}",
                     work.seed
                 )),
             }
         }
     }
     println!(
-        "{op:?}: {} crash points, {runs} runs, {fired} with the power cut inside the workload, \
+        "{op:?} ({encryption:?}): {} crash points, {runs} runs, {fired} with the power cut inside the workload, \
          {} failures, {:?}",
         points.len(),
         failures.len(),
@@ -207,8 +214,8 @@ fn sweep(op: Operation, points: &[u64], work: &Workload, min_fired: usize) {
     );
 }
 
-fn calibrate(work: &Workload) -> Report {
-    let report = crash_run(None, PowerLoss::Clean, work)
+fn calibrate(work: &Workload, encryption: Encryption) -> Report {
+    let report = crash_run(None, PowerLoss::Clean, work, encryption)
         .unwrap_or_else(|e| panic!("the workload without faults: {e}"));
     assert!(report.acknowledged > 0);
     report
@@ -216,41 +223,67 @@ fn calibrate(work: &Workload) -> Report {
 
 #[test]
 fn power_cut_at_every_sync() {
-    let work = workload(4, 30);
-    let report = calibrate(&work);
-    println!(
-        "without faults: {} commits; operations: {:?}",
-        report.acknowledged, report.counts
-    );
-    let points: Vec<u64> = (0..report.counts[&Operation::Sync]).collect();
-    sweep(Operation::Sync, &points, &work, points.len() * 2);
+    for encryption in Encryption::BOTH {
+        let work = workload(4, 30);
+        let report = calibrate(&work, encryption);
+        println!(
+            "without faults ({encryption:?}): {} commits; operations: {:?}",
+            report.acknowledged, report.counts
+        );
+        let points: Vec<u64> = (0..report.counts[&Operation::Sync]).collect();
+        sweep(
+            Operation::Sync,
+            &points,
+            &work,
+            points.len() * 2,
+            encryption,
+        );
+    }
 }
 
 #[test]
 fn power_cut_at_sampled_writes() {
-    let work = workload(4, 30);
-    let writes = calibrate(&work).counts[&Operation::Write];
-    let points: Vec<u64> = (0..writes).step_by(3).collect();
-    sweep(Operation::Write, &points, &work, points.len() * 2);
+    for encryption in Encryption::BOTH {
+        let work = workload(4, 30);
+        let writes = calibrate(&work, encryption).counts[&Operation::Write];
+        let points: Vec<u64> = (0..writes).step_by(3).collect();
+        sweep(
+            Operation::Write,
+            &points,
+            &work,
+            points.len() * 2,
+            encryption,
+        );
+    }
 }
 
 #[test]
 fn power_cut_at_every_sync_single_writer() {
     // One writer makes the sync numbering deterministic, so a failure here
     // reproduces exactly.
-    let work = workload(1, 40);
-    let syncs = calibrate(&work).counts[&Operation::Sync];
-    let points: Vec<u64> = (0..syncs).collect();
-    sweep(Operation::Sync, &points, &work, points.len() * 3);
+    for encryption in Encryption::BOTH {
+        let work = workload(1, 40);
+        let syncs = calibrate(&work, encryption).counts[&Operation::Sync];
+        let points: Vec<u64> = (0..syncs).collect();
+        sweep(
+            Operation::Sync,
+            &points,
+            &work,
+            points.len() * 3,
+            encryption,
+        );
+    }
 }
 
 #[test]
 fn power_cut_at_every_directory_sync_rename_and_create() {
-    let work = workload(2, 30);
-    let report = calibrate(&work);
-    for op in [Operation::SyncDir, Operation::Rename, Operation::Create] {
-        let points: Vec<u64> = (0..report.counts[&op]).collect();
-        sweep(op, &points, &work, 1);
+    for encryption in Encryption::BOTH {
+        let work = workload(2, 30);
+        let report = calibrate(&work, encryption);
+        for op in [Operation::SyncDir, Operation::Rename, Operation::Create] {
+            let points: Vec<u64> = (0..report.counts[&op]).collect();
+            sweep(op, &points, &work, 1, encryption);
+        }
     }
 }
 
@@ -260,10 +293,13 @@ fn power_cut_at_every_directory_sync_rename_and_create() {
 /// otherwise drop new entries).
 #[test]
 fn ids_stay_above_checkpointed_ids_after_a_power_loss() {
-    for policy in policies(3) {
+    for (policy, encryption) in policies(3)
+        .into_iter()
+        .zip(Encryption::BOTH.into_iter().cycle())
+    {
         let fs = CrashFileSystem::new();
         let recorder = Recorder::new();
-        let log = config(&fs).open(recorder.clone()).unwrap();
+        let log = config(&fs, encryption).open(recorder.clone()).unwrap();
         let mut last = 0;
         for i in 0..20_u8 {
             let mut entry = log.begin_entry().unwrap();
@@ -277,7 +313,7 @@ fn ids_stay_above_checkpointed_ids_after_a_power_loss() {
         drop(log);
         fs.power_loss(policy);
 
-        let log = config(&fs).open(Recorder::new()).unwrap();
+        let log = config(&fs, encryption).open(Recorder::new()).unwrap();
         let entry = log.begin_entry().unwrap();
         assert!(
             entry.id().0 > last,
@@ -298,8 +334,9 @@ fn ids_stay_above_checkpointed_ids_after_a_power_loss() {
 fn a_lost_header_of_an_unsynced_segment_does_not_block_reopening() {
     let mut failures = Vec::new();
     for seed in 0..32 {
+        let encryption = Encryption::BOTH[seed as usize % 2];
         let fs = CrashFileSystem::new();
-        let log = config(&fs).open(Recorder::new()).unwrap();
+        let log = config(&fs, encryption).open(Recorder::new()).unwrap();
         let mut acknowledged = Vec::new();
         for i in 0..10_u8 {
             let mut entry = log.begin_entry().unwrap();
@@ -318,13 +355,13 @@ fn a_lost_header_of_an_unsynced_segment_does_not_block_reopening() {
         fs.power_loss(PowerLoss::Random(seed));
 
         let recorder = Recorder::new();
-        match config(&fs).open(recorder.clone()) {
+        match config(&fs, encryption).open(recorder.clone()) {
             Ok(log) => {
                 // Everything acknowledged was checkpointed before the cut.
                 assert!(recorder.seen().recovered.is_empty());
                 log.shutdown().unwrap();
             }
-            Err(err) => failures.push(format!("PowerLoss::Random({seed}): {err}")),
+            Err(err) => failures.push(format!("PowerLoss::Random({seed}), {encryption:?}: {err}")),
         }
     }
     assert!(
@@ -362,14 +399,16 @@ fn power_cut_with_jittered_io() {
         };
         let point = next() % count;
         let policy = policies(next())[(next() % 4) as usize];
+        // Every other run encrypted: the budget is shared.
+        let encryption = Encryption::BOTH[runs % 2];
         let fs = CrashFileSystem::new();
         fs.jitter(jitter_seed, Duration::from_micros(150));
         runs += 1;
-        match crash_run_on(fs, Some((op, point)), policy, &work) {
+        match crash_run_on(fs, Some((op, point)), policy, &work, encryption) {
             Ok(report) => fired += usize::from(report.fired),
             Err(err) => failures.push(format!(
-                "power cut at {op:?} #{point}, {policy:?}, workload seed {}, jitter seed \
-                 {jitter_seed}: {err}",
+                "power cut at {op:?} #{point}, {policy:?}, {encryption:?}, workload seed {}, \
+                 jitter seed {jitter_seed}: {err}",
                 work.seed
             )),
         }
@@ -401,10 +440,13 @@ fn power_cut_with_jittered_io() {
 /// state too.
 #[test]
 fn an_abandoned_chunk_at_the_end_of_a_segment_does_not_block_reopening() {
-    for policy in policies(5) {
+    for (policy, encryption) in policies(5)
+        .into_iter()
+        .flat_map(|policy| Encryption::BOTH.map(|encryption| (policy, encryption)))
+    {
         let fs = CrashFileSystem::new();
         let before = Recorder::new();
-        let log = config(&fs).open(before.clone()).unwrap();
+        let log = config(&fs, encryption).open(before.clone()).unwrap();
         let mut acknowledged = BTreeMap::new();
         let mut commit = |log: &okaywal::WriteAheadLog, byte: u8| {
             let mut entry = log.begin_entry().unwrap();
@@ -443,9 +485,9 @@ fn an_abandoned_chunk_at_the_end_of_a_segment_does_not_block_reopening() {
         fs.power_loss(policy);
 
         let recorder = Recorder::new();
-        let log = config(&fs)
+        let log = config(&fs, encryption)
             .open(recorder.clone())
-            .unwrap_or_else(|e| panic!("{policy:?}: reopening failed: {e}"));
+            .unwrap_or_else(|e| panic!("{policy:?}, {encryption:?}: reopening failed: {e}"));
         // The log checkpoints full segments in the background: an entry
         // is either checkpointed (before or after the power loss) or
         // recovered, with its bytes.

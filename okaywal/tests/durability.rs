@@ -15,6 +15,7 @@ use okaywal::{
 
 mod common;
 
+use common::encryption::Encryption;
 use common::follow::{follow, ChunkRecorder as Recorder, WaitsForReader};
 use common::{jitter_budget, test_seed, Rng};
 
@@ -71,12 +72,14 @@ fn workload(log: &WriteAheadLog) -> (Script, BTreeSet<u64>) {
 /// property (once an entry is missing, nothing logged after it survives).
 fn check_suffix(
     fs: &CrashFileSystem,
+    encryption: Encryption,
     script: &Script,
     synced: &BTreeSet<u64>,
     what: &str,
 ) -> Result<(), String> {
     let recorder = Recorder::default();
-    let log = config(fs)
+    let log = encryption
+        .configure(config(fs))
         .open(recorder.clone())
         .map_err(|e| format!("{what}: reopen: {e}"))?;
     let recovered = recorder.recovered.lock().unwrap().clone();
@@ -123,10 +126,12 @@ fn buffered_entries_are_lost_only_as_a_suffix_with_jittered_io() {
     let (mut runs, mut fired) = (0, 0);
     let budget = jitter_budget(8);
     while start.elapsed() < budget || runs < 20 {
+        // Every other run encrypted: the budget is shared.
+        let encryption = Encryption::BOTH[runs % 2];
         let fs = CrashFileSystem::new();
         let jitter = next();
         fs.jitter(jitter, Duration::from_micros(150));
-        let log = config(&fs).open(LogVoid).unwrap();
+        let log = encryption.configure(config(&fs)).open(LogVoid).unwrap();
         let (op, count) = if next() % 2 == 0 {
             (Operation::Sync, 40)
         } else {
@@ -145,8 +150,9 @@ fn buffered_entries_are_lost_only_as_a_suffix_with_jittered_io() {
         };
         fs.power_loss(policy);
         runs += 1;
-        let what = format!("power cut at {op:?} #{at}, {policy:?}, jitter seed {jitter}");
-        if let Err(err) = check_suffix(&fs, &script, &synced, &what) {
+        let what =
+            format!("power cut at {op:?} #{at}, {policy:?}, {encryption:?}, jitter seed {jitter}");
+        if let Err(err) = check_suffix(&fs, encryption, &script, &synced, &what) {
             failures.push(err);
         }
     }
@@ -165,6 +171,13 @@ fn buffered_entries_are_lost_only_as_a_suffix_with_jittered_io() {
 
 #[test]
 fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
+    for encryption in Encryption::BOTH {
+        buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point_of(encryption);
+    }
+}
+
+fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point_of(encryption: Encryption) {
+    let config = |fs: &CrashFileSystem| encryption.configure(config(fs));
     let count_fs = CrashFileSystem::new();
     let log = config(&count_fs).open(LogVoid).unwrap();
     workload(&log);
@@ -188,8 +201,8 @@ fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
             let (script, synced) = workload(&log);
             drop(log);
             fs.power_loss(policy);
-            let what = format!("sync point {crash_at}, {policy:?}");
-            if let Err(err) = check_suffix(&fs, &script, &synced, &what) {
+            let what = format!("sync point {crash_at}, {policy:?}, {encryption:?}");
+            if let Err(err) = check_suffix(&fs, encryption, &script, &synced, &what) {
                 panic!("{err}");
             }
             points += 1;
@@ -201,6 +214,13 @@ fn buffered_entries_are_lost_only_as_a_suffix_at_every_sync_point() {
 
 #[test]
 fn buffered_entries_survive_a_process_crash() {
+    for encryption in Encryption::BOTH {
+        buffered_entries_survive_a_process_crash_of(encryption);
+    }
+}
+
+fn buffered_entries_survive_a_process_crash_of(encryption: Encryption) {
+    let config = |fs: &CrashFileSystem| encryption.configure(config(fs));
     let fs = CrashFileSystem::new();
     let log = config(&fs).open(LogVoid).unwrap();
     let mut ids = Vec::new();
@@ -700,11 +720,15 @@ fn a_reader_including_buffered_entries_gets_them_before_any_sync() {
 
 #[test]
 fn a_reader_including_buffered_entries_sees_each_once_in_order_while_writers_mix_durabilities() {
-    follow_while_four_threads_write(128 * 1024, true, |thread, i| match (thread + i) % 5 {
-        0 => Ending::RolledBack,
-        1 => Ending::Durable,
-        _ => Ending::Buffered,
-    });
+    for encryption in Encryption::BOTH {
+        follow_while_four_threads_write(encryption, 128 * 1024, true, |thread, i| {
+            match (thread + i) % 5 {
+                0 => Ending::RolledBack,
+                1 => Ending::Durable,
+                _ => Ending::Buffered,
+            }
+        });
+    }
 }
 
 /// The chunks of test entry `id`: one to three, with every tenth entry's
@@ -725,7 +749,9 @@ fn chunks_of(id: u64) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_reader_following_the_log_gets_large_and_multi_chunk_entries_whole_across_segments() {
-    follow_while_four_threads_write(256 * 1024, false, |_, _| Ending::Durable);
+    for encryption in Encryption::BOTH {
+        follow_while_four_threads_write(encryption, 256 * 1024, false, |_, _| Ending::Durable);
+    }
 }
 
 /// How a writer in [`follow_while_four_threads_write`] ends an entry.
@@ -742,6 +768,7 @@ enum Ending {
 /// recycled under the reader (the manager waits until it has passed
 /// them). Every committed entry must be read once, whole, in id order.
 fn follow_while_four_threads_write(
+    encryption: Encryption,
     segment_bytes: u64,
     include_buffered: bool,
     ending: fn(u64, u64) -> Ending,
@@ -752,9 +779,12 @@ fn follow_while_four_threads_write(
         reader_at: reader_at.clone(),
         checkpointed: Arc::default(),
     };
-    let log = Configuration::default_for(dir.path())
-        .preallocate_bytes(segment_bytes)
-        .checkpoint_after_bytes(segment_bytes)
+    let log = encryption
+        .configure(
+            Configuration::default_for(dir.path())
+                .preallocate_bytes(segment_bytes)
+                .checkpoint_after_bytes(segment_bytes),
+        )
         .open(manager.clone())
         .unwrap();
     let (seen, committed) = std::thread::scope(|scope| {

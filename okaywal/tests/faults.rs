@@ -1,6 +1,7 @@
 //! Injected I/O errors: a failed sync or write fails its commit and
 //! poisons the log until it is reopened; acknowledged commits survive; a
-//! full disk while opening gives a clear error.
+//! full disk while opening gives a clear error. The failed sync and write
+//! tests run on a plain and on an encrypted log.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::encryption::Encryption;
 use common::hooks::{Gate, Hooked, OpenOnDrop};
 use common::{Model, Recorder, Rng, ALL_OPERATIONS};
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
@@ -20,13 +22,19 @@ const DIR: &str = "/faults";
 const PREALLOCATE: u64 = 4 * 1024 * 1024;
 
 fn config(fs: &CrashFileSystem) -> Configuration {
+    config_in(fs, Encryption::Off)
+}
+
+fn config_in(fs: &CrashFileSystem, encryption: Encryption) -> Configuration {
     // One big segment: no segment switch or checkpoint interferes with the
     // counting of operations.
-    Configuration::default_for(DIR)
-        .file_system(fs.clone())
-        .preallocate_bytes(PREALLOCATE)
-        .checkpoint_after_bytes(1 << 30)
-        .buffer_bytes(64 * 1024)
+    encryption.configure(
+        Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(PREALLOCATE)
+            .checkpoint_after_bytes(1 << 30)
+            .buffer_bytes(64 * 1024),
+    )
 }
 
 fn counts(fs: &CrashFileSystem) -> Vec<u64> {
@@ -53,7 +61,15 @@ fn quiesce(fs: &CrashFileSystem) {
 }
 
 fn open_quiet(fs: &CrashFileSystem, recorder: &Recorder) -> WriteAheadLog {
-    let log = config(fs).open(recorder.clone()).unwrap();
+    open_quiet_in(fs, recorder, Encryption::Off)
+}
+
+fn open_quiet_in(
+    fs: &CrashFileSystem,
+    recorder: &Recorder,
+    encryption: Encryption,
+) -> WriteAheadLog {
+    let log = config_in(fs, encryption).open(recorder.clone()).unwrap();
     quiesce(fs);
     log
 }
@@ -62,9 +78,18 @@ fn open_quiet(fs: &CrashFileSystem, recorder: &Recorder) -> WriteAheadLog {
 /// acknowledged one present with its bytes, nothing rolled back, failed
 /// commits whole or absent.
 fn reopen_and_check(fs: &CrashFileSystem, model: &Model, what: &str) -> Vec<u64> {
+    reopen_and_check_in(fs, model, what, Encryption::Off)
+}
+
+fn reopen_and_check_in(
+    fs: &CrashFileSystem,
+    model: &Model,
+    what: &str,
+    encryption: Encryption,
+) -> Vec<u64> {
     fs.clear_faults();
     let recorder = Recorder::new();
-    let log = config(fs)
+    let log = config_in(fs, encryption)
         .open(recorder.clone())
         .unwrap_or_else(|e| panic!("{what}: reopening: {e}"));
     common::check_exactly_once(model, &common::Seen::default(), &recorder.seen())
@@ -92,11 +117,13 @@ fn assert_poisoned(log: &WriteAheadLog, what: &str) {
 
 #[test]
 fn a_failed_sync_fails_its_commit_and_every_later_one() {
-    for k in 0..6 {
+    for (k, encryption) in (0..6).flat_map(|k| Encryption::BOTH.map(|e| (k, e))) {
         for power_loss in [false, true] {
-            let what = format!("sync error on the {k}th commit's sync (power loss: {power_loss})");
+            let what = format!(
+                "sync error on the {k}th commit's sync (power loss: {power_loss}, {encryption:?})"
+            );
             let fs = CrashFileSystem::new();
-            let log = open_quiet(&fs, &Recorder::new());
+            let log = open_quiet_in(&fs, &Recorder::new(), encryption);
             // An entry begun before the fault, finished after it.
             let mut held = log.begin_entry().unwrap();
             held.write_chunk(b"begun before the fault").unwrap();
@@ -147,16 +174,19 @@ fn a_failed_sync_fails_its_commit_and_every_later_one() {
             if power_loss {
                 fs.power_loss(PowerLoss::Clean);
             }
-            reopen_and_check(&fs, &model, &what);
+            reopen_and_check_in(&fs, &model, &what, encryption);
         }
     }
 }
 
 #[test]
 fn a_failed_sync_under_concurrent_commits() {
-    for fault in [3_u64, 10, 25] {
+    for (fault, encryption) in [3_u64, 10, 25]
+        .into_iter()
+        .flat_map(|f| Encryption::BOTH.map(|e| (f, e)))
+    {
         let fs = CrashFileSystem::new();
-        let log = open_quiet(&fs, &Recorder::new());
+        let log = open_quiet_in(&fs, &Recorder::new(), encryption);
         fs.inject(
             Operation::Sync,
             fs.operation_count(Operation::Sync) + fault,
@@ -208,10 +238,11 @@ fn a_failed_sync_under_concurrent_commits() {
                 }
             }
         }
-        assert!(!model.committed.is_empty(), "fault at sync {fault}");
-        assert_poisoned(&log, &format!("fault at sync {fault}"));
+        let what = format!("fault at sync {fault}, {encryption:?}");
+        assert!(!model.committed.is_empty(), "{what}");
+        assert_poisoned(&log, &what);
         drop(log);
-        reopen_and_check(&fs, &model, &format!("fault at sync {fault}"));
+        reopen_and_check_in(&fs, &model, &what, encryption);
     }
 }
 
@@ -251,11 +282,17 @@ fn write_entry(log: &WriteAheadLog, rng: &mut Rng) -> (Option<u64>, Vec<Vec<u8>>
 
 #[test]
 fn a_failed_write_fails_its_entry_and_poisons_the_log() {
+    for encryption in Encryption::BOTH {
+        a_failed_write_fails_its_entry_and_poisons_the_log_in(encryption);
+    }
+}
+
+fn a_failed_write_fails_its_entry_and_poisons_the_log_in(encryption: Encryption) {
     let mut fired = 0;
     for k in 0..24 {
-        let what = format!("write error at the {k}th write");
+        let what = format!("write error at the {k}th write ({encryption:?})");
         let fs = CrashFileSystem::new();
-        let log = open_quiet(&fs, &Recorder::new());
+        let log = open_quiet_in(&fs, &Recorder::new(), encryption);
         let base = fs.operation_count(Operation::Write);
         fs.inject(
             Operation::Write,
@@ -289,9 +326,9 @@ fn a_failed_write_fails_its_entry_and_poisons_the_log() {
             assert_poisoned(&log, &what);
         }
         drop(log);
-        reopen_and_check(&fs, &model, &what);
+        reopen_and_check_in(&fs, &model, &what, encryption);
     }
-    assert!(fired >= 20, "{fired}");
+    assert!(fired >= 20, "{encryption:?}: {fired}");
 }
 
 fn spare_files_are_whole(fs: &CrashFileSystem, what: &str) {

@@ -1,7 +1,8 @@
 //! Real-process crash test: a child process (this test binary, re-run with
 //! an environment variable) commits entries from several threads and prints
 //! each acknowledged id; the parent SIGKILLs it at seeded random moments,
-//! reopens the log and checks every acknowledged entry.
+//! reopens the log and checks every acknowledged entry. The log is
+//! encrypted when its directory is named [`ENCRYPTED_DIR`].
 //!
 //! Replay a failing run with `OKAYWAL_KILL_SEED=<seed>`.
 
@@ -10,11 +11,17 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use okaywal::encryption::StaticKey;
 use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
 use testkit::kill::{child_dir, pattern, KillRuns, Report};
 
 const CHILD_ENV: &str = "OKAYWAL_KILL_CHILD_DIR";
 const KILLS: usize = 50;
+/// Kills of the encrypted log: fewer, the plain runs cover the timing.
+const ENCRYPTED_KILLS: usize = 20;
+/// The name of a log directory whose log (in the child and the parent)
+/// is encrypted.
+const ENCRYPTED_DIR: &str = "encrypted-log";
 
 /// The payload of entry `id`: its length and bytes follow from the id, so
 /// the parent can check any recovered entry, acknowledged or not.
@@ -28,9 +35,14 @@ fn payload(id: u64) -> Vec<u8> {
     pattern(id, len)
 }
 fn config(dir: &Path) -> Configuration {
-    Configuration::default_for(dir)
+    let config = Configuration::default_for(dir)
         .preallocate_bytes(256 * 1024)
-        .checkpoint_after_bytes(256 * 1024)
+        .checkpoint_after_bytes(256 * 1024);
+    if dir.file_name() == Some(ENCRYPTED_DIR.as_ref()) {
+        config.encryption(StaticKey::new(*b"the kill test's key, not secret."))
+    } else {
+        config
+    }
 }
 
 /// Moves checkpointed entries into `store.txt`-like memory of the parent;
@@ -124,12 +136,22 @@ fn child_process() {
 
 #[test]
 fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
+    sigkill_at_random_moments("log", KILLS);
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_no_acknowledged_entry_of_an_encrypted_log() {
+    sigkill_at_random_moments(ENCRYPTED_DIR, ENCRYPTED_KILLS);
+}
+
+/// Kills the child `kills` times, its log in a directory named `name`.
+fn sigkill_at_random_moments(name: &str, kills: usize) {
     let seed = testkit::rng::seed(
         "OKAYWAL_KILL_SEED",
         "sigkill_at_random_moments_loses_no_acknowledged_entry",
     );
     let temp = tempfile::tempdir().unwrap();
-    let dir = temp.path().join("log");
+    let dir = temp.path().join(name);
     let checkpointed_file = dir.with_extension("checkpointed");
     let mut acknowledged_total = 0;
     let mut highest_id = 0;
@@ -137,7 +159,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
         child_test: "child_process",
         child_env: CHILD_ENV,
         dir: dir.clone(),
-        kills: KILLS,
+        kills,
         delay_ms: 20..170,
     };
     runs.run(seed, |kill, lines| {
@@ -202,7 +224,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_entry() {
         entry.rollback().unwrap();
         log.shutdown().unwrap();
     });
-    println!("{KILLS} kills, {acknowledged_total} acknowledged commits checked");
+    println!("{name}: {kills} kills, {acknowledged_total} acknowledged commits checked");
     assert!(
         acknowledged_total > 0,
         "the child never acknowledged anything"

@@ -1,16 +1,18 @@
 //! Two crashes in a row, or a crash of the process and then of the
 //! power: states the one-crash-per-run tests in `crash.rs` never reach.
 //! Each test builds the state left by the first crash deterministically
-//! on the simulated file system, then crashes again.
+//! on the simulated file system, then crashes again, on a plain and on an
+//! encrypted log.
 
 mod common;
 
+use common::encryption::Encryption;
 use common::follow::ChunkRecorder as Recorder;
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use okaywal::{Configuration, LogVoid, WriteAheadLog};
 
-fn config(fs: &CrashFileSystem) -> Configuration {
-    common::small_log_on(fs)
+fn config(fs: &CrashFileSystem, encryption: Encryption) -> Configuration {
+    encryption.configure(common::small_log_on(fs))
 }
 
 fn commit(log: &WriteAheadLog, data: &[u8], durable: bool) -> u64 {
@@ -25,7 +27,11 @@ fn commit(log: &WriteAheadLog, data: &[u8], durable: bool) -> u64 {
 
 /// Process crash (kill -9) with a buffered (or in-flight, unsynced) entry
 /// in the page cache; reopen; one or two durable commits; power loss.
-fn process_crash_then_power_loss(durable_after_reopen: usize) -> Result<(), String> {
+fn process_crash_then_power_loss(
+    durable_after_reopen: usize,
+    encryption: Encryption,
+) -> Result<(), String> {
+    let config = |fs: &CrashFileSystem| config(fs, encryption);
     let fs = CrashFileSystem::new();
     let log = config(&fs).open(LogVoid).unwrap();
     commit(&log, b"a1 durable", true);
@@ -71,12 +77,16 @@ fn process_crash_then_power_loss(durable_after_reopen: usize) -> Result<(), Stri
 
 #[test]
 fn durable_commit_after_process_crash_and_reopen_survives_power_loss() {
-    process_crash_then_power_loss(1).unwrap();
+    for encryption in Encryption::BOTH {
+        process_crash_then_power_loss(1, encryption).unwrap();
+    }
 }
 
 #[test]
 fn log_opens_after_process_crash_reopen_two_commits_and_power_loss() {
-    process_crash_then_power_loss(2).unwrap();
+    for encryption in Encryption::BOTH {
+        process_crash_then_power_loss(2, encryption).unwrap();
+    }
 }
 
 /// The state of the first crash: entry 1 checkpointed (its file recycled),
@@ -86,8 +96,12 @@ fn log_opens_after_process_crash_reopen_two_commits_and_power_loss() {
 /// commit, which therefore fails. `seed` picks which unsynced writes the
 /// power loss keeps. Returns whether the power loss kept records of the
 /// segment but not its header.
-fn crash_while_the_first_segment_records_are_unsynced(fs: &CrashFileSystem, seed: u64) -> bool {
-    let log = config(fs).open(LogVoid).unwrap();
+fn crash_while_the_first_segment_records_are_unsynced(
+    fs: &CrashFileSystem,
+    seed: u64,
+    encryption: Encryption,
+) -> bool {
+    let log = config(fs, encryption).open(LogVoid).unwrap();
     assert_eq!(commit(&log, b"entry one", true), 1);
     log.checkpoint_active().unwrap();
     let mut e2 = log.begin_entry().unwrap();
@@ -112,8 +126,10 @@ fn crash_while_the_first_segment_records_are_unsynced(fs: &CrashFileSystem, seed
 fn an_entry_that_vanished_after_a_crash_never_comes_back() {
     let mut headers_lost = 0;
     for seed in 0..64 {
+        let encryption = Encryption::BOTH[seed as usize % 2];
+        let config = |fs: &CrashFileSystem| config(fs, encryption);
         let fs = CrashFileSystem::new();
-        if crash_while_the_first_segment_records_are_unsynced(&fs, seed) {
+        if crash_while_the_first_segment_records_are_unsynced(&fs, seed, encryption) {
             headers_lost += 1;
         }
         // Reopen. Entry 3's commit failed, so it may be there or not;
@@ -123,7 +139,7 @@ fn an_entry_that_vanished_after_a_crash_never_comes_back() {
         let first = recorder.recovered.lock().unwrap().clone();
         assert!(first.keys().all(|id| *id == 3), "seed {seed}: {first:?}");
         // A new entry whose records end where the old entry 3's began, had
-        // it been given the old segment's id again.
+        // it been given the old segment's id again (in a plain log).
         let data = vec![0xC2; 75];
         let id = commit(&log, &data, true);
         log.shutdown().unwrap();

@@ -6,7 +6,7 @@
 use std::io;
 use std::path::Path;
 
-use okaywal::format::{SegmentHeader, FORMAT_VERSION, HEADER_SIZE};
+use okaywal::format::{SegmentHeader, ENCRYPTED_FORMAT_VERSION, HEADER_SIZE};
 use okaywal::{Configuration, LogVoid};
 
 fn commit_one(dir: &Path) {
@@ -25,7 +25,8 @@ fn newer_version_header(first_entry_id: u64) -> Vec<u8> {
         version_info: Vec::new(),
     }
     .encode();
-    bytes[7] = FORMAT_VERSION + 1;
+    // Versions 1 (plain) and 2 (encrypted) are this crate's.
+    bytes[7] = ENCRYPTED_FORMAT_VERSION + 1;
     let crc_at = HEADER_SIZE as usize - 4;
     let crc = crc32fast::hash(&bytes[..crc_at]);
     bytes[crc_at..].copy_from_slice(&crc.to_le_bytes());

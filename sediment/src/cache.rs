@@ -1,11 +1,18 @@
 //! A bounded in-memory cache of small blobs, so repeated `get`s of hot
 //! blobs cost a hash lookup instead of a system call.
 //!
+//! It is filled from both sides: a committed transaction puts the small
+//! blobs it wrote in (so reads right after a load hit, as they would in a
+//! store whose page cache its writes fill), and `get` puts in what it
+//! read. Eviction is first in, first out.
+//!
 //! Correctness rests on two rules kept by the callers: a blob is removed
 //! (after its stratum's `reuse_epoch` is bumped) whenever it is freed, and
-//! a reader inserts what it read only if that epoch did not move since
-//! before it checked that the blob was live. So a hit is always a live
-//! blob's current bytes.
+//! a blob is inserted only if that epoch did not move since a moment the
+//! blob was known not to be freed: for a reader, before it checked that
+//! the blob was live; for a writer, before its commit made the blob
+//! visible (nothing can free a blob nobody else can see). So a hit is
+//! always a live blob's current bytes.
 //!
 //! A shard's lock is the last in the lock order (see `reclamation`): no
 //! other lock is taken under it.
@@ -102,7 +109,20 @@ impl BlobCache {
         if !self.accepts(data.len()) {
             return;
         }
-        let data: Arc<[u8]> = Arc::from(data);
+        self.insert_shared_if(id, Arc::from(data), still_valid);
+    }
+
+    /// [`BlobCache::insert_if`] for bytes already shared (a committed
+    /// write's copy), without copying them again.
+    pub fn insert_shared_if(
+        &self,
+        id: GrainId,
+        data: Arc<[u8]>,
+        still_valid: impl FnOnce() -> bool,
+    ) {
+        if !self.accepts(data.len()) {
+            return;
+        }
         let mut shard = self.shard(id).lock();
         if !still_valid() {
             return;

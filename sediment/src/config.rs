@@ -213,10 +213,13 @@ impl Config {
         self
     }
 
-    /// Sets how much memory [`Database::get`](crate::Database::get) may keep for recently read
-    /// blobs of up to 64 KiB (default [`DEFAULT_CACHE_BYTES`]; 0 turns the
-    /// cache off). A hit costs a hash lookup and a copy instead of a system
-    /// call; freed blobs leave the cache at once.
+    /// Sets how much memory the blob cache may hold (default
+    /// [`DEFAULT_CACHE_BYTES`]; 0 turns it off). It keeps blobs of up to
+    /// 64 KiB that committed transactions wrote or
+    /// [`Database::get`](crate::Database::get) read, evicting the oldest
+    /// first, so reads right after a load hit as well as repeated ones. A
+    /// hit costs a hash lookup and a copy instead of a system call; freed
+    /// blobs leave the cache at once.
     #[must_use]
     pub fn cache_bytes(mut self, bytes: u64) -> Self {
         self.cache_bytes = bytes;

@@ -39,6 +39,9 @@ pub struct Transaction<'db> {
     header: Option<Option<GrainId>>,
     checkpoint_to: Option<u64>,
     direct: Vec<Arc<Stratum>>,
+    /// Copies of the small blobs written, for the blob cache once the
+    /// transaction commits.
+    for_cache: Vec<(GrainId, Arc<[u8]>, Arc<Stratum>)>,
     scratch: Vec<u8>,
     finished: bool,
 }
@@ -57,6 +60,7 @@ impl<'db> Transaction<'db> {
             header: None,
             checkpoint_to: None,
             direct: Vec::new(),
+            for_cache: Vec::new(),
             scratch: Vec::new(),
             finished: false,
         }
@@ -114,6 +118,9 @@ impl<'db> Transaction<'db> {
         let sequence = self.ensure_entry()?;
         let (id, stratum) = self.reserve(length)?;
         self.reserved.push(id);
+        if shared.cache().accepts(data.len()) {
+            self.for_cache.push((id, Arc::from(data), stratum.clone()));
+        }
         let crc = grain_crc(sequence, data);
         let header = GrainHeader {
             sequence,
@@ -465,6 +472,16 @@ impl<'db> Transaction<'db> {
             self.reserved.clear();
             return Err(err);
         }
+        // Nothing can free the new blobs before `apply_live` makes them
+        // visible, so their strata's reuse epochs read now are ones at
+        // which they were not freed (see `cache`).
+        let for_cache: Vec<_> = std::mem::take(&mut self.for_cache)
+            .into_iter()
+            .map(|(id, data, stratum)| {
+                let epoch = stratum.reuse_epoch();
+                (id, data, stratum, epoch)
+            })
+            .collect();
         shared.reclamation().apply_live(
             shared.strata(),
             shared.cache(),
@@ -476,6 +493,11 @@ impl<'db> Transaction<'db> {
         self.reserved.clear();
         self.archived.clear();
         self.taken = Taken::default();
+        for (id, data, stratum, epoch) in for_cache {
+            shared
+                .cache()
+                .insert_shared_if(id, data, || stratum.reuse_epoch() == epoch);
+        }
         Ok(SequenceId(sequence))
     }
 

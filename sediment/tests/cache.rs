@@ -1,6 +1,6 @@
-//! The cache of recently read blobs never serves a freed blob or an old
-//! blob in place of the one that reused its grains, even while readers
-//! race with frees.
+//! The blob cache holds what committed transactions wrote and what reads
+//! read, and never serves a freed blob or an old blob in place of the one
+//! that reused its grains, even while readers race with frees.
 
 mod common;
 
@@ -34,6 +34,45 @@ fn a_cached_blob_is_forgotten_when_freed_and_its_successor_is_served() {
     tx.commit().unwrap();
     assert_eq!(b, a, "same size: the freed grains are reused");
     assert_eq!(db.get(b).unwrap(), Some(blob(2, 1000)));
+    db.shutdown().unwrap();
+}
+
+#[test]
+fn committed_small_blobs_are_cached_before_their_first_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::recover(dir.path()).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let kept = tx.write(&blob(1, 1000)).unwrap();
+    tx.commit().unwrap();
+    let cached = db.stats().unwrap().cache_bytes;
+    assert!(cached >= 1000, "a committed blob was not cached: {cached}");
+
+    let mut tx = db.begin_transaction().unwrap();
+    let dropped = tx.write(&blob(2, 1000)).unwrap();
+    tx.rollback();
+    assert_eq!(
+        db.stats().unwrap().cache_bytes,
+        cached,
+        "a rolled-back blob was cached"
+    );
+    assert_eq!(db.get(dropped).unwrap(), None);
+
+    let mut tx = db.begin_transaction().unwrap();
+    let large = tx.write(&blob(3, 1 << 20)).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        db.stats().unwrap().cache_bytes,
+        cached,
+        "a blob too large for the cache was cached"
+    );
+    assert_eq!(db.get(kept).unwrap(), Some(blob(1, 1000)));
+    assert_eq!(db.get(large).unwrap(), Some(blob(3, 1 << 20)));
+    db.shutdown().unwrap();
+
+    // After a reopen the cache starts empty and reads fill it again.
+    let db = Database::recover(dir.path()).unwrap();
+    assert_eq!(db.stats().unwrap().cache_bytes, 0);
+    assert_eq!(db.get(kept).unwrap(), Some(blob(1, 1000)));
     db.shutdown().unwrap();
 }
 

@@ -3,8 +3,15 @@
 //! (b) 8 threads, transactions of 1–20 blobs of 0–4 KiB;
 //! both also for `sediment-buffered` (`commit_buffered` with a sync every
 //! 16 transactions) beside the durable numbers;
-//! (c) random gets of 1 KiB blobs from a loaded store, 1 and 4 threads;
+//! (c) random gets of 1 KiB blobs, 1 and 4 threads: *cold*, at once after
+//! loading a fresh store, and *warm*, from a store every system's cells
+//! have read before;
 //! (d) space: load, delete half, write the same volume again.
+//!
+//! Every (c) and (d) store first receives [`Plan::earlier_blobs`] blobs of
+//! 100 B–4 KiB, then the 1 KiB blobs, loaded by 8 threads in transactions
+//! of [`Plan::load_batch`] blobs: the store a user has after a while,
+//! not an empty one.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -28,10 +35,14 @@ pub struct Plan {
     pub duration: Duration,
     /// Rounds of (a), (b) and (c), systems in reverse order every other one.
     pub rounds: usize,
-    /// Blobs loaded for (c) and (d).
+    /// Blobs of 1 KiB loaded for (c) and (d).
     pub blobs: u64,
-    /// Blobs per transaction while loading.
+    /// Blobs of 100 B–4 KiB each (c) and (d) store holds before those.
+    pub earlier_blobs: u64,
+    /// Blobs per transaction while loading (8 threads).
     pub load_batch: usize,
+    /// Blobs deleted per transaction in (d).
+    pub delete_batch: usize,
 }
 
 impl Plan {
@@ -45,7 +56,9 @@ impl Plan {
                 duration: Duration::from_millis(600),
                 rounds: 1,
                 blobs: 20_000,
-                load_batch: 1_000,
+                earlier_blobs: 5_000,
+                load_batch: 10,
+                delete_batch: 1_000,
             }
         } else {
             Self {
@@ -54,7 +67,9 @@ impl Plan {
                 duration: Duration::from_millis(1500),
                 rounds: 2,
                 blobs: 100_000,
-                load_batch: 1_000,
+                earlier_blobs: 30_000,
+                load_batch: 10,
+                delete_batch: 1_000,
             }
         };
         if let Some(seconds) = options.seconds {
@@ -90,6 +105,8 @@ impl Plan {
 const BLOB_THREADS: usize = 8;
 const GET_THREADS: [usize; 2] = [1, 4];
 const GET_SIZE: usize = 1024;
+/// Sizes of the earlier blobs: 100 B to 4 KiB, uniform.
+const EARLIER_SIZES: (usize, usize) = (100, 4096);
 
 /// Runs the section; prints its tables and returns the files written.
 pub fn run(options: &Options) -> Vec<PathBuf> {
@@ -381,6 +398,11 @@ struct Loaded {
     store: Option<(tempfile::TempDir, Box<dyn BlobSystem>)>,
     keys: Vec<u64>,
     load: Duration,
+    /// Payload bytes of the earlier blobs.
+    earlier_bytes: u64,
+    /// Cold cells, by thread count.
+    cold: Vec<Samples>,
+    /// Warm cells, by thread count.
     gets: Vec<Samples>,
     /// Bytes on disk after loading, after deleting half, after writing
     /// the same volume again.
@@ -401,21 +423,118 @@ impl Loaded {
     }
 }
 
+/// Loads `count` blobs of `size(rng)` bytes by [`BLOB_THREADS`] threads in
+/// transactions of `batch`; returns their keys and payload bytes.
 fn load(
     store: &dyn BlobSystem,
     count: u64,
     batch: usize,
     pool: &PayloadPool,
     seed: u64,
-) -> Result<Vec<u64>, String> {
-    let mut rng = Rng::new(seed);
+    size: fn(&mut Rng) -> usize,
+) -> Result<(Vec<u64>, u64), String> {
+    let threads = BLOB_THREADS as u64;
+    let results: Vec<Result<(Vec<u64>, u64), String>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    let share = count / threads + u64::from(thread < count % threads);
+                    let mut rng = Rng::new(seed ^ (thread + 1) << 32);
+                    let mut keys = Vec::with_capacity(share as usize);
+                    let mut bytes = 0;
+                    while (keys.len() as u64) < share {
+                        let n = batch.min((share - keys.len() as u64) as usize);
+                        let blobs: Vec<&[u8]> = (0..n)
+                            .map(|_| {
+                                let len = size(&mut rng);
+                                pool.slice(len, &mut rng)
+                            })
+                            .collect();
+                        bytes += blobs.iter().map(|b| b.len() as u64).sum::<u64>();
+                        keys.extend(store.write(thread as usize, &blobs)?);
+                    }
+                    Ok((keys, bytes))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("loader panicked"))
+            .collect()
+    });
     let mut keys = Vec::with_capacity(count as usize);
-    while (keys.len() as u64) < count {
-        let n = batch.min((count - keys.len() as u64) as usize);
-        let blobs: Vec<&[u8]> = (0..n).map(|_| pool.slice(GET_SIZE, &mut rng)).collect();
-        keys.extend(store.write(0, &blobs)?);
+    let mut bytes = 0;
+    for result in results {
+        let (some, moved) = result?;
+        keys.extend(some);
+        bytes += moved;
     }
-    Ok(keys)
+    Ok((keys, bytes))
+}
+
+fn one_kib(_: &mut Rng) -> usize {
+    GET_SIZE
+}
+
+fn earlier_size(rng: &mut Rng) -> usize {
+    let (low, high) = EARLIER_SIZES;
+    low + (rng.next_u64() % (high - low + 1) as u64) as usize
+}
+
+/// The earlier blobs, then (timed) the 1 KiB ones: their keys, the time
+/// the 1 KiB load took and the earlier payload bytes.
+fn fill(
+    store: &dyn BlobSystem,
+    plan: &Plan,
+    pool: &PayloadPool,
+) -> Result<(Vec<u64>, Duration, u64), String> {
+    let (_, earlier) = load(
+        store,
+        plan.earlier_blobs,
+        plan.load_batch,
+        pool,
+        7,
+        earlier_size,
+    )?;
+    let started = Instant::now();
+    let (keys, _) = load(store, plan.blobs, plan.load_batch, pool, 1, one_kib)?;
+    Ok((keys, started.elapsed(), earlier))
+}
+
+/// One random get of (c): checks the blob's length.
+fn get_one(
+    store: &dyn BlobSystem,
+    keys: &[u64],
+    thread: usize,
+    iteration: u64,
+) -> Result<u64, String> {
+    let mut rng = Rng::new((thread as u64) << 40 | iteration);
+    let key = keys[(rng.next_u64() % keys.len() as u64) as usize];
+    match store.get(thread, key)? {
+        Some(len) if len == GET_SIZE => Ok(len as u64),
+        Some(len) => Err(format!("blob {key} has {len} bytes, not {GET_SIZE}")),
+        None => Err(format!("blob {key} is missing")),
+    }
+}
+
+/// (c) cold: a fresh store, filled, then as many random gets as it holds
+/// 1 KiB blobs, split over `threads`, started the moment the load returns.
+fn cold_gets(
+    system: &str,
+    threads: usize,
+    plan: &Plan,
+    pool: &PayloadPool,
+) -> Result<Samples, String> {
+    let (dir, store) = open(system, BLOB_THREADS)?;
+    let outcome = fill(&*store, plan, pool).and_then(|(keys, _, _)| {
+        let per_thread = plan.blobs / threads as u64;
+        harness::run_fixed_samples(threads, per_thread, |thread, iteration| {
+            get_one(&*store, &keys, thread, iteration)
+        })
+    });
+    close(store);
+    drop(dir);
+    outcome
 }
 
 /// (c)'s first step: a store per system, loaded.
@@ -425,6 +544,8 @@ fn load_store(system: &'static str, plan: &Plan, pool: &PayloadPool) -> Loaded {
         store: None,
         keys: Vec::new(),
         load: Duration::ZERO,
+        earlier_bytes: 0,
+        cold: vec![Samples::default(); GET_THREADS.len()],
         gets: vec![Samples::default(); GET_THREADS.len()],
         space: [None; 3],
         reclaim: None,
@@ -432,26 +553,25 @@ fn load_store(system: &'static str, plan: &Plan, pool: &PayloadPool) -> Loaded {
         error: None,
     };
     eprint!(
-        "blob (c) loading {} blobs of 1 KiB: {system} … ",
+        "blob (c) loading {} earlier blobs and {} blobs of 1 KiB: {system} … ",
+        rate(plan.earlier_blobs as f64),
         rate(plan.blobs as f64)
     );
-    let threads = GET_THREADS.iter().copied().max().unwrap_or(1);
-    let outcome = open(system, threads).map(|(dir, store)| {
-        let started = Instant::now();
-        let keys = load(&*store, plan.blobs, plan.load_batch, pool, 1);
-        let elapsed = started.elapsed();
+    let outcome = open(system, BLOB_THREADS).map(|(dir, store)| {
+        let filled = fill(&*store, plan, pool);
         let space = settled_bytes(&*store, dir.path());
-        (dir, store, keys, elapsed, space)
+        (dir, store, filled, space)
     });
     match outcome {
-        Ok((dir, store, keys, elapsed, space)) => {
+        Ok((dir, store, filled, space)) => {
             loaded.space_note = store.space_note();
             loaded.store = Some((dir, store));
-            match keys.and_then(|keys| space.map(|space| (keys, space))) {
-                Ok((keys, space)) => {
+            match filled.and_then(|filled| space.map(|space| (filled, space))) {
+                Ok(((keys, elapsed, earlier), space)) => {
                     eprintln!("{:.1} s", elapsed.as_secs_f64());
                     loaded.keys = keys;
                     loaded.load = elapsed;
+                    loaded.earlier_bytes = earlier;
                     loaded.space[0] = Some(space);
                 }
                 Err(err) => loaded.fail(err),
@@ -466,13 +586,7 @@ fn get_cell(loaded: &Loaded, threads: usize, plan: &Plan) -> Result<Samples, Str
     let (_, store) = loaded.store.as_ref().ok_or("no store")?;
     let keys = &loaded.keys;
     harness::run_samples(threads, plan.warmup, plan.duration, |thread, iteration| {
-        let mut rng = Rng::new((thread as u64) << 40 | iteration);
-        let key = keys[(rng.next_u64() % keys.len() as u64) as usize];
-        match store.get(thread, key)? {
-            Some(len) if len == GET_SIZE => Ok(len as u64),
-            Some(len) => Err(format!("blob {key} has {len} bytes, not {GET_SIZE}")),
-            None => Err(format!("blob {key} is missing")),
-        }
+        get_one(&**store, keys, thread, iteration)
     })
 }
 
@@ -502,7 +616,7 @@ fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
     let keys = std::mem::take(&mut loaded.keys);
     let outcome = (|| -> Result<(), String> {
         let doomed: Vec<u64> = keys.iter().step_by(2).copied().collect();
-        for chunk in doomed.chunks(plan.load_batch) {
+        for chunk in doomed.chunks(plan.delete_batch) {
             store.delete(chunk)?;
         }
         loaded.reclaim = store.reclaim()?;
@@ -513,7 +627,14 @@ fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
         if keys.len() > 1 && store.get(0, keys[1])? != Some(GET_SIZE) {
             return Err(format!("kept blob {} is gone", keys[1]));
         }
-        load(&*store, doomed.len() as u64, plan.load_batch, pool, 2)?;
+        load(
+            &*store,
+            doomed.len() as u64,
+            plan.load_batch,
+            pool,
+            2,
+            one_kib,
+        )?;
         loaded.space[2] = Some(settled_bytes(&*store, dir.path())?);
         Ok(())
     })();
@@ -531,19 +652,61 @@ fn delete_and_rewrite(loaded: &mut Loaded, plan: &Plan, pool: &PayloadPool) {
     drop(dir);
 }
 
-/// (c) and (d): every system's store is loaded first and stays open, so
-/// the get cells can be interleaved; then each store goes through (d).
+/// (c) and (d): first the cold cells, each on a fresh store of its own, in
+/// rounds; then every system's store is loaded and stays open, so the warm
+/// get cells can be interleaved; then each store goes through (d).
 fn gets_and_space(
     systems: &[&'static str],
     plan: &Plan,
     options: &Options,
     files: &mut Vec<PathBuf>,
 ) {
-    let pool = PayloadPool::new(GET_SIZE, 1024);
+    let pool = PayloadPool::new(EARLIER_SIZES.1, 1024);
+    let mut cold: Vec<Vec<Samples>> =
+        vec![vec![Samples::default(); GET_THREADS.len()]; systems.len()];
+    let mut cold_errors: Vec<Option<String>> = vec![None; systems.len()];
+    for round in 0..plan.rounds {
+        let mut indexes: Vec<usize> = (0..systems.len()).collect();
+        if round % 2 == 1 {
+            indexes.reverse();
+        }
+        for index in indexes {
+            for (slot, threads) in GET_THREADS.into_iter().enumerate() {
+                if cold_errors[index].is_some() {
+                    continue;
+                }
+                eprint!(
+                    "blob (c) cold gets right after the load, {threads} thread(s){}: {} … ",
+                    round_label(round, plan.rounds),
+                    systems[index]
+                );
+                match cold_gets(systems[index], threads, plan, &pool) {
+                    Ok(samples) => {
+                        eprintln!("{} gets/s", rate(samples.summary().per_second()));
+                        cold[index][slot].merge(samples);
+                    }
+                    Err(err) => {
+                        eprintln!("failed: {err}");
+                        cold_errors[index] = Some(err);
+                    }
+                }
+            }
+        }
+    }
     let mut stores: Vec<Loaded> = systems
         .iter()
         .map(|&system| load_store(system, plan, &pool))
         .collect();
+    for (loaded, cells) in stores.iter_mut().zip(cold) {
+        loaded.cold = cells;
+    }
+    for (loaded, error) in stores.iter_mut().zip(cold_errors) {
+        if loaded.error.is_none() {
+            if let Some(err) = error {
+                loaded.error = Some(format!("cold gets: {err}"));
+            }
+        }
+    }
     for round in 0..plan.rounds {
         let mut indexes: Vec<usize> = (0..stores.len()).collect();
         if round % 2 == 1 {
@@ -552,7 +715,7 @@ fn gets_and_space(
         for index in indexes {
             for (slot, threads) in GET_THREADS.into_iter().enumerate() {
                 let loaded = &mut stores[index];
-                if loaded.error.is_some() {
+                if loaded.store.is_none() {
                     continue;
                 }
                 eprint!(
@@ -577,10 +740,16 @@ fn gets_and_space(
     let mut gets = Table::new(&[
         "system",
         "load MiB/s#",
-        "gets/s, 1 thread#",
+        "cold gets/s, 1 thread#",
         "p50 µs#",
         "p99 µs#",
-        "gets/s, 4 threads#",
+        "cold gets/s, 4 threads#",
+        "p50 µs#",
+        "p99 µs#",
+        "warm gets/s, 1 thread#",
+        "p50 µs#",
+        "p99 µs#",
+        "warm gets/s, 4 threads#",
         "p50 µs#",
         "p99 µs#",
     ]);
@@ -592,11 +761,11 @@ fn gets_and_space(
         "× live payload#",
         "after rewriting MiB#",
         "× live payload#",
+        "growth from load to rewrite#",
         "space reclamation run",
     ]);
     let payload_bytes = plan.blobs * GET_SIZE as u64;
     let half = plan.blobs.div_ceil(2) * GET_SIZE as u64;
-    let live = [payload_bytes, payload_bytes - half, payload_bytes];
     let mut get_series = Vec::new();
     let mut space_series = Vec::new();
     for r in &stores {
@@ -611,7 +780,7 @@ fn gets_and_space(
         };
         let mut row = vec![system.to_string(), load_rate];
         let mut values = Vec::new();
-        for samples in &r.gets {
+        for samples in r.cold.iter().chain(&r.gets) {
             if samples.latencies.is_empty() {
                 row.extend([String::new(), String::new(), String::new()]);
                 values.push(None);
@@ -631,6 +800,12 @@ fn gets_and_space(
         });
         let mut row = vec![system.to_string()];
         let mut ratios = Vec::new();
+        let earlier = r.earlier_bytes;
+        let live = [
+            earlier + payload_bytes,
+            earlier + payload_bytes - half,
+            earlier + payload_bytes,
+        ];
         for (bytes, live) in r.space.iter().zip(live) {
             match bytes {
                 Some(bytes) => {
@@ -644,6 +819,12 @@ fn gets_and_space(
                 }
             }
         }
+        row.push(match r.space {
+            [Some(loaded), _, Some(rewritten)] => {
+                format!("{:+.1}%", (rewritten as f64 / loaded as f64 - 1.0) * 100.0)
+            }
+            _ => String::new(),
+        });
         row.push(match (r.reclaim, &r.error) {
             (Some(what), _) => what.to_string(),
             (None, None) => "none".to_string(),
@@ -659,19 +840,34 @@ fn gets_and_space(
         });
     }
     gets.note(format!(
-        "{} blobs of 1 KiB loaded by one thread in transactions of {} (load MiB/s); every \
-         store stays open while the get cells of all systems run interleaved; gets pick \
-         keys uniformly at random and check each blob's length; {}",
+        "every store first holds {} blobs of 100 B–4 KiB; then {} blobs of 1 KiB are loaded \
+         by {BLOB_THREADS} threads in transactions of {} (load MiB/s); gets pick keys \
+         uniformly at random and check each blob's length",
+        rate(plan.earlier_blobs as f64),
         rate(plan.blobs as f64),
         rate(plan.load_batch as f64),
+    ));
+    gets.note(format!(
+        "cold: a fresh store per cell and round, filled as above, then {} gets split over \
+         the threads, started the moment the load returns (the store's own caches hold only \
+         what its writes left there); {} rounds, systems in reverse order every other round",
+        rate(plan.blobs as f64),
+        plan.rounds
+    ));
+    gets.note(format!(
+        "warm: one store per system stays open while the warm cells of all systems run \
+         interleaved; {}",
         plan.describe()
     ));
     space.note(format!(
         "bytes on disk = blocks allocated by every file of the store (du) unless noted, read \
          once the store's background work has settled (two readings 0.5 s apart agree, at \
-         most 20 s after the step); payload = {} of live 1 KiB blobs ({} after deleting every other blob)",
+         most 20 s after the step); live payload = the earlier blobs' bytes plus {} of live \
+         1 KiB blobs ({} after deleting every other blob, {} blobs a transaction); growth = \
+         after rewriting ÷ after load",
         human_size(payload_bytes),
-        human_size(payload_bytes - half)
+        human_size(payload_bytes - half),
+        rate(plan.delete_batch as f64)
     ));
     space.note(
         "sediment deletes by archiving the blobs and committing a checkpoint_to; it has no \
@@ -679,7 +875,7 @@ fn gets_and_space(
          the deletes, as named in the last column",
     );
     println!(
-        "### (c) random gets of 1 KiB blobs from a {}-blob store\n\n{}",
+        "### (c) random gets of 1 KiB blobs from a store holding {} of them, cold and warm\n\n{}",
         rate(plan.blobs as f64),
         gets.to_markdown()
     );
@@ -693,7 +889,10 @@ fn gets_and_space(
     let csv = output(options, "blob-d.csv");
     saved(space.write_csv(&csv), &csv, files);
     let svg = output(options, "blob-c.svg");
-    let labels: Vec<String> = GET_THREADS.iter().map(ToString::to_string).collect();
+    let labels: Vec<String> = ["cold", "warm"]
+        .iter()
+        .flat_map(|kind| GET_THREADS.iter().map(move |t| format!("{t}, {kind}")))
+        .collect();
     saved(
         line_chart(
             &svg,
@@ -738,12 +937,22 @@ mod tests {
             duration: Duration::from_millis(50),
             rounds: 1,
             blobs: 300,
-            load_batch: 100,
+            earlier_blobs: 50,
+            load_batch: 10,
+            delete_batch: 100,
         };
-        let pool = PayloadPool::new(GET_SIZE, 1);
+        let pool = PayloadPool::new(EARLIER_SIZES.1, 1);
+        for threads in GET_THREADS {
+            let cold = cold_gets("sediment", threads, &plan, &pool).unwrap();
+            assert_eq!(
+                cold.latencies.len() as u64,
+                300 / threads as u64 * threads as u64
+            );
+        }
         let mut loaded = load_store("sediment", &plan, &pool);
         assert!(loaded.error.is_none(), "{:?}", loaded.error);
         assert_eq!(loaded.keys.len(), 300);
+        assert!(loaded.earlier_bytes >= 50 * EARLIER_SIZES.0 as u64);
         for threads in GET_THREADS {
             let samples = get_cell(&loaded, threads, &plan).unwrap();
             assert!(!samples.latencies.is_empty());

@@ -12,17 +12,17 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Configuration;
-use crate::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
 use crate::fs::{FileHandle, FileSystem, LockGuard};
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
 use crate::recovery::{find_segments, ChunkLocation, Look, SegmentReader};
+use crate::sealed::{ChunkId, Layout};
 use crate::segment::{FileName, LOCK_FILE};
 
 mod records;
@@ -158,8 +158,37 @@ fn segment_ids(fs: &dyn FileSystem, directory: &Path) -> io::Result<(Vec<u64>, V
     Ok((ids, older))
 }
 
-fn read_chunk(file: &dyn FileHandle, location: ChunkLocation) -> io::Result<Vec<u8>> {
-    let start = location.offset + RECORD_HEADER_SIZE as u64;
+/// The data of a chunk as far as it is in the file; in an encrypted
+/// segment, the plaintext of its frames up to the first that does not
+/// authenticate (bytes that do not are never shown).
+fn read_chunk(
+    file: &Arc<dyn FileHandle>,
+    layout: &Layout,
+    entry_id: u64,
+    location: ChunkLocation,
+) -> io::Result<Vec<u8>> {
+    let start = location.offset + layout.header_size() as u64;
+    if let Layout::Sealed(seal) = layout {
+        let chunk = ChunkId {
+            entry_id,
+            index: location.index,
+            length: location.length,
+        };
+        let position = LogPosition {
+            file_id: 0,
+            offset: location.offset,
+        };
+        let mut reader =
+            ChunkReader::sealed(file.clone(), position, start, seal.clone(), chunk, None);
+        let mut data = Vec::new();
+        let mut piece = vec![0; 64 * 1024];
+        loop {
+            match reader.read(&mut piece) {
+                Ok(0) | Err(_) => return Ok(data),
+                Ok(n) => data.extend_from_slice(&piece[..n]),
+            }
+        }
+    }
     let len = file.len()?;
     let end = (start + u64::from(location.length)).min(len);
     let mut data = vec![0; end.saturating_sub(start) as usize];
@@ -175,6 +204,13 @@ impl Configuration {
     /// [`LogInspection::problems`]. A log that a process is writing may be
     /// seen half-written; inspect a log nobody has open (or hold it open
     /// with [`Configuration::open_read_only`]) for an exact answer.
+    ///
+    /// An encrypted log is inspected with its key
+    /// ([`Configuration::encryption`]); without it, or with a wrong one,
+    /// inspection fails with the key error an open would give (see
+    /// [`KeyError`](crate::encryption::KeyError)), reading nothing else.
+    /// Bytes of an incomplete entry's chunks are shown as far as they
+    /// authenticate.
     ///
     /// ```
     /// use okaywal::{Configuration, LogVoid};
@@ -193,7 +229,14 @@ impl Configuration {
     pub fn inspect(&self) -> io::Result<LogInspection> {
         let fs = &*self.file_system;
         let (ids, mut older_format) = segment_ids(fs, &self.directory)?;
-        let found = find_segments(fs, &self.directory, &ids, self.buffer_bytes, Look::Inspect)?;
+        let found = find_segments(
+            fs,
+            &self.directory,
+            &ids,
+            self.buffer_bytes,
+            self.encryption.as_ref(),
+            Look::Inspect,
+        )?;
         older_format.extend(found.legacy.iter().map(|legacy| legacy.path.clone()));
         older_format.sort();
         let mut segments = Vec::with_capacity(found.segments.len());
@@ -208,13 +251,15 @@ impl Configuration {
                             offset: chunk.offset,
                         },
                         crc_ok: !entry.bad.contains(chunk),
-                        data: read_chunk(&*segment.file, *chunk)?,
+                        data: read_chunk(&segment.file, &segment.layout, entry.id, *chunk)?,
                     });
                 }
-                let mut count = [0_u8; RECORD_HEADER_SIZE];
+                let mut count = vec![0_u8; segment.layout.header_size()];
                 segment.file.read_exact_at(&mut count, entry.commit)?;
-                let chunks_committed =
-                    RecordHeader::decode(&count, segment.id).map_or(0, |header| header.length);
+                let chunks_committed = segment
+                    .layout
+                    .decode(&count, segment.id, entry.commit)
+                    .map_or(0, |(header, _)| header.length);
                 incomplete.push(IncompleteEntry {
                     id: EntryId(entry.id),
                     commit_offset: entry.commit,
@@ -264,6 +309,8 @@ impl Configuration {
     /// The returned [`ReadOnlyLog`] serves the chunks of the recovered
     /// entries by position.
     ///
+    /// An encrypted log needs its key, as for [`Configuration::open`].
+    ///
     /// It holds the log's lock shared: any number of read-only opens may
     /// run at once, none while a writer has the log open, and a writer
     /// cannot open it while one lives (both fail with
@@ -299,6 +346,7 @@ impl Configuration {
             &directory,
             &ids,
             self.buffer_bytes,
+            self.encryption.as_ref(),
             Look::ReadOnly(self.recovery_mode),
         )?;
         if let Some(path) = older
@@ -331,13 +379,14 @@ impl Configuration {
                 segment.id,
                 &info.version_info,
                 segment.file.clone(),
+                segment.layout.clone(),
                 segment.scan.committed,
                 None,
             );
             while let Some(mut entry) = reader.read_entry()? {
                 manager.recover(&mut entry)?;
             }
-            segments.insert(segment.id, (segment.file, segment.scan.end));
+            segments.insert(segment.id, (segment.file, segment.layout, segment.scan.end));
         }
         Ok(ReadOnlyLog {
             directory,
@@ -353,8 +402,8 @@ impl Configuration {
 #[derive(Debug)]
 pub struct ReadOnlyLog {
     directory: PathBuf,
-    /// Segment id → its file and where recovery ended it.
-    segments: BTreeMap<u64, (Arc<dyn FileHandle>, u64)>,
+    /// Segment id → its file, its layout and where recovery ended it.
+    segments: BTreeMap<u64, (Arc<dyn FileHandle>, Layout, u64)>,
     last_entry_id: Option<EntryId>,
     _lock: LockGuard,
 }
@@ -366,7 +415,7 @@ impl ReadOnlyLog {
     /// chunk record of the segment starts there (the CRC is checked as the
     /// reader reaches the end).
     pub fn read_at(&self, position: LogPosition) -> io::Result<ChunkReader> {
-        let (file, end) = self.segments.get(&position.file_id).ok_or_else(|| {
+        let (file, layout, end) = self.segments.get(&position.file_id).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
@@ -376,32 +425,7 @@ impl ReadOnlyLog {
                 ),
             )
         })?;
-        let invalid = |why: &str| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("no chunk at {position}: {why}"),
-            )
-        };
-        let header_end = position.offset.saturating_add(RECORD_HEADER_SIZE as u64);
-        if position.offset < HEADER_SIZE || header_end > *end {
-            return Err(invalid("offset is outside the segment's records"));
-        }
-        let mut header = [0_u8; RECORD_HEADER_SIZE];
-        file.read_exact_at(&mut header, position.offset)?;
-        let header = RecordHeader::decode(&header, position.file_id)
-            .map_err(|e| invalid(&format!("{e:?}")))?;
-        if header.kind != RecordKind::Chunk {
-            return Err(invalid("the record there is not a chunk"));
-        }
-        if position.offset + header.record_len() > *end {
-            return Err(invalid("the chunk extends past the recovered records"));
-        }
-        Ok(ChunkReader::new(
-            file.clone(),
-            position,
-            header_end,
-            header.length,
-        ))
+        crate::reader::chunk_at(file, layout, position, *end)
     }
 
     /// The highest entry id recovered, if any.

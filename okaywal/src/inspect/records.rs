@@ -6,7 +6,10 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::config::Configuration;
-use crate::format::{RecordError, RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE};
+use crate::format::{
+    peek_sealed_record, AnyHeader, RecordError, RecordHeader, RecordKind, HEADER_SIZE,
+    SEALED_RECORD_HEADER_SIZE,
+};
 use crate::fs::{FileHandle, OpenMode};
 use crate::recovery::{SegmentScanner, Stop};
 use crate::segment::FileName;
@@ -176,6 +179,10 @@ pub enum TornRecord {
         /// The record's length.
         record_len: u64,
     },
+    /// In an encrypted log: the header's checksum matches but the record
+    /// does not authenticate (tampered with, or left from an earlier use
+    /// of the file).
+    FailedAuthentication,
 }
 
 impl From<Stop> for TornRecord {
@@ -185,6 +192,7 @@ impl From<Stop> for TornRecord {
             Stop::Record(RecordError::BadChecksum) => TornRecord::BadChecksum,
             Stop::Record(RecordError::BadKind(kind)) => TornRecord::UnknownKind(kind),
             Stop::Record(RecordError::Truncated) => TornRecord::Truncated,
+            Stop::Record(RecordError::Unauthentic) => TornRecord::FailedAuthentication,
             Stop::BelowSegment { entry_id } => TornRecord::EntryBelowSegment { entry_id },
             Stop::PastLimit { record_len } => TornRecord::PastEnd { record_len },
         }
@@ -211,7 +219,10 @@ impl Configuration {
     /// its kind, offset, length and (for chunks) whether its data matches
     /// its CRC, up to the first record that does not verify, and why that
     /// one does not. The walk never skips damage; what recovery would make
-    /// of the log is [`Configuration::inspect`]'s answer.
+    /// of the log is [`Configuration::inspect`]'s answer. An encrypted
+    /// segment is listed with the configuration's key (its records' entry
+    /// ids and marks are encrypted); without the right key the listing
+    /// fails with a key error, as an open would.
     ///
     /// ```
     /// use okaywal::{Configuration, LogVoid, RecordType};
@@ -245,31 +256,44 @@ impl Configuration {
             end: None,
             damage: None,
         };
-        let invalid = match SegmentHeader::decode(&header_bytes) {
-            Ok(header) if header.first_entry_id == id => {
+        let opened = crate::recovery::open_header(
+            &header_bytes,
+            id,
+            &records.path,
+            self.encryption.as_ref(),
+        );
+        let layout = match opened {
+            Ok(Some((header, layout))) => {
                 records.header = HeaderStatus::Valid {
                     first_entry_id: header.first_entry_id,
                     format_version: header_bytes.get(7).copied().unwrap_or(0),
                     previous: header.previous,
                     version_info: header.version_info,
                 };
-                None
+                layout
             }
-            Ok(header) => Some(format!(
-                "the header names segment {}, not {id}",
-                header.first_entry_id
-            )),
-            Err(err) => Some(err.to_string()),
+            // A key error: the records cannot be read without the key.
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => return Err(error),
+            other => {
+                let reason = match (other, AnyHeader::decode(&header_bytes)) {
+                    (Err(error), _) => error.to_string(),
+                    (_, Ok(header)) => format!(
+                        "the header names segment {}, not {id}",
+                        header.first_entry_id()
+                    ),
+                    (_, Err(err)) => err.to_string(),
+                };
+                let first = read_up_to(&*file, len, HEADER_SIZE, SEALED_RECORD_HEADER_SIZE)?;
+                records.header = HeaderStatus::Invalid {
+                    reason,
+                    records_follow: RecordHeader::decode(&first, id).is_ok()
+                        || peek_sealed_record(&first, id).is_ok(),
+                };
+                return Ok(records);
+            }
         };
-        if let Some(reason) = invalid {
-            let first = read_up_to(&*file, len, HEADER_SIZE, crate::format::RECORD_HEADER_SIZE)?;
-            records.header = HeaderStatus::Invalid {
-                reason,
-                records_follow: RecordHeader::decode(&first, id).is_ok(),
-            };
-            return Ok(records);
-        }
-        let mut scanner = SegmentScanner::new(id, self.buffer_bytes).listing_records();
+        let mut scanner =
+            SegmentScanner::with_layout(layout, id, self.buffer_bytes).listing_records();
         scanner.advance(&*file, len, false, &mut Vec::new())?;
         records.records = scanner
             .take_listed()

@@ -398,7 +398,11 @@ pub(crate) fn scan(
                     if !bytes.crc_matches(at + CHUNK_HEADER, u64::from(length))? && bad.is_none() {
                         bad = Some(at);
                     }
-                    chunks.push(ChunkLocation { offset: at, length });
+                    chunks.push(ChunkLocation {
+                        offset: at,
+                        length,
+                        index: 0,
+                    });
                     at = record_end;
                 }
                 Some(END_OF_ENTRY) => {

@@ -45,12 +45,12 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use crate::checkpoint::{self, CheckpointStatus};
 use crate::config::Configuration;
 use crate::failure::Failure;
-use crate::format::{RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::HEADER_SIZE;
 use crate::fs::{zero_fill, FileSystem, LockGuard, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::LogManager;
 use crate::position::LogPosition;
-use crate::reader::ChunkReader;
+use crate::reader::{chunk_at, ChunkReader};
 use crate::segment::{FileName, Segment};
 use crate::segments::{Segments, Spare};
 use crate::stats::{Counters, LogStats};
@@ -389,22 +389,7 @@ impl Inner {
         if position.offset < HEADER_SIZE || position.offset >= limit {
             return Err(invalid("offset is outside the segment's records"));
         }
-        let mut header = [0_u8; RECORD_HEADER_SIZE];
-        segment.file.read_exact_at(&mut header, position.offset)?;
-        let header =
-            RecordHeader::decode(&header, segment.id).map_err(|e| invalid(&format!("{e:?}")))?;
-        if header.kind != RecordKind::Chunk {
-            return Err(invalid("the record there is not a chunk"));
-        }
-        if position.offset + header.record_len() > limit {
-            return Err(invalid("the chunk extends past the written records"));
-        }
-        let mut reader = ChunkReader::new(
-            segment.file.clone(),
-            position,
-            position.offset + RECORD_HEADER_SIZE as u64,
-            header.length,
-        );
+        let mut reader = chunk_at(&segment.file, &segment.layout, position, limit)?;
         reader._segment = Some(segment);
         Ok(reader)
     }

@@ -13,7 +13,7 @@ use super::{Inner, Owner, State};
 use crate::checkpoint::{self, CheckpointStatus};
 use crate::config::Configuration;
 use crate::failure::Failure;
-use crate::format::{SegmentHeader, HEADER_SIZE};
+use crate::format::{AnyHeader, SegmentHeader, HEADER_SIZE};
 use crate::fs::{FileSystem, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
@@ -63,12 +63,31 @@ impl WriteAheadLog {
             }
         }
         segments.sort_unstable();
+        let cipher = config.encryption.as_ref();
+        if let (Some(_), Some((_, path))) = (cipher, legacy_checkpointed.first()) {
+            // An okaywal 0.2/0.3 log is never encrypted.
+            return Err(crate::recovery::mode_error(path, false));
+        }
+        for path in &reusable {
+            // A spare or recycled file that a crash caught after it became
+            // a segment but before its rename holds records salted with that
+            // segment's id, which no segment name records. Reused under the
+            // same id, those records would verify again past the new ones,
+            // and a later crash would bring back entries never acknowledged.
+            // Ids past it make every new salt differ. (Read before anything
+            // is changed: a file of the other kind of log, encrypted or
+            // not, fails the open.)
+            if let Some(id) = stale_segment_id(&*fs, path, cipher.is_some())? {
+                max_id = max_id.max(id);
+            }
+        }
 
         let mut found = find_segments(
             &*fs,
             &directory,
             &segments,
             config.buffer_bytes,
+            cipher,
             Look::Recover(config.recovery_mode),
         )?;
         max_id = max_id.max(found.max_id);
@@ -81,17 +100,6 @@ impl WriteAheadLog {
             config.recovery_mode,
         )?;
         max_id = max_id.max(legacy.max_id());
-        for path in &reusable {
-            // A spare or recycled file that a crash caught after it became
-            // a segment but before its rename holds records salted with that
-            // segment's id, which no segment name records. Reused under the
-            // same id, those records would verify again past the new ones,
-            // and a later crash would bring back entries never acknowledged.
-            // Ids past it make every new salt differ.
-            if let Some(id) = stale_segment_id(&*fs, path)? {
-                max_id = max_id.max(id);
-            }
-        }
         reusable.extend(found.reusable);
         if !found.dropped.is_empty() {
             for (path, highest) in found.dropped {
@@ -116,6 +124,7 @@ impl WriteAheadLog {
                 path,
                 file,
                 header,
+                layout,
                 scan,
             } = found;
             let info = RecoveredSegment {
@@ -149,6 +158,7 @@ impl WriteAheadLog {
                 None,
                 scan.end,
                 Arc::new(info.version_info.clone()),
+                layout.clone(),
             ));
             let state = SegmentState::recovered(
                 segment,
@@ -156,8 +166,14 @@ impl WriteAheadLog {
                 scan.max_entry_id,
                 scan.committed.keys().next_back().copied(),
             );
-            let mut reader =
-                SegmentReader::new(id, &info.version_info, file.clone(), scan.committed, None);
+            let mut reader = SegmentReader::new(
+                id,
+                &info.version_info,
+                file.clone(),
+                layout,
+                scan.committed,
+                None,
+            );
             while let Some(mut entry) = reader.read_entry()? {
                 manager.recover(&mut entry)?;
             }
@@ -213,6 +229,7 @@ impl WriteAheadLog {
                 version_info: config.version_info.clone(),
                 checkpoint_after_bytes: config.checkpoint_after_bytes,
                 buffer_bytes: config.buffer_bytes,
+                cipher: config.encryption.clone(),
             },
             live,
             spares,
@@ -276,8 +293,14 @@ impl WriteAheadLog {
 }
 
 /// The segment id in the header of a spare or recycled file, if it has a
-/// valid one (a file zero-filled as a spare has none).
-fn stale_segment_id(fs: &dyn FileSystem, path: &std::path::Path) -> io::Result<Option<u64>> {
+/// valid one (a file zero-filled as a spare has none). A header of the
+/// other kind of log than `encrypted` says is a key error: its stale
+/// bytes were written by a log opened the other way.
+fn stale_segment_id(
+    fs: &dyn FileSystem,
+    path: &std::path::Path,
+    encrypted: bool,
+) -> io::Result<Option<u64>> {
     let file = fs.open(path, OpenMode::Read)?;
     if file.len()? < HEADER_SIZE {
         return Ok(None);
@@ -290,7 +313,10 @@ fn stale_segment_id(fs: &dyn FileSystem, path: &std::path::Path) -> io::Result<O
         return Err(crate::recovery::other_version_error(path, version));
     }
     crate::legacy::refuse_foreign(path, &bytes)?;
-    Ok(SegmentHeader::decode(&bytes)
-        .ok()
-        .map(|header| header.first_entry_id))
+    match AnyHeader::decode(&bytes) {
+        Ok(AnyHeader::Plain(_)) if encrypted => Err(crate::recovery::mode_error(path, false)),
+        Ok(AnyHeader::Sealed(_)) if !encrypted => Err(crate::recovery::mode_error(path, true)),
+        Ok(header) => Ok(Some(header.first_entry_id())),
+        Err(_) => Ok(None),
+    }
 }

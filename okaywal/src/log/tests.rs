@@ -38,10 +38,24 @@ fn buffer_entry(inner: &Inner, data: &[u8]) -> (u64, Arc<Segment>) {
     let (id, segment) = inner.begin().unwrap();
     let chunk = header(RecordKind::Chunk, id, data.len() as u32);
     inner
-        .append(&segment, chunk, Some((data, crc32fast::hash(data))), false)
+        .append(
+            &segment,
+            chunk,
+            Some((data, crc32fast::hash(data))),
+            false,
+            0,
+            None,
+        )
         .unwrap();
     inner
-        .append(&segment, header(RecordKind::Commit, id, 1), None, true)
+        .append(
+            &segment,
+            header(RecordKind::Commit, id, 1),
+            None,
+            true,
+            0,
+            None,
+        )
         .unwrap();
     (id, segment)
 }
@@ -175,7 +189,14 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     inner.sync_pass(segment.id, end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
-        .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
+        .append(
+            &segment,
+            header(RecordKind::Rollback, id, 0),
+            None,
+            true,
+            0,
+            None,
+        )
         .unwrap();
     let end = inner.state.lock().segments.state(segment.id).reserved_end();
     inner.sync_pass(segment.id, end).unwrap();
@@ -226,7 +247,13 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     let data = vec![5_u8; 100_000];
     let crc = crc32fast::hash(&data);
     let offset = inner
-        .reserve_chunk(&segment, header(RecordKind::Chunk, id, 100_000), crc)
+        .reserve_chunk(
+            &segment,
+            header(RecordKind::Chunk, id, 100_000),
+            crc,
+            0,
+            None,
+        )
         .unwrap();
     // The data starts on a page, after a padding record from the header.
     assert_eq!(offset, aligned_chunk_start(HEADER_SIZE).1);
@@ -275,7 +302,14 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     inner.sync_pass(segment.id, end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
-        .append(&segment, header(RecordKind::Rollback, id, 0), None, true)
+        .append(
+            &segment,
+            header(RecordKind::Rollback, id, 0),
+            None,
+            true,
+            0,
+            None,
+        )
         .unwrap();
     log.shutdown().unwrap();
 }

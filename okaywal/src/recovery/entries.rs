@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use super::invalid;
 use super::scan::{scan_segment, ChunkLocation};
-use crate::format::{RecordHeader, RecordKind, CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::{RecordKind, SEALED_RECORD_HEADER_SIZE};
 use crate::fs::FileHandle;
 use crate::manager::RecoveredSegment;
 use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
+use crate::sealed::{ChunkId, Layout};
 use crate::segment::Segment;
 use crate::tuning::{MIN_AHEAD, PREFETCH_CHUNK_BYTES, WINDOW_BYTES};
 
@@ -84,12 +85,10 @@ impl ReadWindow {
 }
 
 /// Where the last chunk record of `entries` ends.
-fn records_end<'a>(entries: impl Iterator<Item = &'a Vec<ChunkLocation>>) -> u64 {
+fn records_end<'a>(layout: &Layout, entries: impl Iterator<Item = &'a Vec<ChunkLocation>>) -> u64 {
     entries
         .filter_map(|chunks| chunks.last())
-        .map(|last| {
-            last.offset + (RECORD_HEADER_SIZE + CHUNK_TRAILER_SIZE) as u64 + u64::from(last.length)
-        })
+        .map(|last| last.offset + layout.chunk_record_len(last.length))
         .max()
         .unwrap_or(0)
 }
@@ -101,6 +100,8 @@ pub struct SegmentReader {
     segment_id: u64,
     info: RecoveredSegment,
     file: Arc<dyn FileHandle>,
+    /// Plain, or encrypted with the segment's key and generation.
+    layout: Layout,
     entries: std::collections::btree_map::IntoIter<u64, Vec<ChunkLocation>>,
     /// (limit, buffer size, skip damage) of a scan not done yet: a
     /// checkpoint's reader scans the segment only if the manager reads an
@@ -118,6 +119,7 @@ impl SegmentReader {
         segment_id: u64,
         version_info: &[u8],
         file: Arc<dyn FileHandle>,
+        layout: Layout,
         entries: BTreeMap<u64, (Vec<ChunkLocation>, u64)>,
         segment: Option<Arc<Segment>>,
     ) -> Self {
@@ -132,7 +134,8 @@ impl SegmentReader {
                 version_info: version_info.to_vec(),
             },
             file,
-            window: ReadWindow::new(records_end(entries.values())),
+            window: ReadWindow::new(records_end(&layout, entries.values())),
+            layout,
             entries: entries.into_iter(),
             unscanned: None,
             _segment: segment,
@@ -153,7 +156,14 @@ impl SegmentReader {
             window: ReadWindow::new(end),
             entries: entries.into_iter(),
             legacy: true,
-            ..Self::new(segment_id, version_info, file, BTreeMap::new(), None)
+            ..Self::new(
+                segment_id,
+                version_info,
+                file,
+                Layout::Plain,
+                BTreeMap::new(),
+                None,
+            )
         }
     }
 
@@ -176,6 +186,7 @@ impl SegmentReader {
                 segment_id,
                 &segment.version_info,
                 file,
+                segment.layout.clone(),
                 BTreeMap::new(),
                 Some(segment.clone()),
             )
@@ -193,6 +204,7 @@ impl SegmentReader {
         if let Some((limit, buffer_bytes, skip_damage)) = self.unscanned {
             let scan = scan_segment(
                 &*self.file,
+                &self.layout,
                 self.segment_id,
                 limit,
                 buffer_bytes,
@@ -216,7 +228,7 @@ impl SegmentReader {
                 .into_iter()
                 .map(|(id, (chunks, _))| (id, chunks))
                 .collect();
-            self.window = ReadWindow::new(records_end(entries.values()));
+            self.window = ReadWindow::new(records_end(&self.layout, entries.values()));
             self.entries = entries.into_iter();
         }
         Ok(self.entries.next().map(|(id, chunks)| Entry {
@@ -224,6 +236,7 @@ impl SegmentReader {
             segment_id: self.segment_id,
             segment: &self.info,
             file: &self.file,
+            layout: &self.layout,
             window: &mut self.window,
             chunks,
             next: 0,
@@ -239,6 +252,7 @@ pub struct Entry<'a> {
     segment_id: u64,
     segment: &'a RecoveredSegment,
     file: &'a Arc<dyn FileHandle>,
+    layout: &'a Layout,
     window: &'a mut ReadWindow,
     chunks: Vec<ChunkLocation>,
     next: usize,
@@ -303,32 +317,55 @@ impl<'a> Entry<'a> {
         // A small chunk comes whole (header, data, trailer) out of the
         // window; a large one's header is read alone and its data streamed.
         let small = location.length as usize <= PREFETCH_CHUNK_BYTES;
-        let mut large_header = [0_u8; RECORD_HEADER_SIZE];
+        let header_size = self.layout.header_size();
+        let mut large_header = [0_u8; SEALED_RECORD_HEADER_SIZE];
         let bytes: &[u8] = if small {
-            let len = RECORD_HEADER_SIZE + location.length as usize + CHUNK_TRAILER_SIZE;
+            let len = self.layout.chunk_record_len(location.length) as usize;
             self.window.get(&**self.file, location.offset, len)?
         } else {
-            self.file
-                .read_exact_at(&mut large_header, location.offset)?;
-            &large_header
+            let header = &mut large_header[..header_size];
+            self.file.read_exact_at(header, location.offset)?;
+            header
         };
-        match RecordHeader::decode(&bytes[..RECORD_HEADER_SIZE], self.segment_id) {
-            Ok(h)
+        match self
+            .layout
+            .decode(&bytes[..header_size], self.segment_id, location.offset)
+        {
+            Ok((h, index))
                 if h.kind == RecordKind::Chunk
                     && h.entry_id == self.id.0
-                    && h.length == location.length => {}
+                    && h.length == location.length
+                    && index == location.index => {}
             _ => return Ok(ReadChunkResult::AbortedEntry),
         }
         let position = LogPosition {
             file_id: self.segment_id,
             offset: location.offset,
         };
-        let data_offset = location.offset + RECORD_HEADER_SIZE as u64;
-        let reader = if small {
-            let data = bytes[RECORD_HEADER_SIZE..].to_vec();
-            ChunkReader::prefetched(self.file.clone(), position, data_offset, data)
-        } else {
-            ChunkReader::new(self.file.clone(), position, data_offset, location.length)
+        let data_offset = location.offset + header_size as u64;
+        let prefetched = small.then(|| bytes[header_size..].to_vec());
+        let reader = match (self.layout, prefetched) {
+            (Layout::Sealed(seal), raw) => {
+                let chunk = ChunkId {
+                    entry_id: self.id.0,
+                    index: location.index,
+                    length: location.length,
+                };
+                ChunkReader::sealed(
+                    self.file.clone(),
+                    position,
+                    data_offset,
+                    seal.clone(),
+                    chunk,
+                    raw,
+                )
+            }
+            (Layout::Plain, Some(data)) => {
+                ChunkReader::prefetched(self.file.clone(), position, data_offset, data)
+            }
+            (Layout::Plain, None) => {
+                ChunkReader::new(self.file.clone(), position, data_offset, location.length)
+            }
         };
         Ok(ReadChunkResult::Chunk(EntryChunk {
             reader,

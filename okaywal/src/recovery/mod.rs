@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::RecoveryMode;
-use crate::format::{SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::encryption::{Cipher, KeyError};
+use crate::format::{AnyHeader, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE};
 use crate::fs::{FileHandle, FileSystem, OpenMode};
+use crate::sealed::{Layout, SegmentSeal};
 use crate::segment::FileName;
 
 mod entries;
@@ -26,6 +28,8 @@ pub(crate) struct FoundSegment {
     pub path: PathBuf,
     pub file: Arc<dyn FileHandle>,
     pub header: SegmentHeader,
+    /// Plain, or encrypted with the segment's key and generation.
+    pub layout: Layout,
     pub scan: SegmentScan,
 }
 
@@ -90,15 +94,56 @@ pub(super) fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
+/// The error for a segment file whose header is intact but of the other
+/// kind of log than the configuration's: encrypted with no key given, or
+/// plain with a key given.
+pub(crate) fn mode_error(path: &Path, encrypted: bool) -> io::Error {
+    let error = if encrypted {
+        KeyError::NotConfigured
+    } else {
+        KeyError::NotEncrypted
+    };
+    error.into_io(path.display())
+}
+
+/// The header of segment `id` (file `path`) in its layout: a plain header,
+/// or an encrypted one opened with `cipher` (a missing or wrong key is a
+/// `PermissionDenied` error carrying a [`KeyError`], as is a header of the
+/// other kind of log than `cipher` says). `Ok(None)` for bytes that are
+/// not an intact header of this segment.
+pub(crate) fn open_header(
+    bytes: &[u8],
+    id: u64,
+    path: &Path,
+    cipher: Option<&Cipher>,
+) -> io::Result<Option<(SegmentHeader, Layout)>> {
+    match (AnyHeader::decode(bytes), cipher) {
+        (Ok(header), _) if header.first_entry_id() != id => Ok(None),
+        (Ok(AnyHeader::Plain(header)), None) => Ok(Some((header, Layout::Plain))),
+        (Ok(AnyHeader::Sealed(raw)), Some(cipher)) => {
+            let (seal, header) = SegmentSeal::open(cipher, &raw, path)?;
+            Ok(Some((header, Layout::Sealed(Arc::new(seal)))))
+        }
+        (Ok(AnyHeader::Plain(_)), Some(_)) => Err(mode_error(path, false)),
+        (Ok(AnyHeader::Sealed(_)), None) => Err(mode_error(path, true)),
+        (Err(_), _) => Ok(None),
+    }
+}
+
 /// Opens and walks segments `ids` (ascending), then decides what survives:
 /// damage is handled as the mode says, and a segment whose predecessor
 /// ends short of where it was closed is dropped with everything after it,
 /// unless it proves it was synced (then the predecessor is damaged).
+///
+/// Every segment's header is read (and, encrypted, its key checked)
+/// before anything is changed: a key error leaves the directory as it
+/// was.
 pub(crate) fn find_segments(
     fs: &dyn FileSystem,
     directory: &Path,
     ids: &[u64],
     buffer_bytes: usize,
+    cipher: Option<&Cipher>,
     look: Look,
 ) -> io::Result<Found> {
     let mut found = Found::default();
@@ -115,9 +160,20 @@ pub(crate) fn find_segments(
         let len = file.len()?;
         let mut header_bytes = vec![0; HEADER_SIZE.min(len) as usize];
         file.read_exact_at(&mut header_bytes, 0)?;
-        let header = match SegmentHeader::decode(&header_bytes) {
-            Ok(header) if header.first_entry_id == id => header,
-            result => {
+        let opened = match open_header(&header_bytes, id, &path, cipher) {
+            // An encrypted header whose checksum matches but whose
+            // encrypted part does not authenticate: damage (a key error
+            // fails inspection too).
+            Err(error) if look == Look::Inspect && error.kind() == io::ErrorKind::InvalidData => {
+                found.problems.push((path, Some(0), error.to_string()));
+                continue;
+            }
+            opened => opened?,
+        };
+        let (header, layout) = match opened {
+            Some(found) => found,
+            None => {
+                let result = AnyHeader::decode(&header_bytes);
                 // Another version of this format, written whole: never
                 // taken for a header that was never written.
                 if let Some(version) = SegmentHeader::other_version(&header_bytes) {
@@ -130,6 +186,10 @@ pub(crate) fn find_segments(
                 }
                 // A segment written by okaywal 0.2/0.3 (`crate::legacy`).
                 if let Some(legacy) = crate::legacy::recognise(id, &path, &file, &header_bytes) {
+                    if cipher.is_some() {
+                        // An okaywal 0.2/0.3 log is never encrypted.
+                        return Err(mode_error(&path, false));
+                    }
                     found.legacy.push(legacy);
                     continue;
                 }
@@ -171,13 +231,14 @@ pub(crate) fn find_segments(
                 continue;
             }
         };
-        let scan = scan_segment(&*file, id, len, buffer_bytes, skip_damage)?;
+        let scan = scan_segment(&*file, &layout, id, len, buffer_bytes, skip_damage)?;
         found.max_id = found.max_id.max(scan.max_entry_id.unwrap_or(0));
         found.segments.push(FoundSegment {
             id,
             path,
             file,
             header,
+            layout,
             scan,
         });
     }

@@ -6,14 +6,21 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 
-use crate::format::{RecordError, RecordHeader, RecordKind, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::format::{
+    frame_count, frame_span, peek_sealed_record, sealed_record_len, RecordError, RecordHeader,
+    RecordKind, FRAME_OVERHEAD, HEADER_SIZE, RECORD_HEADER_SIZE, SEALED_RECORD_HEADER_SIZE,
+};
 use crate::fs::FileHandle;
+use crate::sealed::{ChunkId, Layout, SegmentSeal};
 
 /// Where one chunk record starts and how much data it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ChunkLocation {
     pub offset: u64,
     pub length: u32,
+    /// The chunk's index in its entry, as an encrypted segment's record
+    /// header has it (its frames are bound to it); 0 in a plain segment.
+    pub index: u32,
 }
 
 /// What walking a segment found.
@@ -104,7 +111,7 @@ impl<'a> Sequential<'a> {
     /// Reuses `buffer` (its contents are ignored) if it has the size
     /// `buffer_bytes` asks for.
     fn with_buffer(file: &'a dyn FileHandle, mut buffer: Vec<u8>, buffer_bytes: usize) -> Self {
-        let size = buffer_bytes.max(RECORD_HEADER_SIZE * 2);
+        let size = buffer_bytes.max(SEALED_RECORD_HEADER_SIZE * 2);
         if buffer.len() != size {
             buffer = vec![0; size];
         }
@@ -154,42 +161,114 @@ impl<'a> Sequential<'a> {
         Ok(&self.buffer[start..start + available])
     }
 
+    /// The `len` bytes at `offset` appended to `out`, read in pieces the
+    /// size of the buffer; fewer only at the end of the file.
+    fn read_into(&mut self, offset: u64, len: usize, out: &mut Vec<u8>) -> io::Result<()> {
+        let mut at = offset;
+        let end = offset + len as u64;
+        while at < end {
+            let piece = ((end - at) as usize).min(self.buffer.len());
+            let bytes = self.bytes_at(at, piece)?;
+            if bytes.is_empty() {
+                break;
+            }
+            out.extend_from_slice(bytes);
+            at += bytes.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Finds the next offset at or after `from` (and below `limit`) where a
-    /// record header of this segment verifies.
+    /// record header of this segment verifies: its header and length.
     fn next_record(
         &mut self,
         from: u64,
         limit: u64,
         salt: u64,
-    ) -> io::Result<Option<(u64, RecordHeader)>> {
+        probe: Probe<'_>,
+    ) -> io::Result<Option<(u64, RecordHeader, u64)>> {
+        // Windows overlap by the longest header a record may have, and a
+        // record may start as late as the shortest fits.
+        let (shortest, longest) = probe.header_sizes();
         let mut at = from;
-        while at + RECORD_HEADER_SIZE as u64 <= limit {
-            let window = (self.buffer.len() - RECORD_HEADER_SIZE).min((limit - at) as usize);
-            let bytes = self.bytes_at(at, window + RECORD_HEADER_SIZE)?.to_vec();
-            if bytes.len() < RECORD_HEADER_SIZE {
+        while at + shortest as u64 <= limit {
+            let window = (self.buffer.len() - longest).min((limit - at) as usize);
+            let bytes = self.bytes_at(at, window + longest)?.to_vec();
+            if bytes.len() < shortest {
                 return Ok(None);
             }
-            for i in 0..=(bytes.len() - RECORD_HEADER_SIZE) {
+            for i in 0..=(bytes.len() - shortest) {
                 // A record starts with its kind (1–4): skip everything else,
                 // which makes zeroed space cheap to cross.
                 if !(1..=4).contains(&bytes[i]) {
                     continue;
                 }
-                if let Ok(header) = RecordHeader::decode(&bytes[i..], salt) {
-                    let offset = at + i as u64;
-                    if header.entry_id >= salt && offset + header.record_len() <= limit {
-                        return Ok(Some((offset, header)));
+                let offset = at + i as u64;
+                if let Some((header, len)) = probe.accept(&bytes[i..], salt, offset) {
+                    if offset + len <= limit {
+                        return Ok(Some((offset, header, len)));
                     }
                 }
             }
-            at += (bytes.len() - RECORD_HEADER_SIZE + 1) as u64;
+            if bytes.len() < window + longest {
+                // The end of the file: every offset was tried.
+                return Ok(None);
+            }
+            at += (bytes.len() - longest + 1) as u64;
         }
         Ok(None)
     }
 }
 
-/// True if a record of segment `salt` verifies somewhere between `from`
-/// and `limit`.
+/// What [`Sequential::next_record`] takes for a record.
+#[derive(Debug, Clone, Copy)]
+enum Probe<'a> {
+    /// A record of this layout that verifies (and, encrypted, opens).
+    Layout(&'a Layout),
+    /// A record of either layout whose checksum verifies, for a segment
+    /// whose header (and so its layout and key) is unknown.
+    AnyLayout,
+}
+
+impl Probe<'_> {
+    /// The shortest and the longest record header the probe takes.
+    fn header_sizes(self) -> (usize, usize) {
+        match self {
+            Probe::Layout(layout) => (layout.header_size(), layout.header_size()),
+            Probe::AnyLayout => (RECORD_HEADER_SIZE, SEALED_RECORD_HEADER_SIZE),
+        }
+    }
+
+    /// The header and length of the record at the start of `bytes`, if
+    /// it verifies and belongs to segment `salt`.
+    fn accept(self, bytes: &[u8], salt: u64, offset: u64) -> Option<(RecordHeader, u64)> {
+        match self {
+            Probe::Layout(layout) => {
+                let (header, _) = layout.decode(bytes, salt, offset).ok()?;
+                (header.entry_id >= salt).then(|| (header, layout.record_len(&header)))
+            }
+            Probe::AnyLayout => {
+                if let Ok(header) = RecordHeader::decode(bytes, salt) {
+                    if header.entry_id >= salt {
+                        return Some((header, header.record_len()));
+                    }
+                }
+                let (kind, length) = peek_sealed_record(bytes, salt).ok()?;
+                let header = RecordHeader {
+                    kind,
+                    entry_id: salt,
+                    length,
+                    durable_mark: 0,
+                };
+                Some((header, sealed_record_len(kind, length)))
+            }
+        }
+    }
+}
+
+/// True if a record of segment `salt`, of either layout, verifies
+/// somewhere between `from` and `limit` (encrypted records by their
+/// checksum alone: the segment's key and generation are unknown).
 pub(super) fn verified_record_between(
     file: &dyn FileHandle,
     from: u64,
@@ -198,7 +277,7 @@ pub(super) fn verified_record_between(
     buffer_bytes: usize,
 ) -> io::Result<bool> {
     Ok(Sequential::new(file, buffer_bytes)
-        .next_record(from, limit, salt)?
+        .next_record(from, limit, salt, Probe::AnyLayout)?
         .is_some())
 }
 
@@ -249,6 +328,9 @@ fn describe(err: RecordError) -> String {
         RecordError::BadChecksum => "record header checksum mismatch".to_string(),
         RecordError::BadKind(kind) => format!("unknown record kind {kind}"),
         RecordError::Truncated => "truncated record header".to_string(),
+        RecordError::Unauthentic => {
+            "record header checksum matches but the record does not authenticate".to_string()
+        }
     }
 }
 
@@ -266,12 +348,13 @@ fn describe(err: RecordError) -> String {
 /// was durable, that is damage too.
 pub(crate) fn scan_segment(
     file: &dyn FileHandle,
+    layout: &Layout,
     salt: u64,
     limit: u64,
     buffer_bytes: usize,
     skip_damage: bool,
 ) -> io::Result<SegmentScan> {
-    let mut scanner = SegmentScanner::new(salt, buffer_bytes);
+    let mut scanner = SegmentScanner::with_layout(layout.clone(), salt, buffer_bytes);
     scanner.advance(file, limit, skip_damage, &mut Vec::new())?;
     Ok(scanner.finish())
 }
@@ -287,6 +370,7 @@ type OpenEntry = (Vec<ChunkLocation>, Vec<ChunkLocation>);
 /// segment's size on every refill.
 #[derive(Debug)]
 pub(crate) struct SegmentScanner {
+    layout: Layout,
     salt: u64,
     buffer_bytes: usize,
     /// Where the walk goes on: just past the last record walked, or the
@@ -304,8 +388,16 @@ pub(crate) struct SegmentScanner {
 }
 
 impl SegmentScanner {
+    /// A walk over a plain segment.
+    #[cfg(test)]
     pub fn new(salt: u64, buffer_bytes: usize) -> Self {
+        Self::with_layout(Layout::Plain, salt, buffer_bytes)
+    }
+
+    /// A walk over a segment of `layout` whose id is `salt`.
+    pub fn with_layout(layout: Layout, salt: u64, buffer_bytes: usize) -> Self {
         Self {
+            layout,
             salt,
             buffer_bytes,
             offset: HEADER_SIZE,
@@ -375,6 +467,8 @@ impl SegmentScanner {
         skip_damage: bool,
     ) -> io::Result<()> {
         let salt = self.salt;
+        let layout = &self.layout;
+        let header_size = layout.header_size();
         let scan = &mut self.scan;
         let open = &mut self.open;
         let suspect = &mut self.suspect;
@@ -383,23 +477,23 @@ impl SegmentScanner {
         scan.stop = None;
         let mut offset = self.offset;
         while offset < limit {
-            let bytes = reader.bytes_at(offset, RECORD_HEADER_SIZE)?;
-            let decoded = RecordHeader::decode(bytes, salt)
+            let bytes = reader.bytes_at(offset, header_size)?;
+            let decoded = layout
+                .decode(bytes, salt, offset)
                 .map_err(Stop::Record)
-                .and_then(|header| {
+                .and_then(|(header, index)| {
+                    let record_len = layout.record_len(&header);
                     if header.entry_id < salt {
                         Err(Stop::BelowSegment {
                             entry_id: header.entry_id,
                         })
-                    } else if offset + header.record_len() > limit {
-                        Err(Stop::PastLimit {
-                            record_len: header.record_len(),
-                        })
+                    } else if offset + record_len > limit {
+                        Err(Stop::PastLimit { record_len })
                     } else {
-                        Ok(header)
+                        Ok((header, index))
                     }
                 });
-            let header = match decoded {
+            let (header, index) = match decoded {
                 Ok(header) => header,
                 Err(stop) => {
                     let reason = stop.describe(salt);
@@ -408,15 +502,15 @@ impl SegmentScanner {
                     let mut resume = None;
                     let mut from = offset + 1;
                     let mut damaged = false;
-                    while let Some((next_offset, next_header)) =
-                        reader.next_record(from, limit, salt)?
+                    while let Some((next_offset, next_header, next_len)) =
+                        reader.next_record(from, limit, salt, Probe::Layout(layout))?
                     {
                         resume.get_or_insert(next_offset);
                         if next_header.durable_mark > offset {
                             damaged = true;
                             break;
                         }
-                        from = next_offset + next_header.record_len();
+                        from = next_offset + next_len;
                     }
                     if damaged {
                         if scan.damage.is_none() {
@@ -432,7 +526,7 @@ impl SegmentScanner {
                     break;
                 }
             };
-            let record_end = offset + header.record_len();
+            let record_end = offset + layout.record_len(&header);
             scan.max_entry_id = scan.max_entry_id.max(Some(header.entry_id));
             // Any record's mark, not only the entry's own commit record's,
             // proves what lies below it was written before a sync that
@@ -460,8 +554,18 @@ impl SegmentScanner {
             }
             match header.kind {
                 RecordKind::Chunk => {
-                    let valid =
-                        chunk_crc_matches(reader, offset, header.length, self.buffer_bytes)?;
+                    let location = ChunkLocation {
+                        offset,
+                        length: header.length,
+                        index,
+                    };
+                    let valid = chunk_data_ok(
+                        reader,
+                        layout,
+                        header.entry_id,
+                        location,
+                        self.buffer_bytes,
+                    )?;
                     if let Some(listed) = listed.as_mut() {
                         listed.push(ListedRecord {
                             offset,
@@ -470,10 +574,6 @@ impl SegmentScanner {
                         });
                     }
                     let entry = open.entry(header.entry_id).or_default();
-                    let location = ChunkLocation {
-                        offset,
-                        length: header.length,
-                    };
                     entry.0.push(location);
                     if !valid {
                         entry.1.push(location);
@@ -500,10 +600,11 @@ impl SegmentScanner {
                         reader.forget();
                         let mut still_bad = Vec::with_capacity(bad.len());
                         for chunk in bad {
-                            if !chunk_crc_matches(
+                            if !chunk_data_ok(
                                 reader,
-                                chunk.offset,
-                                chunk.length,
+                                layout,
+                                header.entry_id,
+                                chunk,
                                 self.buffer_bytes,
                             )? {
                                 still_bad.push(chunk);
@@ -581,14 +682,58 @@ impl SegmentScanner {
     }
 }
 
+/// Whether a chunk's data is whole: its CRC matches, or in an encrypted
+/// segment every frame opens.
+fn chunk_data_ok(
+    reader: &mut Sequential<'_>,
+    layout: &Layout,
+    entry_id: u64,
+    chunk: ChunkLocation,
+    buffer_bytes: usize,
+) -> io::Result<bool> {
+    let data_offset = chunk.offset + layout.header_size() as u64;
+    match layout {
+        Layout::Plain => chunk_crc_matches(reader, data_offset, chunk.length, buffer_bytes),
+        Layout::Sealed(seal) => {
+            let id = ChunkId {
+                entry_id,
+                index: chunk.index,
+                length: chunk.length,
+            };
+            frames_open(reader, seal, id, data_offset)
+        }
+    }
+}
+
+/// Whether every frame of the encrypted chunk `chunk`, whose frames start
+/// at `data_offset`, opens (each is decrypted into a scratch buffer and
+/// dropped).
+fn frames_open(
+    reader: &mut Sequential<'_>,
+    seal: &SegmentSeal,
+    chunk: ChunkId,
+    data_offset: u64,
+) -> io::Result<bool> {
+    let mut frame_bytes = Vec::new();
+    for frame in 0..frame_count(chunk.length) {
+        let (start, len) = frame_span(chunk.length, frame);
+        frame_bytes.clear();
+        reader.read_into(data_offset + start, len + FRAME_OVERHEAD, &mut frame_bytes)?;
+        if !seal.open_frame(chunk, frame, &mut frame_bytes) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn chunk_crc_matches(
     reader: &mut Sequential<'_>,
-    record_offset: u64,
+    data_offset: u64,
     length: u32,
     buffer_bytes: usize,
 ) -> io::Result<bool> {
     let mut hasher = crc32fast::Hasher::new();
-    let mut at = record_offset + RECORD_HEADER_SIZE as u64;
+    let mut at = data_offset;
     let end = at + u64::from(length);
     while at < end {
         let piece = ((end - at) as usize).min(buffer_bytes);

@@ -218,6 +218,7 @@ mod tests {
             None,
             0,
             Arc::default(),
+            crate::sealed::Layout::Plain,
         ));
         let mut state = SegmentState::new(segment, 0);
         // A header and a trailer per large chunk, with the data between.

@@ -27,11 +27,13 @@ use std::sync::Arc;
 
 pub(crate) use live::SegmentState;
 
+use crate::encryption::{Cipher, FreshNonce};
 use crate::format::{
-    aligned_chunk_start, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
-    CHUNK_TRAILER_SIZE, HEADER_SIZE, RECORD_HEADER_SIZE,
+    aligned_chunk_start_after, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
+    CHUNK_TRAILER_SIZE, HEADER_SIZE,
 };
 use crate::fs::FileHandle;
+use crate::sealed::{Layout, SegmentSeal};
 use crate::segment::{FileName, Segment};
 use crate::tuning::MAX_SPARES;
 
@@ -60,6 +62,8 @@ pub(crate) struct SegmentSettings {
     pub checkpoint_after_bytes: u64,
     /// A segment's write buffer is written out from this many bytes on.
     pub buffer_bytes: usize,
+    /// New segments are encrypted with the provider's current key.
+    pub cipher: Option<Cipher>,
 }
 
 /// A record placed in a segment (see [`Segments::append_record`]).
@@ -326,10 +330,6 @@ impl Segments {
     /// seals the one before. Returns true if that one can be checkpointed
     /// now (the maintenance thread should be woken).
     pub fn switch(&mut self, next_entry_id: u64) -> io::Result<bool> {
-        let spare = self
-            .spares
-            .pop()
-            .ok_or_else(|| io::Error::other("no spare segment file available"))?;
         let id = next_entry_id;
         crate::trace::span!(INFO, "switch_segment", segment = id);
         let path = FileName::Segment(id).path_in(&self.settings.directory);
@@ -342,8 +342,20 @@ impl Segments {
             first_entry_id: id,
             previous,
             version_info: self.settings.version_info.to_vec(),
-        }
-        .encode();
+        };
+        // An encrypted segment is sealed with the key current now (its
+        // header's key check names it) and gets a new generation.
+        let (layout, header) = match &self.settings.cipher {
+            Some(cipher) => {
+                let (seal, bytes) = SegmentSeal::create(cipher, &header)?;
+                (Layout::Sealed(Arc::new(seal)), bytes)
+            }
+            None => (Layout::Plain, header.encode()),
+        };
+        // Taken only now: a key provider that fails leaves it in the pool.
+        let Some(spare) = self.spares.pop() else {
+            return Err(io::Error::other("no spare segment file available"));
+        };
         // The file keeps its spare name until the first sync pass renames
         // it (see `crate::log::sync`), but the header is synced now, before
         // any record salted with `id` can reach the file: records that
@@ -369,6 +381,7 @@ impl Segments {
             Some(spare.path),
             0,
             self.settings.version_info.clone(),
+            layout,
         ));
         self.live
             .insert(id, SegmentState::new(segment, HEADER_SIZE));
@@ -400,6 +413,7 @@ impl Segments {
             None,
             0,
             Arc::default(),
+            Layout::Plain,
         ));
         self.live.insert(0, SegmentState::new(placeholder, 0));
         self.active = 0;
@@ -435,51 +449,68 @@ impl Segments {
     }
 
     /// Reserves room for a chunk record whose data the caller writes into
-    /// the file itself, and buffers the record's header and CRC trailer
-    /// (after a padding record when needed, so that its data starts on a
-    /// page: see `aligned_chunk_start`). The data is in flight until
+    /// the file itself, and buffers the record's header and (in a plain
+    /// segment) its CRC trailer, after a padding record when needed, so
+    /// that its data starts on a page: see `aligned_chunk_start`. `index`
+    /// is the chunk's index in its entry and `nonces` (for an encrypted
+    /// segment) the nonces of the header and the padding record, drawn
+    /// before the lock was taken. The data is in flight until
     /// [`Segments::data_written`].
     pub fn reserve_chunk(
         &mut self,
         segment: u64,
         header: RecordHeader,
         crc: u32,
+        index: u32,
+        nonces: Option<[FreshNonce; 2]>,
     ) -> io::Result<Placed> {
         let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let buffer_bytes = self.settings.buffer_bytes;
         let seg = self.live(segment)?;
+        let layout = seg.segment.layout.clone();
+        let header_size = layout.header_size() as u64;
+        let [header_nonce, padding_nonce] = match nonces {
+            Some([header, padding]) => [Some(header), Some(padding)],
+            None => [None, None],
+        };
         let mark = seg.segment.marked_to();
         let free = seg.reserved_end;
-        let (pad, offset) = aligned_chunk_start(free);
-        if pad > 0 {
-            // Parallel writers of large chunks then never share a page,
-            // and each data `pwrite` covers whole pages: concurrent
-            // writes into one page serialise on its lock in the kernel,
-            // and every sync would write the shared page again.
-            let padding = RecordHeader {
-                kind: RecordKind::Padding,
-                entry_id: header.entry_id,
-                length: (pad - RECORD_HEADER_SIZE as u64) as u32,
-                durable_mark: mark,
-            };
-            let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
-            seg.buffer(
-                free,
-                &[&padding.encode(segment), &zeros[..padding.length as usize]],
-            );
-        }
+        let (pad, offset) = aligned_chunk_start_after(free, header_size);
+        // Parallel writers of large chunks then never share a page, and
+        // each data `pwrite` covers whole pages: concurrent writes into one
+        // page serialise on its lock in the kernel, and every sync would
+        // write the shared page again.
+        let padding = RecordHeader {
+            kind: RecordKind::Padding,
+            entry_id: header.entry_id,
+            length: pad.saturating_sub(header_size) as u32,
+            durable_mark: mark,
+        };
         let header = RecordHeader {
             durable_mark: mark,
             ..header
         };
-        let record_len = header.record_len();
+        // Both headers are encoded before anything is reserved: a failure
+        // leaves the segment as it was.
+        let padding_bytes = match pad {
+            0 => None,
+            _ => Some(layout.encode(&padding, 0, segment, free, padding_nonce)?),
+        };
+        let encoded = layout.encode(&header, index, segment, offset, header_nonce)?;
+        if let Some(padding_bytes) = padding_bytes {
+            let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
+            seg.buffer(free, &[&padding_bytes, &zeros[..padding.length as usize]]);
+        }
+        let record_len = layout.record_len(&header);
         seg.reserved_end = offset + record_len;
         seg.data_in_flight.insert(offset);
-        seg.buffer(offset, &[&header.encode(segment)]);
-        seg.buffer(
-            offset + record_len - CHUNK_TRAILER_SIZE as u64,
-            &[&crc.to_le_bytes()],
-        );
+        seg.buffer(offset, &[&encoded]);
+        if let Layout::Plain = layout {
+            seg.buffer(
+                offset + record_len - CHUNK_TRAILER_SIZE as u64,
+                &[&crc.to_le_bytes()],
+            );
+        }
         let end = seg.reserved_end;
         seg.note_size(full_at);
         Ok(Placed {
@@ -504,12 +535,17 @@ impl Segments {
 
     /// Places a small record (with its data and CRC for a chunk) in
     /// `segment`'s write buffer, its durable mark filled in; for a commit
-    /// record, notes the committed id.
+    /// record, notes the committed id. In an encrypted segment `data` is
+    /// the chunk's sealed frames (its CRC is not stored), `index` the
+    /// chunk's index in its entry, and `nonce` the header's, drawn before
+    /// the lock was taken.
     pub fn append_record(
         &mut self,
         segment: u64,
         header: RecordHeader,
         data: Option<(&[u8], u32)>,
+        index: u32,
+        nonce: Option<FreshNonce>,
     ) -> io::Result<Placed> {
         let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let buffer_bytes = self.settings.buffer_bytes;
@@ -519,22 +555,30 @@ impl Segments {
             durable_mark: seg.segment.marked_to(),
             ..header
         };
-        seg.reserved_end += header.record_len();
+        let layout = &seg.segment.layout;
+        let record_len = layout.record_len(&header);
+        let encoded = layout.encode(&header, index, segment, offset, nonce)?;
+        seg.reserved_end += record_len;
         let end = seg.reserved_end;
         if header.kind == RecordKind::Commit {
             seg.highest_committed_id = seg.highest_committed_id.max(Some(header.entry_id));
         }
-        let encoded = header.encode(segment);
-        match data {
-            Some((bytes, crc)) => seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]),
-            None => seg.buffer(offset, &[&encoded]),
+        match (data, layout) {
+            (Some((bytes, crc)), Layout::Plain) => {
+                seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]);
+            }
+            (Some((sealed, _)), Layout::Sealed(_)) => {
+                debug_assert_eq!(offset + encoded.len() as u64 + sealed.len() as u64, end);
+                seg.buffer(offset, &[&encoded, sealed]);
+            }
+            (None, _) => seg.buffer(offset, &[&encoded]),
         }
         seg.note_size(full_at);
         let checkpointable = seg.ready_for_checkpoint();
         Ok(Placed {
             offset,
             end,
-            bytes: header.record_len(),
+            bytes: record_len,
             flush: seg.overflow(buffer_bytes),
             wake: checkpointable || spare_due(half, offset, end),
         })
@@ -616,8 +660,8 @@ impl Segments {
     /// The record header at `offset` in `segment` is reserved but not in
     /// the file yet.
     pub fn header_pending(&self, segment: u64, offset: u64) -> bool {
-        let header_end = offset.saturating_add(RECORD_HEADER_SIZE as u64);
         self.live.get(&segment).is_some_and(|seg| {
+            let header_end = offset.saturating_add(seg.segment.layout.header_size() as u64);
             offset >= HEADER_SIZE && header_end <= seg.reserved_end && seg.written_to() < header_end
         })
     }

@@ -6,6 +6,7 @@
 //! part of it.
 #![allow(dead_code)]
 
+pub mod encryption;
 pub mod follow;
 #[allow(unused_imports)]
 pub use testkit::hooks;

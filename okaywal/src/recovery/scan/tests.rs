@@ -75,7 +75,7 @@ fn a_scan_advanced_in_steps_finds_what_one_walk_finds() {
     // A buffer smaller than the large chunk, so that chunk is read in
     // pieces across the buffer's refills.
     let buffer_bytes = 8 * 1024;
-    let whole = scan_segment(&*file, salt, len, buffer_bytes, false).unwrap();
+    let whole = scan_segment(&*file, &Layout::Plain, salt, len, buffer_bytes, false).unwrap();
     assert!(whole.stopped.is_none() && whole.damage.is_none());
     assert_eq!(whole.end, len);
     // 60 entries: 5 rolled back (i % 11 == 5) and one with a bad chunk.

@@ -1,0 +1,780 @@
+//! Encryption at rest: no byte the log writes shows what was written;
+//! flipped, swapped, moved and replayed bytes are an error or a cut, never
+//! wrong bytes; a wrong or missing key is a key error that changes
+//! nothing; rotated keys keep older segments readable; every reader works
+//! on an encrypted log.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use common::encryption::Encryption;
+use common::{Recorder, Rng};
+use okaywal::encryption::{Key, KeyError, KeyId, Keyring, StaticKey};
+use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
+use okaywal::{Configuration, LogPosition, LogVoid, RecordType, RecoveryMode, WriteAheadLog};
+
+/// A log directory's files: (name, bytes).
+type Files = Vec<(String, Vec<u8>)>;
+/// Entries: (id, chunks).
+type Entries = Vec<(u64, Vec<Vec<u8>>)>;
+/// Chunks and where they were written.
+type Positions = Vec<(LogPosition, Vec<u8>)>;
+
+/// Every file of a real directory, by name.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(entry.path()).unwrap())
+        })
+        .collect()
+}
+
+/// A payload that nothing else in the test contains: a marker naming the
+/// entry and chunk, repeated, then random bytes.
+fn payload(rng: &mut Rng, id: u64, chunk: usize, len: usize) -> Vec<u8> {
+    let marker = format!("<secret entry {id} chunk {chunk}> ");
+    let mut bytes: Vec<u8> = marker.bytes().cycle().take(len / 2).collect();
+    bytes.extend(rng.bytes(len - bytes.len()));
+    bytes
+}
+
+/// Writes entries of small, large (written whole by the writer) and
+/// streamed chunks, some rolled back, across segment switches and a
+/// checkpoint whose segment is recycled and reused. Returns every payload
+/// written (rolled back ones too) and where each committed chunk is.
+fn varied_workload(log: &WriteAheadLog, seed: u64) -> (Vec<Vec<u8>>, Positions) {
+    let mut rng = Rng::new(seed);
+    let mut payloads = Vec::new();
+    let mut positions = Vec::new();
+    for round in 0..36 {
+        if round == 18 {
+            // Checkpointed and recycled: later segments reuse the file
+            // (a refusing manager keeps it).
+            let _ = log.checkpoint_active();
+        }
+        let mut entry = log.begin_entry().unwrap();
+        let id = entry.id().0;
+        let chunks = 1 + round % 3;
+        let mut records = Vec::new();
+        for chunk in 0..chunks {
+            let len = match (round + chunk) % 7 {
+                0 => 90_000 + rng.range(0, 40_000),
+                1 => 0,
+                _ => rng.range(1, 3_000),
+            };
+            let data = payload(&mut rng, id, chunk, len);
+            let record = if round % 5 == 2 && chunk == 0 {
+                let mut writer = entry.begin_chunk(len as u32).unwrap();
+                for piece in data.chunks(7_000) {
+                    writer.write_all(piece).unwrap();
+                }
+                writer.finish().unwrap()
+            } else {
+                entry.write_chunk(&data).unwrap()
+            };
+            assert_eq!(record.crc, crc32fast::hash(&data));
+            records.push((record.position, data.clone()));
+            payloads.push(data);
+        }
+        if round % 9 == 4 {
+            entry.rollback().unwrap();
+        } else {
+            if round % 2 == 0 {
+                entry.commit().unwrap();
+            } else {
+                entry.commit_buffered().unwrap();
+            }
+            positions.extend(records);
+        }
+    }
+    log.sync().unwrap();
+    (payloads, positions)
+}
+
+/// The 16-byte windows of `payloads` found in `files`: (file, offset).
+fn leaked_windows(payloads: &[Vec<u8>], files: &BTreeMap<String, Vec<u8>>) -> Vec<(String, usize)> {
+    let windows: HashSet<&[u8]> = payloads
+        .iter()
+        .flat_map(|payload| payload.windows(16))
+        .collect();
+    let mut found = Vec::new();
+    for (name, bytes) in files {
+        for (at, window) in bytes.windows(16).enumerate() {
+            if windows.contains(window) {
+                found.push((name.clone(), at));
+                break;
+            }
+        }
+    }
+    found
+}
+
+const VERSION_INFO: &[u8] = b"version information the disk must not show";
+
+fn small_segments(dir: &Path, encryption: Encryption) -> Configuration {
+    encryption.configure(
+        Configuration::default_for(dir)
+            .preallocate_bytes(128 * 1024)
+            .checkpoint_after_bytes(128 * 1024)
+            .version_info(VERSION_INFO),
+    )
+}
+
+#[test]
+fn no_file_of_an_encrypted_log_holds_a_payload_or_any_16_byte_window_of_one() {
+    for encryption in Encryption::BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let log = small_segments(dir.path(), encryption)
+            .open(LogVoid)
+            .unwrap();
+        let (mut payloads, _) = varied_workload(&log, 5);
+        let stats = log.stats();
+        log.shutdown().unwrap();
+        drop(log);
+        assert!(stats.checkpoints > 1, "{stats:?}");
+        let files = snapshot(dir.path());
+        assert!(
+            files.keys().filter(|name| name.starts_with("wal-")).count() >= 2,
+            "{:?}",
+            files.keys()
+        );
+        payloads.push(VERSION_INFO.to_vec());
+        let leaks = leaked_windows(&payloads, &files);
+        if encryption.on() {
+            assert!(leaks.is_empty(), "plaintext on disk: {leaks:?}");
+        } else {
+            // The check finds plaintext where there is some.
+            assert!(leaks.len() >= 2, "{leaks:?}");
+        }
+    }
+}
+
+#[test]
+fn every_reader_reads_an_encrypted_log_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || small_segments(dir.path(), Encryption::On);
+    let recorder = Recorder::refusing();
+    let log = config().open(recorder.clone()).unwrap();
+    let mut follower = log.entries_from(okaywal::EntryId(1));
+    let (_, positions) = varied_workload(&log, 6);
+    // The live log: by position, and followed.
+    for (position, data) in &positions {
+        assert_eq!(&log.read_at(*position).unwrap().read_all().unwrap(), data);
+        let mut reader = log.read_at(*position).unwrap();
+        assert!(reader.crc_is_valid().unwrap(), "{position}");
+    }
+    let followed: Vec<Vec<u8>> = follower
+        .by_ref()
+        .flat_map(|entry| entry.unwrap().into_chunks())
+        .collect();
+    let written: Vec<Vec<u8>> = positions.iter().map(|(_, data)| data.clone()).collect();
+    assert_eq!(followed, written, "the live reader's chunks");
+    drop(follower);
+    log.shutdown().unwrap();
+    drop(log);
+
+    // Recovery hands over every committed entry with its bytes.
+    let again = Recorder::refusing();
+    let log = config().open(again.clone()).unwrap();
+    let recovered: Vec<Vec<u8>> = again
+        .seen()
+        .recovered
+        .iter()
+        .flat_map(|(_, chunks)| chunks.clone())
+        .collect();
+    assert_eq!(recovered, written, "recovered chunks");
+    log.shutdown().unwrap();
+    drop(log);
+
+    // Read-only, by position; inspection; the listing of one segment.
+    let read_only = config().open_read_only(LogVoid).unwrap();
+    for (position, data) in &positions {
+        assert_eq!(
+            &read_only.read_at(*position).unwrap().read_all().unwrap(),
+            data
+        );
+    }
+    drop(read_only);
+    let inspection = config().inspect().unwrap();
+    assert!(inspection.is_ok(), "{:?}", inspection.problems);
+    let listed: usize = inspection.segments.iter().map(|s| s.entries.len()).sum();
+    assert!(listed > 0);
+    assert!(inspection
+        .segments
+        .iter()
+        .all(|segment| segment.version_info == VERSION_INFO));
+    let first = inspection.segments[0].id;
+    let records = config().inspect_segment(first).unwrap();
+    assert!(matches!(
+        records.header,
+        okaywal::HeaderStatus::Valid {
+            format_version: 2,
+            ..
+        }
+    ));
+    assert!(records
+        .records
+        .iter()
+        .filter(|record| record.kind == RecordType::Chunk)
+        .all(|record| record.crc_ok == Some(true)));
+    assert!(records
+        .records
+        .iter()
+        .any(|record| record.kind == RecordType::Commit));
+}
+
+/// A small encrypted log on the simulated disk: entries of one to three
+/// chunks, each committed durably, so that every record carries a durable
+/// mark past the entries before it. Returns the files and the entries.
+fn small_encrypted_log(fs: &CrashFileSystem, shapes: &[&[usize]]) -> (Files, Entries) {
+    let log = one_segment(fs).open(LogVoid).unwrap();
+    let mut rng = Rng::new(77);
+    let mut entries = Vec::new();
+    for shape in shapes {
+        let mut entry = log.begin_entry().unwrap();
+        let id = entry.id().0;
+        let chunks: Vec<Vec<u8>> = shape
+            .iter()
+            .enumerate()
+            .map(|(i, len)| payload(&mut rng, id, i, *len))
+            .collect();
+        for chunk in &chunks {
+            entry.write_chunk(chunk).unwrap();
+        }
+        entry.commit().unwrap();
+        entries.push((id, chunks));
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    let mut files = Vec::new();
+    for name in fs.list_files(Path::new(DIR)).unwrap() {
+        files.push((
+            name.clone(),
+            fs.contents(&Path::new(DIR).join(name)).unwrap(),
+        ));
+    }
+    files.sort();
+    (files, entries)
+}
+
+const DIR: &str = "/sealed";
+
+fn one_segment(fs: &CrashFileSystem) -> Configuration {
+    Encryption::On.configure(
+        Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(64 * 1024)
+            .checkpoint_after_bytes(1 << 20),
+    )
+}
+
+fn fresh_fs(files: &[(String, Vec<u8>)]) -> CrashFileSystem {
+    let fs = CrashFileSystem::new();
+    fs.create_dir_all(Path::new(DIR)).unwrap();
+    for (name, bytes) in files {
+        let path = Path::new(DIR).join(name);
+        fs.open(&path, OpenMode::CreateNew).unwrap();
+        assert!(fs.set_contents(&path, bytes.clone()));
+    }
+    fs
+}
+
+/// Opens `files` in `mode`: the ids recovered, each checked to be one of
+/// `entries` with exactly its bytes, or the open's error.
+fn recover(
+    files: &[(String, Vec<u8>)],
+    entries: &[(u64, Vec<Vec<u8>>)],
+    mode: RecoveryMode,
+    what: &str,
+) -> io::Result<Vec<u64>> {
+    let fs = fresh_fs(files);
+    let recorder = Recorder::new();
+    let log = one_segment(&fs)
+        .recovery_mode(mode)
+        .open(recorder.clone())?;
+    let seen = std::mem::take(&mut *recorder.seen());
+    log.shutdown().unwrap();
+    let mut ids = Vec::new();
+    for (id, chunks) in &seen.recovered {
+        let expected = entries
+            .iter()
+            .find(|(written, _)| written == id)
+            .unwrap_or_else(|| panic!("{what}: entry {id} was never written"));
+        assert_eq!(&expected.1, chunks, "{what}: entry {id} has wrong bytes");
+        ids.push(*id);
+    }
+    assert!(seen.aborted.is_empty(), "{what}: {:?}", seen.aborted);
+    Ok(ids)
+}
+
+/// Where each record of the log's one segment starts and ends.
+fn record_spans(files: &[(String, Vec<u8>)]) -> (String, Vec<(RecordType, u64, u64)>) {
+    let fs = fresh_fs(files);
+    let (name, _) = files
+        .iter()
+        .find(|(name, _)| {
+            okaywal::LogFileName::parse(name)
+                .is_some_and(|n| matches!(n, okaywal::LogFileName::Segment(_)))
+        })
+        .unwrap();
+    let okaywal::LogFileName::Segment(id) = okaywal::LogFileName::parse(name).unwrap() else {
+        unreachable!()
+    };
+    let listing = one_segment(&fs).inspect_segment(id).unwrap();
+    let mut spans = Vec::new();
+    for (i, record) in listing.records.iter().enumerate() {
+        let end = listing
+            .records
+            .get(i + 1)
+            .map_or_else(|| listing.end.unwrap().offset, |next| next.offset);
+        spans.push((record.kind, record.offset, end));
+    }
+    (name.clone(), spans)
+}
+
+fn with_segment(files: &[(String, Vec<u8>)], name: &str, bytes: Vec<u8>) -> Vec<(String, Vec<u8>)> {
+    files
+        .iter()
+        .map(|(file, old)| {
+            if file == name {
+                (file.clone(), bytes.clone())
+            } else {
+                (file.clone(), old.clone())
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_flipped_bit_anywhere_in_an_encrypted_segment_is_an_error_or_a_cut_never_wrong_bytes() {
+    let fs = CrashFileSystem::new();
+    let (files, entries) = small_encrypted_log(&fs, &[&[300], &[40, 0], &[30, 70, 1]]);
+    let (name, spans) = record_spans(&files);
+    let original = files.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let ids: Vec<u64> = entries.iter().map(|(id, _)| *id).collect();
+    // Records: 1 + 1 for the first entry, 2 + 1, 3 + 1.
+    assert_eq!(spans.len(), 9, "{spans:?}");
+    let first_end = spans[1].2;
+    let last_start = spans[5].1;
+    let end = spans[8].2;
+    let (mut errors, mut cuts) = (0, 0);
+    // The header and every byte of every record.
+    for offset in (0..512).step_by(7).chain(512..end) {
+        let mut flipped = original.clone();
+        flipped[offset as usize] ^= 1 << (offset % 8);
+        let what = format!("bit {} flipped at {offset}", offset % 8);
+        match recover(
+            &with_segment(&files, &name, flipped),
+            &entries,
+            RecoveryMode::default(),
+            &what,
+        ) {
+            Ok(recovered) => {
+                cuts += 1;
+                if offset >= last_start {
+                    // The last entry: a torn tail, cut.
+                    assert_eq!(recovered, ids[..2], "{what}");
+                } else if offset >= 512 {
+                    panic!("{what}: damage before later synced records opened: {recovered:?}");
+                } else {
+                    assert!(recovered.is_empty(), "{what}: {recovered:?}");
+                }
+            }
+            Err(error) => {
+                errors += 1;
+                assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}");
+                assert!(error.to_string().contains(&name), "{what}: {error}");
+                if (512..first_end).contains(&offset) {
+                    // Skipping loses the damaged entry only.
+                    let kept = recover(
+                        &with_segment(&files, &name, {
+                            let mut flipped = original.clone();
+                            flipped[offset as usize] ^= 1 << (offset % 8);
+                            flipped
+                        }),
+                        &entries,
+                        RecoveryMode::SkipCorrupted,
+                        &what,
+                    )
+                    .unwrap();
+                    assert_eq!(kept, ids[1..], "{what} (SkipCorrupted)");
+                }
+            }
+        }
+    }
+    println!("{errors} errors, {cuts} cuts");
+}
+
+#[test]
+fn swapped_or_moved_encrypted_records_are_an_error_or_a_cut_never_wrong_bytes() {
+    let fs = CrashFileSystem::new();
+    // Entries of the same shape: their records have the same lengths.
+    let (files, entries) = small_encrypted_log(&fs, &[&[64], &[64], &[64], &[64]]);
+    let (name, spans) = record_spans(&files);
+    let original = files.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let chunk = |entry: usize| spans[entry * 2];
+    let commit = |entry: usize| spans[entry * 2 + 1];
+    let swap = |a: (RecordType, u64, u64), b: (RecordType, u64, u64)| {
+        let mut bytes = original.clone();
+        let len = (a.2 - a.1) as usize;
+        assert_eq!(len as u64, b.2 - b.1);
+        let (a, b) = (a.1 as usize, b.1 as usize);
+        let first = original[a..a + len].to_vec();
+        bytes.copy_within(b..b + len, a);
+        bytes[b..b + len].copy_from_slice(&first);
+        bytes
+    };
+    let mut cases = vec![
+        (
+            "chunks of entries 1 and 2 swapped",
+            swap(chunk(1), chunk(2)),
+        ),
+        (
+            "commits of entries 1 and 2 swapped",
+            swap(commit(1), commit(2)),
+        ),
+        (
+            "chunks of entries 2 and 3 swapped",
+            swap(chunk(2), chunk(3)),
+        ),
+    ];
+    // A chunk record copied over the one after it: a record moved.
+    let mut moved = original.clone();
+    let (a, b) = (chunk(1), chunk(2));
+    moved.copy_within(a.1 as usize..a.2 as usize, b.1 as usize);
+    cases.push(("entry 1's chunk copied over entry 2's", moved));
+    // The frames (data) of two chunks swapped, their headers kept.
+    let header = 69;
+    let mut frames = original.clone();
+    let (a, b) = (
+        (chunk(1).1 + header) as usize,
+        (chunk(2).1 + header) as usize,
+    );
+    let len = (chunk(1).2 - chunk(1).1 - header) as usize;
+    let first = original[a..a + len].to_vec();
+    frames.copy_within(b..b + len, a);
+    frames[b..b + len].copy_from_slice(&first);
+    cases.push(("the data of entries 1 and 2 swapped", frames));
+    for (what, bytes) in cases {
+        let files = with_segment(&files, &name, bytes);
+        for mode in [
+            RecoveryMode::ErrorOnCorruption,
+            RecoveryMode::PointInTime,
+            RecoveryMode::SkipCorrupted,
+        ] {
+            let what = format!("{what} ({mode:?})");
+            match recover(&files, &entries, mode, &what) {
+                Ok(ids) => assert!(
+                    mode != RecoveryMode::ErrorOnCorruption,
+                    "{what}: opened with {ids:?}"
+                ),
+                Err(error) => {
+                    assert_eq!(mode, RecoveryMode::ErrorOnCorruption, "{what}: {error}");
+                    assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}");
+                }
+            }
+        }
+    }
+
+    // A record of another segment file copied in at the same offset.
+    let fs = CrashFileSystem::new();
+    let (other, _) = small_encrypted_log(&fs, &[&[64], &[64], &[64], &[64]]);
+    let other = other.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let mut moved = original.clone();
+    let (start, end) = (chunk(1).1 as usize, commit(1).2 as usize);
+    moved[start..end].copy_from_slice(&other[start..end]);
+    let what = "entry 1 of another log's segment copied in";
+    let error = recover(
+        &with_segment(&files, &name, moved),
+        &entries,
+        RecoveryMode::default(),
+        what,
+    )
+    .unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}");
+}
+
+#[test]
+fn bytes_of_an_earlier_generation_of_a_segment_file_are_never_read_back() {
+    // The same segment id, another generation: a log whose first segment
+    // (id 1) holds six entries, and another one, under the same key,
+    // whose first segment (also id 1) holds two. The first one's records
+    // past the second one's end verify in everything but their
+    // generation.
+    let fs = CrashFileSystem::new();
+    let (long, _) = small_encrypted_log(&fs, &[&[64_usize][..]; 6]);
+    let fs = CrashFileSystem::new();
+    let (short, entries) = small_encrypted_log(&fs, &[&[64_usize][..]; 2]);
+    let (name, spans) = record_spans(&short);
+    let tail = spans.last().unwrap().2 as usize;
+    let long_bytes = long.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let mut spliced = short.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    let (_, long_spans) = record_spans(&long);
+    let long_end = long_spans.last().unwrap().2 as usize;
+    spliced[tail..long_end].copy_from_slice(&long_bytes[tail..long_end]);
+    let what = "another generation's records past the tail";
+    let ids = recover(
+        &with_segment(&short, &name, spliced),
+        &entries,
+        RecoveryMode::default(),
+        what,
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(
+        ids,
+        entries.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        "{what}"
+    );
+
+    // A recycled file: its old records copied back over the new ones.
+    let fs = CrashFileSystem::new();
+    let log = config_on(&fs).open(LogVoid).unwrap();
+    let mut rng = Rng::new(3);
+    let commit = |log: &WriteAheadLog, rng: &mut Rng, len: usize| {
+        let mut entry = log.begin_entry().unwrap();
+        let id = entry.id().0;
+        let data = payload(rng, id, 0, len);
+        entry.write_chunk(&data).unwrap();
+        entry.commit().unwrap();
+        (id, vec![data])
+    };
+    // The first segment long, then short ones (each checkpointed and
+    // recycled) until one reuses the first one's file: its old records
+    // are still there past the new ones.
+    let mut written: Vec<_> = (0..10).map(|_| commit(&log, &mut rng, 1_000)).collect();
+    let old_ids: Vec<u64> = written.iter().map(|(id, _)| *id).collect();
+    let old = fs
+        .contents(&Path::new(DIR).join(format!("wal-{}", old_ids[0])))
+        .unwrap();
+    let stale = 9_000..10_000;
+    let mut reused = None;
+    for _ in 0..10 {
+        log.checkpoint_active().unwrap();
+        let first = commit(&log, &mut rng, 500);
+        let name = format!("wal-{}", first.0);
+        written.push(first);
+        written.extend((0..2).map(|_| commit(&log, &mut rng, 500)));
+        let bytes = fs.contents(&Path::new(DIR).join(&name)).unwrap();
+        if bytes.get(stale.clone()) == Some(&old[stale.clone()]) {
+            reused = Some(name);
+            break;
+        }
+    }
+    let reused = reused.expect("the first segment's file is reused");
+    log.shutdown().unwrap();
+    drop(log);
+    let names = fs.list_files(Path::new(DIR)).unwrap();
+    let mut files = Vec::new();
+    for name in &names {
+        files.push((
+            name.clone(),
+            fs.contents(&Path::new(DIR).join(name)).unwrap(),
+        ));
+    }
+    let new_bytes = files
+        .iter()
+        .find(|(name, _)| *name == reused)
+        .unwrap()
+        .1
+        .clone();
+    let check = |files: &[(String, Vec<u8>)], what: &str| {
+        let fs = fresh_fs(files);
+        let recorder = Recorder::new();
+        match config_on(&fs).open(recorder.clone()) {
+            Ok(log) => {
+                for (id, chunks) in &recorder.seen().recovered {
+                    let expected = written.iter().find(|(w, _)| w == id).unwrap();
+                    assert_eq!(&expected.1, chunks, "{what}: entry {id}");
+                    assert!(
+                        !old_ids.contains(id),
+                        "{what}: entry {id} of the file's earlier use came back"
+                    );
+                }
+                log.shutdown().unwrap();
+            }
+            Err(error) => assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}"),
+        }
+    };
+    let fs_check = fresh_fs(&files);
+    let recorder = Recorder::new();
+    config_on(&fs_check)
+        .open(recorder.clone())
+        .unwrap()
+        .shutdown()
+        .unwrap();
+    assert_eq!(
+        recorder.seen().recovered.len(),
+        3,
+        "the reused file's entries"
+    );
+    check(&files, "as written");
+    // The old records over the new ones, the new header kept.
+    let mut replayed = new_bytes.clone();
+    let end = old.len().min(new_bytes.len());
+    replayed[512..end].copy_from_slice(&old[512..end]);
+    check(
+        &with_segment(&files, &reused, replayed),
+        "old records copied back",
+    );
+    // The whole old file copied back under the new name.
+    check(
+        &with_segment(&files, &reused, old.clone()),
+        "old file copied back",
+    );
+}
+
+fn config_on(fs: &CrashFileSystem) -> Configuration {
+    Encryption::On.configure(
+        Configuration::default_for(DIR)
+            .file_system(fs.clone())
+            .preallocate_bytes(16 * 1024)
+            .checkpoint_after_bytes(16 * 1024),
+    )
+}
+
+/// Every way of opening or looking at `dir` with `config` fails with
+/// `expected`, and no file changes.
+fn assert_key_error(dir: &Path, config: impl Fn() -> Configuration, expected: KeyError) {
+    let before = snapshot(dir);
+    let segment = before
+        .keys()
+        .find_map(|name| match okaywal::LogFileName::parse(name) {
+            Some(okaywal::LogFileName::Segment(id)) => Some(id),
+            _ => None,
+        })
+        .expect("a segment");
+    let errors = [
+        ("open", config().open(LogVoid).map(drop).unwrap_err()),
+        (
+            "open_read_only",
+            config().open_read_only(LogVoid).map(drop).unwrap_err(),
+        ),
+        ("inspect", config().inspect().map(drop).unwrap_err()),
+        (
+            "inspect_segment",
+            config().inspect_segment(segment).map(drop).unwrap_err(),
+        ),
+    ];
+    for (what, error) in errors {
+        assert_eq!(
+            error.kind(),
+            io::ErrorKind::PermissionDenied,
+            "{what}: {error}"
+        );
+        assert_eq!(KeyError::of(&error), Some(&expected), "{what}: {error}");
+        assert!(error.to_string().contains("wal-"), "{what}: {error}");
+    }
+    assert_eq!(snapshot(dir), before, "the directory changed");
+}
+
+#[test]
+fn a_wrong_or_missing_key_fails_every_open_with_a_key_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = small_segments(dir.path(), Encryption::On)
+        .open(Recorder::refusing())
+        .unwrap();
+    varied_workload(&log, 8);
+    log.shutdown().unwrap();
+    drop(log);
+    let plain = || small_segments(dir.path(), Encryption::Off);
+    let wrong = StaticKey::with_id(KeyId::new(1), Key::from_bytes([9; 32]));
+    assert_key_error(
+        dir.path(),
+        || plain().encryption(wrong.clone()),
+        KeyError::Wrong(KeyId::new(1)),
+    );
+    let other = StaticKey::with_id(KeyId::new(2), Key::from_bytes([9; 32]));
+    assert_key_error(
+        dir.path(),
+        || plain().encryption(other.clone()),
+        KeyError::Missing(KeyId::new(1)),
+    );
+    assert_key_error(dir.path(), plain, KeyError::NotConfigured);
+    // With the key it opens (and recovers every entry).
+    small_segments(dir.path(), Encryption::On)
+        .open(Recorder::refusing())
+        .unwrap()
+        .shutdown()
+        .unwrap();
+
+    // A plain log with a key.
+    let dir = tempfile::tempdir().unwrap();
+    let log = small_segments(dir.path(), Encryption::Off)
+        .open(LogVoid)
+        .unwrap();
+    varied_workload(&log, 9);
+    log.shutdown().unwrap();
+    drop(log);
+    assert_key_error(
+        dir.path(),
+        || small_segments(dir.path(), Encryption::On),
+        KeyError::NotEncrypted,
+    );
+    small_segments(dir.path(), Encryption::Off)
+        .open(LogVoid)
+        .unwrap()
+        .shutdown()
+        .unwrap();
+}
+
+#[test]
+fn after_a_rotation_new_segments_use_the_new_key_and_older_ones_need_the_old() {
+    let dir = tempfile::tempdir().unwrap();
+    let (k1, k2) = (Key::from_bytes([1; 32]), Key::from_bytes([2; 32]));
+    let ring = Arc::new(Keyring::new(KeyId::new(1), k1.clone()));
+    let config = |provider: Arc<Keyring>| {
+        Configuration::default_for(dir.path())
+            .preallocate_bytes(64 * 1024)
+            .checkpoint_after_bytes(1 << 20)
+            .encryption(provider)
+    };
+    // Checkpoints are refused: every segment stays in the log.
+    let log = config(ring.clone()).open(Recorder::refusing()).unwrap();
+    let mut written = BTreeMap::new();
+    let mut rng = Rng::new(11);
+    let mut commit = |log: &WriteAheadLog| {
+        let mut entry = log.begin_entry().unwrap();
+        let data = payload(&mut rng, entry.id().0, 0, 2_000);
+        entry.write_chunk(&data).unwrap();
+        written.insert(entry.commit().unwrap().0, vec![data]);
+    };
+    for _ in 0..5 {
+        commit(&log);
+    }
+    ring.rotate(KeyId::new(2), k2.clone());
+    // The next segment starts now, under key 2.
+    let _ = log.checkpoint_active();
+    for _ in 0..5 {
+        commit(&log);
+    }
+    log.shutdown().unwrap();
+    drop(log);
+
+    let both = Arc::new(Keyring::new(KeyId::new(2), k2.clone()));
+    both.add(KeyId::new(1), k1.clone());
+    let recorder = Recorder::refusing();
+    let log = config(both).open(recorder.clone()).unwrap();
+    let recovered: BTreeMap<u64, Vec<Vec<u8>>> =
+        recorder.seen().recovered.iter().cloned().collect();
+    assert_eq!(recovered, written);
+    log.shutdown().unwrap();
+    drop(log);
+
+    let only_new = || config(Arc::new(Keyring::new(KeyId::new(2), k2.clone())));
+    assert_key_error(dir.path(), only_new, KeyError::Missing(KeyId::new(1)));
+    // And the newer segment needs key 2.
+    let only_old = || config(Arc::new(Keyring::new(KeyId::new(1), k1.clone())));
+    let error = only_old().open(LogVoid).map(drop).unwrap_err();
+    assert_eq!(
+        KeyError::of(&error),
+        Some(&KeyError::Missing(KeyId::new(2))),
+        "{error}"
+    );
+}
