@@ -315,13 +315,10 @@ impl Config {
     }
 }
 
-/// The WAL of an encrypted store. Blobs that travel through the WAL are
-/// sealed before they are written into it (they are the grains' images);
-/// the entries' framing and commit records are okaywal's to encrypt, with
-/// the same provider once okaywal's configuration takes one.
-fn wal_encryption(
-    wal: okaywal::Configuration,
-    _provider: SharedProvider,
-) -> okaywal::Configuration {
-    wal
+/// The WAL of an encrypted store: okaywal seals its records (chunks,
+/// commit records, entry ids) with the same provider. Blobs that travel
+/// through the WAL are also sealed before they enter it (they are the
+/// grains' images), so they are bound to their grains as well.
+fn wal_encryption(wal: okaywal::Configuration, provider: SharedProvider) -> okaywal::Configuration {
+    wal.encryption(provider)
 }

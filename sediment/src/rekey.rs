@@ -108,7 +108,11 @@ impl Database {
             .context(|| "asking the key provider for the current key".to_string())?;
         // Every blob sealed before the key changed is committed (or gone)
         // and in the strata once this returns: transactions that began
-        // before it hold entries it waits for.
+        // before it hold entries it waits for. The empty transaction makes
+        // the second checkpoint start a new WAL segment, under the current
+        // key, even if the active one held nothing.
+        self.checkpoint_wal()?;
+        self.begin_transaction()?.commit()?;
         self.checkpoint_wal()?;
 
         let mut report = RekeyReport::default();

@@ -347,8 +347,13 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
     let shared = &db.shared;
-    let inspection = okaywal::Configuration::default_for(shared.directory())
-        .shared_file_system(shared.fs().clone())
+    let mut configuration = okaywal::Configuration::default_for(shared.directory())
+        .shared_file_system(shared.fs().clone());
+    if let Some(sealer) = shared.strata().sealer() {
+        configuration =
+            configuration.encryption(crate::sealing::SharedProvider(sealer.provider().clone()));
+    }
+    let inspection = configuration
         .inspect()
         .context(|| "inspecting the write-ahead log".to_string())?;
     let location = |path: &Path, offset: Option<u64>| match offset {
