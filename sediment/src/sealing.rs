@@ -197,12 +197,12 @@ impl Sealer {
             return Ok(());
         }
         let mut checks = self.checks.lock();
-        if !checks.contains_key(&id) {
+        if let std::collections::btree_map::Entry::Vacant(entry) = checks.entry(id) {
             let pinned = Cipher::new(Pinned {
                 provider: self.provider.clone(),
                 id,
             });
-            checks.insert(id, pinned.key_check(INDEX_CHECK)?);
+            entry.insert(pinned.key_check(INDEX_CHECK)?);
         }
         self.noted.store(tag, Ordering::Release);
         Ok(())
@@ -451,13 +451,13 @@ impl Sealer {
             .u64(slot)
     }
 
-    fn page_ad(&self, basin: u8, number: u32, slot: u64, page: u32, version: u64) -> Ad {
+    fn page_ad(&self, place: &PagePlace) -> Ad {
         Ad::new(b"sediment stamp page", &self.store_id)
-            .u64(u64::from(basin))
-            .u64(u64::from(number))
-            .u64(slot)
-            .u64(u64::from(page))
-            .u64(version)
+            .u64(u64::from(place.basin))
+            .u64(u64::from(place.number))
+            .u64(place.slot)
+            .u64(u64::from(place.page))
+            .u64(place.version)
     }
 
     fn seal_envelope(
@@ -557,36 +557,21 @@ impl Sealer {
 
     /// A sealed stamp page ([`STAMP_PAGE_BYTES`] bytes) holding `stamps`
     /// (at most [`STAMPS_PER_PAGE`]; the rest are zero).
-    pub fn seal_page(
-        &self,
-        basin: u8,
-        number: u32,
-        slot: u64,
-        page: u32,
-        version: u64,
-        stamps: &[u32],
-    ) -> io::Result<Vec<u8>> {
+    pub fn seal_page(&self, place: &PagePlace, stamps: &[u32]) -> io::Result<Vec<u8>> {
         let mut bytes = vec![0_u8; STAMP_PAGE_BYTES as usize];
         for (i, stamp) in stamps.iter().take(STAMPS_PER_PAGE as usize).enumerate() {
             let at = SEAL_BYTES + 4 * i;
             bytes[at..at + 4].copy_from_slice(&stamp.to_le_bytes());
         }
-        let seal = self.seal(
-            &self.page_ad(basin, number, slot, page, version),
-            &mut bytes[SEAL_BYTES..],
-        )?;
+        let seal = self.seal(&self.page_ad(place), &mut bytes[SEAL_BYTES..])?;
         bytes[..SEAL_BYTES].copy_from_slice(&seal.to_bytes());
         Ok(bytes)
     }
 
-    /// Opens a stamp page written with `version`: its stamps and key id.
+    /// Opens a stamp page: its stamps and key id.
     pub fn open_page(
         &self,
-        basin: u8,
-        number: u32,
-        slot: u64,
-        page: u32,
-        version: u64,
+        place: &PagePlace,
         bytes: &mut [u8],
         what: &dyn fmt::Display,
     ) -> Result<(Vec<u32>, KeyId), Unsealed> {
@@ -594,12 +579,7 @@ impl Sealer {
             return Err(Unsealed::Damaged);
         }
         let seal = seal_at(bytes);
-        let key_id = self.open(
-            &seal,
-            &self.page_ad(basin, number, slot, page, version),
-            &mut bytes[SEAL_BYTES..],
-            what,
-        )?;
+        let key_id = self.open(&seal, &self.page_ad(place), &mut bytes[SEAL_BYTES..], what)?;
         let stamps = bytes[SEAL_BYTES..]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -734,6 +714,17 @@ impl Sealer {
         )?;
         Ok(body)
     }
+}
+
+/// Where a stamp page belongs: its stratum, header copy and page, and the
+/// generation that wrote it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PagePlace {
+    pub basin: u8,
+    pub number: u32,
+    pub slot: u64,
+    pub page: u32,
+    pub version: u64,
 }
 
 /// Bytes of a sealed commit log frame before the record's ciphertext: the

@@ -25,7 +25,7 @@ use crate::format::{
     open_envelope, sealed_stratum_body_len, sealed_stratum_head_len, stamp_pages, stratum_capacity,
     HeaderError, Layout, StratumHeader, STAMPS_PER_PAGE, STAMP_PAGE_BYTES, STRATUM_MAGIC_BYTES,
 };
-use crate::sealing::{Sealer, Unsealed};
+use crate::sealing::{PagePlace, Sealer, Unsealed};
 
 /// One header copy as read.
 #[derive(Debug, Clone)]
@@ -120,7 +120,14 @@ pub(crate) fn read_copy(
         if bytes.len() as u64 != STAMP_PAGE_BYTES {
             return Ok(Err(CopyError::Header(HeaderError::Truncated)));
         }
-        match sealer.open_page(basin, number, slot, page, version, &mut bytes, what) {
+        let place = PagePlace {
+            basin,
+            number,
+            slot,
+            page,
+            version,
+        };
+        match sealer.open_page(&place, &mut bytes, what) {
             Ok((page_stamps, key_id)) => {
                 key_ids.insert(key_id);
                 let first = (page * STAMPS_PER_PAGE) as usize;
@@ -171,14 +178,14 @@ pub(crate) fn write_copy(
     for &page in &pages {
         let first = (page * STAMPS_PER_PAGE) as usize;
         let last = (first + STAMPS_PER_PAGE as usize).min(durable.stamps.len());
-        let bytes = sealer.seal_page(
+        let place = PagePlace {
             basin,
-            header.stratum,
+            number: header.stratum,
             slot,
             page,
-            header.generation,
-            &durable.stamps[first..last],
-        )?;
+            version: header.generation,
+        };
+        let bytes = sealer.seal_page(&place, &durable.stamps[first..last])?;
         let at = start + sealed_stratum_head_len(basin) + u64::from(page) * STAMP_PAGE_BYTES;
         file.write_all_at(&bytes, at)?;
         versions[page as usize] = header.generation;
