@@ -633,3 +633,170 @@ fn a_power_cut_at_any_sync_or_write_of_a_rekey_loses_nothing() {
         points.len()
     );
 }
+
+#[test]
+fn readers_and_writers_running_through_a_rekey_see_only_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ring = ring();
+    let db = open(dir.path(), ring.clone()).unwrap();
+    let mut kept = BTreeMap::new();
+    for round in 0..8_u64 {
+        let blobs: Vec<Vec<u8>> = [50, 2000, 30_000, 90_000, 400_000]
+            .iter()
+            .map(|&len| blob(round << 20 | len, len as usize))
+            .collect();
+        for (id, data) in commit(&db, &blobs).into_iter().zip(blobs) {
+            kept.insert(id, data);
+        }
+    }
+    db.checkpoint_wal().unwrap();
+    ring.rotate(KeyId::new(2), key(2));
+    let kept: Vec<(GrainId, Vec<u8>)> = kept.into_iter().collect();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let written = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..2_u64)
+            .map(|reader| {
+                let (db, kept, done) = (&db, &kept, &done);
+                scope.spawn(move || {
+                    let mut rng = Rng::new(reader);
+                    let mut reads = 0;
+                    while !done.load(std::sync::atomic::Ordering::Acquire) || reads < 50 {
+                        let (id, data) = &kept[rng.below(kept.len() as u64) as usize];
+                        let read = db.read(*id).unwrap().expect("a kept blob");
+                        let mut bytes = Vec::new();
+                        std::io::Read::read_to_end(&mut { read }, &mut bytes)
+                            .unwrap_or_else(|e| panic!("reading {id}: {e}"));
+                        assert!(bytes == *data, "{id} read other bytes");
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let writer = {
+            let (db, done) = (&db, &done);
+            scope.spawn(move || {
+                let mut own = Vec::new();
+                let mut tag = 1 << 40;
+                while !done.load(std::sync::atomic::Ordering::Acquire) || own.len() < 20 {
+                    tag += 1;
+                    let data = blob(tag, (tag % 7) as usize * 20_000 + 10);
+                    let id = commit(db, std::slice::from_ref(&data))[0];
+                    own.push((id, data));
+                    if tag % 3 == 0 {
+                        let (id, _) = own.remove(0);
+                        free(db, id);
+                    }
+                }
+                own
+            })
+        };
+        let report = db.rekey().unwrap();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        assert!(report.problems.is_empty(), "{report:?}");
+        assert_eq!(report.key_ids_in_use, vec![KeyId::new(2)]);
+        for reader in readers {
+            assert!(reader.join().unwrap() >= 50);
+        }
+        writer.join().unwrap()
+    });
+    db.shutdown().unwrap();
+    assert!(ring.retire(KeyId::new(1)));
+    let db = open(dir.path(), StaticKey::with_id(KeyId::new(2), key(2))).unwrap();
+    for (id, data) in kept.iter().chain(&written) {
+        common::assert_blob(&db, *id, data, "after the rekey, with key 2 alone");
+    }
+    assert_eq!(db.verify().unwrap().key_ids_in_use, vec![KeyId::new(2)]);
+}
+
+#[test]
+fn damaged_commit_log_bytes_cost_records_never_blobs_or_a_key_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), ring()).unwrap();
+    let mut stored = BTreeMap::new();
+    for round in 0..20_u64 {
+        let blobs = vec![blob(round, 100), blob(round + 100, 3000)];
+        for (id, data) in commit(&db, &blobs).into_iter().zip(blobs) {
+            stored.insert(id, data);
+        }
+    }
+    db.shutdown().unwrap();
+    let name = files(dir.path())
+        .into_keys()
+        .find(|n| n.starts_with("commits-"))
+        .unwrap();
+    let path = dir.path().join(&name);
+    let original = std::fs::read(&path).unwrap();
+    // The first frame's sealed length, its record's seal, its record, and
+    // a byte further on.
+    for at in [0, 46, 60, 100, original.len() / 2, original.len() - 1] {
+        let mut damaged = original.clone();
+        damaged[at] ^= 0x08;
+        std::fs::write(&path, &damaged).unwrap();
+        let db = open(dir.path(), ring()).unwrap();
+        check(&db, &stored, &format!("flip at {at} of {name}"));
+        match db.commit_log(sediment::SequenceId(0)) {
+            Err(Error::CommitLogDamaged(damage)) => {
+                assert_eq!(damage.path, path, "flip at {at}");
+                assert!(damage.what.contains("authentication"), "{damage}");
+            }
+            other => panic!("flip at {at}: commit_log gave {other:?}"),
+        }
+        let report = db.verify_report(|_, _| {}).unwrap();
+        assert_eq!(report.commit_log_damage.len(), 1, "flip at {at}: {report}");
+        drop(db);
+    }
+    std::fs::write(&path, &original).unwrap();
+    let db = open(dir.path(), ring()).unwrap();
+    db.verify().unwrap();
+}
+
+#[test]
+fn a_damaged_index_copy_is_damage_not_a_key_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open(dir.path(), ring()).unwrap();
+    let ids = commit(&db, &[blob(1, 100)]);
+    db.shutdown().unwrap();
+    let path = dir.path().join("index");
+    let original = std::fs::read(&path).unwrap();
+    // Each part of copy 0: version, key check (key id, nonce, tag), body
+    // seal, body.
+    for at in [8, 16, 20, 50, 62, 90, 110, 500] {
+        let mut damaged = std::fs::read(&path).unwrap();
+        damaged[at] ^= 0x40;
+        std::fs::write(&path, &damaged).unwrap();
+        let db = open(dir.path(), ring()).unwrap();
+        assert_eq!(db.get(ids[0]).unwrap(), Some(blob(1, 100)), "flip at {at}");
+        drop(db);
+        // Copy 0 was sealed again (with a new nonce) from copy 1; now copy 1
+        // alone is damaged, and copy 0 serves.
+        let mut damaged = std::fs::read(&path).unwrap();
+        assert!(
+            damaged[..4096] != original[..4096],
+            "flip at {at}: copy 0 rewritten"
+        );
+        damaged[4096 + at] ^= 0x40;
+        std::fs::write(&path, &damaged).unwrap();
+        let db = open(dir.path(), ring()).unwrap();
+        assert_eq!(
+            db.get(ids[0]).unwrap(),
+            Some(blob(1, 100)),
+            "flip at {at} of copy 1"
+        );
+        db.verify().unwrap();
+    }
+    let mut both = original.clone();
+    both[110] ^= 1;
+    both[4096 + 110] ^= 1;
+    std::fs::write(&path, &both).unwrap();
+    match open(dir.path(), ring()) {
+        Err(Error::Corrupt {
+            path: reported,
+            what,
+        }) => {
+            assert_eq!(reported, path);
+            assert!(what.contains("both index header copies"), "{what}");
+        }
+        other => panic!("both copies damaged: {:?}", other.map(|_| ())),
+    }
+}
