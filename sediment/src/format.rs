@@ -857,6 +857,77 @@ mod tests {
     }
 
     #[test]
+    fn sealed_layouts_fit_as_documented() {
+        assert_eq!(MAX_SEALED_BLOB_BYTES, 1_073_021_308);
+        let space = u64::from(MAX_GRAINS_PER_BLOB) * grain_size(BASINS as u8 - 1);
+        assert!(sealed_image_len(MAX_SEALED_BLOB_BYTES).unwrap() <= space);
+        assert!(sealed_image_len(MAX_SEALED_BLOB_BYTES + 1).unwrap() > space);
+        assert_eq!(Layout::Sealed.placement(MAX_SEALED_BLOB_BYTES + 1), None);
+        assert_eq!(sealed_image_len(0), Some(60));
+        assert_eq!(sealed_image_len(65_536), Some(60 + 44 + 65_536));
+        assert_eq!(sealed_image_len(65_537), Some(60 + 88 + 65_537));
+        assert_eq!(
+            sealed_chunk_span(100_000, 1),
+            (60 + 65_580, 100_000 - 65_536)
+        );
+        for basin in 0..BASINS as u8 {
+            let head = sealed_stratum_head_len(basin);
+            assert_eq!(head % 4096, 0);
+            assert!(head >= (ENVELOPE_HEAD + sealed_stratum_body_len(basin) + 4) as u64);
+            assert_eq!(
+                sealed_stratum_slot_size(basin),
+                head + u64::from(stamp_pages(basin)) * 4096
+            );
+            assert!(
+                u64::from(stamp_pages(basin)) * u64::from(STAMPS_PER_PAGE)
+                    >= u64::from(stratum_capacity(basin))
+            );
+        }
+        assert_eq!(STAMPS_PER_PAGE, 1013);
+        assert_eq!(SEALED_INDEX_BODY + ENVELOPE_HEAD + 4, 1688);
+    }
+
+    #[test]
+    fn sealed_bodies_round_trip_and_refuse_garbage() {
+        let index = SealedIndex {
+            header: IndexHeader {
+                generation: 3,
+                wal_checkpointed_entry: 9,
+                checkpointed_to: 2,
+                embedded_header: GrainId::new(1, 2, 3, 4),
+                commit_log_file: 5,
+                commit_log_end: 77,
+                last_committed: 8,
+                strata: std::array::from_fn(|basin| basin as u32),
+            },
+            store_id: [7; 16],
+            key_checks: Vec::new(),
+        };
+        let body = index.encode_body();
+        assert_eq!(SealedIndex::decode_body(&body).unwrap(), index);
+        assert!(SealedIndex::decode_body(&body[..100]).is_err());
+        let mut many = body.clone();
+        many[168] = 33;
+        assert!(SealedIndex::decode_body(&many).is_err());
+
+        let mut header = StratumHeader::empty(4, 2);
+        header.generation = 6;
+        header.allocated[0] = 0b110;
+        header.starts[0] = 0b010;
+        let versions = vec![3; stamp_pages(4) as usize];
+        let body = header.encode_sealed_body(&versions);
+        assert_eq!(body.len(), sealed_stratum_body_len(4));
+        assert_eq!(
+            StratumHeader::decode_sealed_body(&body, 4, 2).unwrap(),
+            (header, versions)
+        );
+        assert!(StratumHeader::decode_sealed_body(&body, 4, 3).is_err());
+        assert!(StratumHeader::decode_sealed_body(&body, 5, 2).is_err());
+        assert!(StratumHeader::decode_sealed_body(&body[1..], 4, 2).is_err());
+        assert!(StratumHeader::decode_sealed_body(&body, 99, 2).is_err());
+    }
+
+    #[test]
     fn grain_header_round_trips() {
         let header = GrainHeader {
             sequence: 5,
