@@ -90,7 +90,9 @@ impl Config {
     /// authenticated with XChaCha20-Poly1305 and bound to its place:
     /// blobs, stratum headers and bitmaps, the index and the commit log
     /// (`FORMAT.md`, format version 2, lists what stays plaintext: format
-    /// versions, key ids, nonces and tags). Bytes changed, moved to another
+    /// versions, key ids, nonces and tags). The WAL is an encrypted okaywal
+    /// log with the same provider
+    /// ([`okaywal::Configuration::encryption`]). Bytes changed, moved to another
     /// place, or an old copy of a grain that was freed and reused, read as
     /// damage ([`Error::ChecksumMismatch`](crate::Error::ChecksumMismatch),
     /// [`Error::Corrupt`](crate::Error::Corrupt)), never as data.
