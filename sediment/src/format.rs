@@ -469,19 +469,19 @@ impl Layout {
         }
     }
 
-    /// Bytes of one stratum header copy of `basin`.
+    /// Bytes of one stratum header copy of `basin`: the same in both
+    /// layouts (a sealed copy's stamp pages are in the stratum's stamps
+    /// file), so grains are where [`grain_offset`] says in both.
     #[must_use]
     pub fn slot_size(self, basin: u8) -> u64 {
-        match self {
-            Layout::Plain => stratum_slot_size(basin),
-            Layout::Sealed => sealed_stratum_slot_size(basin),
-        }
+        stratum_slot_size(basin)
     }
 
-    /// Offset of grain `index` in a stratum file of `basin`.
+    /// Offset of grain `index` in a stratum file of `basin`: the same in
+    /// both layouts.
     #[must_use]
     pub fn grain_offset(self, basin: u8, index: u32) -> u64 {
-        2 * self.slot_size(basin) + u64::from(index) * grain_size(basin)
+        grain_offset(basin, index)
     }
 }
 
@@ -523,18 +523,19 @@ pub fn sealed_stratum_body_len(basin: u8) -> usize {
     24 + stratum_capacity(basin) as usize / 4 + 8 * stamp_pages(basin) as usize
 }
 
-/// Bytes of the first part of a sealed stratum header copy (envelope,
-/// body, CRC), rounded up to 4096; the stamp pages follow it.
+/// Bytes of a sealed stratum header copy (envelope, body, CRC): it fits in
+/// [`stratum_slot_size`], like a plain copy.
 #[must_use]
-pub fn sealed_stratum_head_len(basin: u8) -> u64 {
-    ((ENVELOPE_HEAD + sealed_stratum_body_len(basin) + 4) as u64).div_ceil(4096) * 4096
+pub fn sealed_stratum_header_len(basin: u8) -> u64 {
+    (ENVELOPE_HEAD + sealed_stratum_body_len(basin) + 4) as u64
 }
 
-/// Bytes of one sealed stratum header copy: its first part and its stamp
-/// pages.
+/// Offset of stamp page `page` of header copy `copy` in the stamps file
+/// of a stratum of `basin` (`stamps-{basin}-{n}`): the pages of copy 0,
+/// then those of copy 1.
 #[must_use]
-pub fn sealed_stratum_slot_size(basin: u8) -> u64 {
-    sealed_stratum_head_len(basin) + u64::from(stamp_pages(basin)) * STAMP_PAGE_BYTES
+pub fn stamp_page_offset(basin: u8, copy: u64, page: u32) -> u64 {
+    (copy * u64::from(stamp_pages(basin)) + u64::from(page)) * STAMP_PAGE_BYTES
 }
 
 /// The plaintext parts of an envelope (see [`open_envelope`]).
@@ -871,12 +872,16 @@ mod tests {
             (60 + 65_580, 100_000 - 65_536)
         );
         for basin in 0..BASINS as u8 {
-            let head = sealed_stratum_head_len(basin);
-            assert_eq!(head % 4096, 0);
-            assert!(head >= (ENVELOPE_HEAD + sealed_stratum_body_len(basin) + 4) as u64);
+            // A sealed header copy fits where a plain one is, so grains
+            // are at the same offsets in both layouts.
+            assert!(sealed_stratum_header_len(basin) <= stratum_slot_size(basin));
             assert_eq!(
-                sealed_stratum_slot_size(basin),
-                head + u64::from(stamp_pages(basin)) * 4096
+                Layout::Sealed.grain_offset(basin, 5),
+                Layout::Plain.grain_offset(basin, 5)
+            );
+            assert_eq!(
+                stamp_page_offset(basin, 1, 0),
+                u64::from(stamp_pages(basin)) * 4096
             );
             assert!(
                 u64::from(stamp_pages(basin)) * u64::from(STAMPS_PER_PAGE)

@@ -96,7 +96,26 @@ impl Stratum {
             .context(|| format!("creating stratum {}", path.display()))?;
         let mut header = StratumHeader::empty(basin, number);
         header.generation = 1;
-        let stamps = sealer.map(|_| Stamps::new(basin, Vec::new(), [Vec::new(), Vec::new()]));
+        let stamps = match sealer {
+            Some(_) => {
+                let (stamps_path, stamps_file) =
+                    Stamps::open_file(fs, directory, basin, number, true)
+                        .and_then(|(path, file)| {
+                            if let Some(file) = &file {
+                                file.set_len(0)?;
+                            }
+                            Ok((path, file))
+                        })
+                        .context(|| format!("creating the stamps of stratum {}", path.display()))?;
+                Some(Stamps::new(
+                    basin,
+                    Vec::new(),
+                    [Vec::new(), Vec::new()],
+                    (stamps_path, stamps_file),
+                ))
+            }
+            None => None,
+        };
         file.set_len(0)
             .and_then(|()| match (sealer, &stamps) {
                 (Some(sealer), Some(stamps)) => {
@@ -138,7 +157,18 @@ impl Stratum {
         let file = fs
             .open(&path, mode)
             .context(|| format!("opening stratum {}", path.display()))?;
-        let [first, second] = read_copies(&*file, sealer.map(|s| &**s), basin, number, &path)
+        let stamps_file = match sealer {
+            Some(_) => Some(
+                Stamps::open_file(fs, directory, basin, number, false)
+                    .context(|| format!("opening the stamps of stratum {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let sealed = sealer.map(|sealer| {
+            let file = stamps_file.as_ref().and_then(|(_, file)| file.as_deref());
+            (&**sealer, file)
+        });
+        let [first, second] = read_copies(&*file, sealed, basin, number, &path)
             .context(|| format!("reading stratum {}", path.display()))?;
         // A key that is missing or wrong is never taken for damage.
         let first =
@@ -151,16 +181,32 @@ impl Stratum {
                 path: path.clone(),
                 what: format!("both stratum header copies are invalid ({a}; {b})"),
             })?;
-        let stamps = sealer.map(|_| {
-            let other = copies[1 - slot]
-                .as_ref()
-                .map(|c| c.versions.clone())
-                .unwrap_or_default();
-            let mut versions = [Vec::new(), Vec::new()];
-            versions[slot] = state.versions.clone();
-            versions[1 - slot] = other;
-            Stamps::new(basin, state.stamps.clone(), versions)
-        });
+        let stamps = match stamps_file {
+            Some(read_only) => {
+                // The keys are settled: a writable store may now create a
+                // stamps file that is missing.
+                let stamps_file = if writable {
+                    Stamps::open_file(fs, directory, basin, number, true)
+                        .context(|| format!("opening the stamps of stratum {}", path.display()))?
+                } else {
+                    read_only
+                };
+                let other = copies[1 - slot]
+                    .as_ref()
+                    .map(|c| c.versions.clone())
+                    .unwrap_or_default();
+                let mut versions = [Vec::new(), Vec::new()];
+                versions[slot] = state.versions.clone();
+                versions[1 - slot] = other;
+                Some(Stamps::new(
+                    basin,
+                    state.stamps.clone(),
+                    versions,
+                    stamps_file,
+                ))
+            }
+            None => None,
+        };
         let same = copies[1 - slot]
             .as_ref()
             .is_ok_and(|other| other.same_state(&state));
@@ -207,7 +253,16 @@ impl Stratum {
             .open(&path, OpenMode::Read)
             .context(|| format!("opening stratum {}", path.display()))?;
         let header = StratumHeader::empty(basin, number);
-        let stamps = sealer.map(|_| Stamps::new(basin, Vec::new(), [Vec::new(), Vec::new()]));
+        let stamps = match sealer {
+            Some(_) => Some(Stamps::new(
+                basin,
+                Vec::new(),
+                [Vec::new(), Vec::new()],
+                Stamps::open_file(fs, directory, basin, number, false)
+                    .context(|| format!("opening the stamps of stratum {}", path.display()))?,
+            )),
+            None => None,
+        };
         Ok(Self::from_parts(
             basin,
             number,
@@ -536,29 +591,37 @@ impl Stratum {
 
     /// Reads both header copies as they are on disk now (for `verify`).
     pub fn read_copies(&self) -> std::io::Result<[std::result::Result<CopyState, CopyError>; 2]> {
-        read_copies(
-            &*self.file,
-            self.sealer.as_deref(),
-            self.basin,
-            self.number,
-            &self.path,
-        )
+        let sealed = self.sealer.as_deref().map(|sealer| {
+            let file = self.stamps.as_ref().and_then(|stamps| stamps.file());
+            (sealer, file)
+        });
+        read_copies(&*self.file, sealed, self.basin, self.number, &self.path)
+    }
+
+    /// Bytes of the stratum file, and of its stamps file if it has one.
+    pub fn bytes_on_disk(&self) -> std::io::Result<u64> {
+        let stamps = match self.stamps.as_ref().and_then(|stamps| stamps.file()) {
+            Some(file) => file.len()?,
+            None => 0,
+        };
+        Ok(self.file.len()? + stamps)
     }
 }
 
 /// Reads and decodes both header copies of a stratum file (sealed if
-/// `sealer` is given); `path` names it in key errors.
+/// `sealed` gives the sealer and the stamps file); `path` names it in key
+/// errors.
 pub(crate) fn read_copies(
     file: &dyn FileHandle,
-    sealer: Option<&Sealer>,
+    sealed: Option<(&Sealer, Option<&dyn FileHandle>)>,
     basin: u8,
     number: u32,
     path: &Path,
 ) -> std::io::Result<[std::result::Result<CopyState, CopyError>; 2]> {
     let what = path.display();
     Ok([
-        read_copy(file, sealer, basin, number, 0, &what)?,
-        read_copy(file, sealer, basin, number, 1, &what)?,
+        read_copy(file, sealed, basin, number, 0, &what)?,
+        read_copy(file, sealed, basin, number, 1, &what)?,
     ])
 }
 
@@ -649,13 +712,17 @@ mod tests {
             let all = vec![(3, 2), (20, 4), (1500, 1)];
             // Damage to either copy alone (its first part, or a sealed
             // copy's stamp page) loses nothing, and is repaired.
-            let mut spots = vec![40];
+            let stamps_path = dir.join(sealed::stamps_file_name(2, 0));
+            let mut spots = vec![(path.clone(), 40, layout.slot_size(2))];
             if layout == Layout::Sealed {
-                spots.push(crate::format::sealed_stratum_head_len(2) + 100);
+                let pages = u64::from(crate::format::stamp_pages(2)) * 4096;
+                spots.push((stamps_path, 100, pages));
             }
-            for at in spots {
+            for (damaged, at, copy_size) in spots {
+                let damaged = fs.open(&damaged, OpenMode::ReadWrite).unwrap();
                 for slot in 0..2 {
-                    file.write_all_at(&[0xFF; 8], slot * layout.slot_size(2) + at)
+                    damaged
+                        .write_all_at(&[0xFF; 8], slot * copy_size + at)
                         .unwrap();
                     let opened = Stratum::open(&fs, dir, 2, 0, true, sealer).unwrap();
                     assert_eq!(opened.bits.read().durable_blobs(), all, "slot {slot}");

@@ -15,23 +15,13 @@ use sediment::format::{
 };
 use sediment::{Config, Database, Error, GrainId, VerifyReport};
 
-/// The stratum file and byte offset of a grain, from the documented layout.
+/// The stratum file and byte offset of a grain, from the documented layout
+/// (the same in a plain store and an encrypted one).
 fn grain_location(dir: &Path, id: GrainId) -> (PathBuf, u64) {
     let path = dir.join(format!("stratum-{}-{}", id.basin(), id.stratum()));
     let offset = 2 * stratum_slot_size(id.basin()) + u64::from(id.index()) * grain_size(id.basin());
     assert_eq!(offset, grain_offset(id.basin(), id.index()));
     (path, offset)
-}
-
-/// [`grain_location`] in a store of `mode`.
-fn grain_location_in(mode: Mode, dir: &Path, id: GrainId) -> (PathBuf, u64) {
-    match mode {
-        Mode::Plain => grain_location(dir, id),
-        Mode::Encrypted => (
-            dir.join(format!("stratum-{}-{}", id.basin(), id.stratum())),
-            mode.layout().grain_offset(id.basin(), id.index()),
-        ),
-    }
 }
 
 /// A byte of a stored blob: of its grain header (sequence 0..8, length
@@ -170,7 +160,7 @@ fn flipped_bytes_in_grains_are_found_and_never_returned_in(mode: Mode) {
     // Check the documented layout against the file before damaging it
     // (an encrypted store's bytes are checked by the damage below).
     for (id, data) in blobs.iter().filter(|_| mode == Mode::Plain) {
-        let (path, offset) = grain_location_in(mode, dir.path(), *id);
+        let (path, offset) = grain_location(dir.path(), *id);
         let bytes = std::fs::read(&path).unwrap();
         let start = offset as usize;
         let header = GrainHeader::decode(&bytes[start..start + GRAIN_HEADER_SIZE]).unwrap();
@@ -207,7 +197,7 @@ fn flipped_bytes_in_grains_are_found_and_never_returned_in(mode: Mode) {
     let mut damaged = Vec::new();
     for &(which, at) in &damage {
         let (id, _) = &blobs[which];
-        let (path, offset) = grain_location_in(mode, dir.path(), *id);
+        let (path, offset) = grain_location(dir.path(), *id);
         flip_byte(&path, offset + at);
         damaged.push((*id, path, offset));
     }
@@ -298,9 +288,9 @@ fn a_damaged_header_of_an_empty_blob_is_detected_by_get_in(mode: Mode) {
     db.shutdown().unwrap();
     // Damage the CRC of the first empty blob and the sequence of the second.
     let (crc_damaged, sequence_damaged) = (blobs[0].0, blobs[1].0);
-    let (path, offset) = grain_location_in(mode, dir.path(), crc_damaged);
+    let (path, offset) = grain_location(dir.path(), crc_damaged);
     flip_byte(&path, offset + stored_at(mode, Spot::Header(12)));
-    let (path, offset) = grain_location_in(mode, dir.path(), sequence_damaged);
+    let (path, offset) = grain_location(dir.path(), sequence_damaged);
     flip_byte(&path, offset + stored_at(mode, Spot::Header(2)));
 
     let db = recover(mode, dir.path());
@@ -341,7 +331,7 @@ fn a_truncated_stratum_gives_errors_not_data_in(mode: Mode) {
         .max_by_key(|(id, _)| id.index())
         .map(|(id, _)| *id)
         .unwrap();
-    let (path, offset) = grain_location_in(mode, dir.path(), last);
+    let (path, offset) = grain_location(dir.path(), last);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(offset + 1000).unwrap();
     drop(file);

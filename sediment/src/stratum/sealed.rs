@@ -2,7 +2,8 @@
 //! (version 2), and a sealed stratum's stamps.
 //!
 //! A sealed copy is an envelope (fixed fields and both bitmaps, with a
-//! version per stamp page) followed by its stamp pages. A stamp is the low
+//! version per stamp page) where a plain copy is, and stamp pages in the
+//! stratum's stamps file (`stamps-{basin}-{n}`). A stamp is the low
 //! 32 bits of the sequence that wrote the blob starting at that grain: a
 //! blob's image carries its sequence, so an old image of a grain that was
 //! freed and reused is told from the current one. A page is written only
@@ -15,15 +16,18 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use okaywal::encryption::KeyId;
-use okaywal::fs::FileHandle;
+use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 use parking_lot::Mutex;
 
 use crate::format::{
-    open_envelope, sealed_stratum_body_len, sealed_stratum_head_len, stamp_pages, stratum_capacity,
-    HeaderError, Layout, StratumHeader, STAMPS_PER_PAGE, STAMP_PAGE_BYTES, STRATUM_MAGIC_BYTES,
+    open_envelope, sealed_stratum_body_len, stamp_page_offset, stamp_pages, stratum_capacity,
+    stratum_slot_size, HeaderError, StratumHeader, STAMPS_PER_PAGE, STAMP_PAGE_BYTES,
+    STRATUM_MAGIC_BYTES,
 };
 use crate::sealing::{PagePlace, Sealer, Unsealed};
 
@@ -58,32 +62,35 @@ pub(crate) enum CopyError {
     Key(io::Error),
 }
 
-/// Reads header copy `slot` of a stratum file of `basin`, number `number`,
-/// sealed if `sealer` is given. Only failed reads are errors.
+/// The file name of the stamps of stratum `number` of `basin`.
+pub(crate) fn stamps_file_name(basin: u8, number: u32) -> String {
+    format!("stamps-{basin}-{number}")
+}
+
+/// Reads up to `want` bytes at `offset` of `file` (fewer where it ends).
+fn read_up_to(file: &dyn FileHandle, offset: u64, want: u64) -> io::Result<Vec<u8>> {
+    let len = file.len()?;
+    let available = len.saturating_sub(offset).min(want) as usize;
+    let mut bytes = vec![0; available];
+    file.read_exact_at(&mut bytes, offset)?;
+    Ok(bytes)
+}
+
+/// Reads header copy `slot` of a stratum file of `basin`, number `number`;
+/// sealed if `sealed` gives the store's sealer and the stratum's stamps
+/// file (if it exists). Only failed reads are errors.
 pub(crate) fn read_copy(
     file: &dyn FileHandle,
-    sealer: Option<&Sealer>,
+    sealed: Option<(&Sealer, Option<&dyn FileHandle>)>,
     basin: u8,
     number: u32,
     slot: u64,
     what: &dyn std::fmt::Display,
 ) -> io::Result<Result<CopyState, CopyError>> {
-    let layout = if sealer.is_some() {
-        Layout::Sealed
-    } else {
-        Layout::Plain
-    };
-    let slot_size = layout.slot_size(basin);
-    let len = file.len()?;
+    let slot_size = stratum_slot_size(basin);
     let start = slot * slot_size;
-    let read = |offset: u64, want: u64| -> io::Result<Vec<u8>> {
-        let available = len.saturating_sub(offset).min(want) as usize;
-        let mut bytes = vec![0; available];
-        file.read_exact_at(&mut bytes, offset)?;
-        Ok(bytes)
-    };
-    let Some(sealer) = sealer else {
-        let bytes = read(start, slot_size)?;
+    let Some((sealer, stamps_file)) = sealed else {
+        let bytes = read_up_to(file, start, slot_size)?;
         return Ok(StratumHeader::decode(&bytes, basin, number)
             .map(|header| CopyState {
                 header,
@@ -93,7 +100,7 @@ pub(crate) fn read_copy(
             })
             .map_err(CopyError::Header));
     };
-    let head = read(start, sealed_stratum_head_len(basin))?;
+    let head = read_up_to(file, start, slot_size)?;
     let envelope = match open_envelope(&head, STRATUM_MAGIC_BYTES, sealed_stratum_body_len(basin)) {
         Ok(envelope) => envelope,
         Err(error) => return Ok(Err(CopyError::Header(error))),
@@ -115,8 +122,11 @@ pub(crate) fn read_copy(
             continue;
         }
         let page = page as u32;
-        let at = start + sealed_stratum_head_len(basin) + u64::from(page) * STAMP_PAGE_BYTES;
-        let mut bytes = read(at, STAMP_PAGE_BYTES)?;
+        let at = stamp_page_offset(basin, slot, page);
+        let mut bytes = match stamps_file {
+            Some(stamps_file) => read_up_to(stamps_file, at, STAMP_PAGE_BYTES)?,
+            None => Vec::new(),
+        };
         if bytes.len() as u64 != STAMP_PAGE_BYTES {
             return Ok(Err(CopyError::Header(HeaderError::Truncated)));
         }
@@ -151,7 +161,8 @@ pub(crate) fn read_copy(
 
 /// Writes `header` (its generation also the version of every page
 /// written) into sealed copy `slot`: the changed stamp pages (every page
-/// ever written, if `full`), then the envelope. Not synced.
+/// ever written, if `full`) into the stamps file, which is synced, then
+/// the envelope into the stratum file (not synced).
 pub(crate) fn write_copy(
     file: &dyn FileHandle,
     sealer: &Sealer,
@@ -161,7 +172,15 @@ pub(crate) fn write_copy(
     full: bool,
 ) -> io::Result<()> {
     let basin = header.basin;
-    let start = slot * Layout::Sealed.slot_size(basin);
+    let start = slot * stratum_slot_size(basin);
+    if stamps.sync_failed.load(Ordering::Acquire) {
+        // As for a stratum file: after a failed fdatasync, no later one
+        // proves that the pages are on disk.
+        return Err(io::Error::other(format!(
+            "an fdatasync of {} failed; its stamp pages may be lost",
+            stamps.path.display()
+        )));
+    }
     let mut durable = stamps.durable.lock();
     let copy = slot as usize;
     let mut versions = durable.versions[copy].clone();
@@ -186,9 +205,23 @@ pub(crate) fn write_copy(
             version: header.generation,
         };
         let bytes = sealer.seal_page(&place, &durable.stamps[first..last])?;
-        let at = start + sealed_stratum_head_len(basin) + u64::from(page) * STAMP_PAGE_BYTES;
-        file.write_all_at(&bytes, at)?;
+        let Some(stamps_file) = &stamps.file else {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is open read-only", stamps.path.display()),
+            ));
+        };
+        stamps_file.write_all_at(&bytes, stamp_page_offset(basin, slot, page))?;
         versions[page as usize] = header.generation;
+    }
+    if let (false, Some(stamps_file)) = (pages.is_empty(), &stamps.file) {
+        // The pages are durable before the envelope that lists them is
+        // written: a crash may leave this copy's pages newer than its
+        // envelope (then the copy is invalid), never the reverse.
+        if let Err(error) = stamps_file.sync_data() {
+            stamps.sync_failed.store(true, Ordering::Release);
+            return Err(error);
+        }
     }
     let body = header.encode_sealed_body(&versions);
     let envelope = sealer.seal_stratum_header(basin, header.stratum, slot, body)?;
@@ -207,6 +240,11 @@ pub(crate) fn write_copy(
 pub(crate) struct Stamps {
     live: Vec<AtomicU32>,
     durable: Mutex<Durable>,
+    /// The stamps file (`None` in a read-only store where it is missing).
+    file: Option<Arc<dyn FileHandle>>,
+    path: PathBuf,
+    /// Set once an `fdatasync` of the stamps file failed.
+    sync_failed: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -219,9 +257,40 @@ struct Durable {
 }
 
 impl Stamps {
+    /// Opens (`writable`: creating it, durably, if it is missing) the
+    /// stamps file of stratum `number` of `basin` in `directory`; `None` if
+    /// a read-only open finds none.
+    pub fn open_file(
+        fs: &dyn FileSystem,
+        directory: &Path,
+        basin: u8,
+        number: u32,
+        writable: bool,
+    ) -> io::Result<(PathBuf, Option<Arc<dyn FileHandle>>)> {
+        let path = directory.join(stamps_file_name(basin, number));
+        if !writable {
+            return match fs.open(&path, OpenMode::Read) {
+                Ok(file) => Ok((path, Some(file))),
+                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok((path, None)),
+                Err(error) => Err(error),
+            };
+        }
+        let existed = fs.exists(&path)?;
+        let file = fs.open(&path, OpenMode::Create)?;
+        if !existed {
+            fs.sync_dir(directory)?;
+        }
+        Ok((path, Some(file)))
+    }
+
     /// Stamps as the header copies hold them: `stamps`, and each copy's
-    /// page versions.
-    pub fn new(basin: u8, stamps: Vec<u32>, versions: [Vec<u64>; 2]) -> Self {
+    /// page versions; `file` is the stamps file at `path`.
+    pub fn new(
+        basin: u8,
+        stamps: Vec<u32>,
+        versions: [Vec<u64>; 2],
+        (path, file): (PathBuf, Option<Arc<dyn FileHandle>>),
+    ) -> Self {
         let capacity = stratum_capacity(basin) as usize;
         let pages = stamp_pages(basin) as usize;
         let mut stamps = stamps;
@@ -237,7 +306,15 @@ impl Stamps {
                 versions,
                 dirty: [BTreeSet::new(), BTreeSet::new()],
             }),
+            file,
+            path,
+            sync_failed: AtomicBool::new(false),
         }
+    }
+
+    /// The stamps file, if open.
+    pub fn file(&self) -> Option<&dyn FileHandle> {
+        self.file.as_deref()
     }
 
     /// The stamp of the blob committed at grain `index` (0 if none).
