@@ -88,8 +88,9 @@ impl Database {
     /// next open finishes the batch that was being written), and running
     /// it again finishes the work.
     ///
-    /// The WAL's own records are sealed by okaywal when it encrypts its
-    /// log; they are recycled as the WAL is checkpointed.
+    /// The WAL (an encrypted okaywal log) needs no rewriting: its segments
+    /// under older keys are checkpointed first, and the next segment
+    /// starts under the current key.
     ///
     /// Fails with [`Error::ReadOnly`] on a store opened read-only, and with
     /// [`Error::Key`] ([`KeyError::NotEncrypted`]) on a plain store.
