@@ -331,6 +331,9 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     }
     progress(total, total);
     report.problems.extend(log_problems);
+    if sealer.is_some() {
+        key_ids.extend(wal_key_ids(db));
+    }
     report.key_ids_in_use = key_ids.into_iter().collect();
     expected.check_allocated(db, &mut report);
     drop(store);
@@ -699,4 +702,40 @@ fn check_sealed_grain(
             None
         }
     }
+}
+
+/// The key ids of the WAL's live segments (`wal-{id}`), from the key
+/// check in each one's header (`okaywal/FORMAT.md`, "Segment header" of an
+/// encrypted log: the key id at offset 16, the CRC of bytes 0..508 at 508).
+/// A segment renamed or recycled meanwhile, or whose header does not
+/// verify, is skipped: okaywal's open judges those.
+fn wal_key_ids(db: &Database) -> BTreeSet<KeyId> {
+    let shared = &db.shared;
+    let mut ids = BTreeSet::new();
+    let Ok(names) = shared.fs().list_files(shared.directory()) else {
+        return ids;
+    };
+    for name in names {
+        let live = name
+            .strip_prefix("wal-")
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+        if !live {
+            continue;
+        }
+        let path = shared.directory().join(&name);
+        let mut header = [0_u8; 512];
+        let read = shared
+            .fs()
+            .open(&path, okaywal::fs::OpenMode::Read)
+            .and_then(|file| file.read_exact_at(&mut header, 0));
+        if read.is_err() || &header[..7] != b"OKAYWAL" || header[7] != 2 {
+            continue;
+        }
+        let crc = u32::from_le_bytes(header[508..].try_into().expect("4 bytes"));
+        if crc32fast::hash(&header[..508]) == crc {
+            let id = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes"));
+            ids.insert(KeyId::new(id));
+        }
+    }
+    ids
 }

@@ -44,8 +44,8 @@ pub struct VerifyReport {
     pub commit_log_damage: Vec<CommitLogDamage>,
     /// In an encrypted store, the ids of the keys that sealed what
     /// `verify` read (grains, stratum headers and their stamp pages, the
-    /// index, commit records, blobs still in the WAL), in order: the keys
-    /// the store still needs. Empty for a plain store. After a
+    /// index, commit records, blobs still in the WAL, and the WAL's
+    /// segments), in order: the keys the store still needs. Empty for a plain store. After a
     /// [`Database::rekey`](crate::Database::rekey) it is the current key
     /// alone.
     pub key_ids_in_use: Vec<KeyId>,
