@@ -131,6 +131,13 @@ impl PayloadPool {
     }
 }
 
+/// The key of the `*-encrypted` systems: a fixed key (the cost of
+/// encryption does not depend on the key's bytes).
+#[must_use]
+pub fn benchmark_key() -> okaywal::encryption::StaticKey {
+    okaywal::encryption::StaticKey::new([0x5e; 32])
+}
+
 /// A fresh temporary directory under [`data_root`], removed when dropped.
 #[must_use]
 pub fn temp_dir() -> tempfile::TempDir {

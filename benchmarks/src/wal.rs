@@ -16,6 +16,7 @@ pub const ALL: &[&str] = &[
     "floor",
     "parallel-limit",
     "okaywal",
+    "okaywal-encrypted",
     "buffered",
     "okaywal-0.3",
     "raft-engine",
@@ -35,6 +36,12 @@ pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn WalSystem>
         )),
         "okaywal" => Ok(Box::new(OkayWal(
             okaywal::WriteAheadLog::recover(dir, okaywal::LogVoid).map_err(|e| e.to_string())?,
+        ))),
+        "okaywal-encrypted" => Ok(Box::new(OkayWal(
+            okaywal::Configuration::default_for(dir)
+                .encryption(crate::benchmark_key())
+                .open(okaywal::LogVoid)
+                .map_err(|e| e.to_string())?,
         ))),
         "buffered" => Ok(Box::new(Buffered(
             okaywal::WriteAheadLog::recover(dir, okaywal::LogVoid).map_err(|e| e.to_string())?,

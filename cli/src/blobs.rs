@@ -64,24 +64,42 @@ fn read_input(path: &Path, bar: &ProgressBar) -> Result<Vec<u8>, CliError> {
         Box::new(File::open(path).map_err(|e| CliError::io("cannot read", path, &e))?)
     };
     let mut data = Vec::new();
-    let mut piece = vec![0; PIECE];
+    read_in_pieces(
+        &mut *reader,
+        |e| CliError::io("cannot read", name, &e),
+        |piece| {
+            data.extend_from_slice(piece);
+            bar.inc(piece.len() as u64);
+            if data.len() as u64 > DEFAULT_MAX_BLOB_BYTES {
+                return Err(CliError::input(format!(
+                    "{}: more than the largest blob ({DEFAULT_MAX_BLOB_BYTES} bytes)",
+                    name.display()
+                )));
+            }
+            Ok(())
+        },
+    )?;
+    Ok(data)
+}
+
+/// Reads `reader` to its end, `PIECE` bytes at a time, handing each piece
+/// to `piece`; a read error (an interrupted read is retried) becomes
+/// `failed(error)`.
+fn read_in_pieces(
+    reader: &mut dyn Read,
+    failed: impl Fn(io::Error) -> CliError,
+    mut piece: impl FnMut(&[u8]) -> Result<(), CliError>,
+) -> Result<(), CliError> {
+    let mut buffer = vec![0; PIECE];
     loop {
-        let n = match reader.read(&mut piece) {
-            Ok(0) => break,
+        let n = match reader.read(&mut buffer) {
+            Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(CliError::io("cannot read", name, &e)),
+            Err(e) => return Err(failed(e)),
         };
-        data.extend_from_slice(&piece[..n]);
-        bar.inc(n as u64);
-        if data.len() as u64 > DEFAULT_MAX_BLOB_BYTES {
-            return Err(CliError::input(format!(
-                "{}: more than the largest blob ({DEFAULT_MAX_BLOB_BYTES} bytes)",
-                name.display()
-            )));
-        }
+        piece(&buffer[..n])?;
     }
-    Ok(data)
 }
 
 /// One line of `put --json`: a stored file.
@@ -282,32 +300,25 @@ fn copy_blob(
     sink: &mut Sink<'_>,
 ) -> Result<(), CliError> {
     let bar = bytes_bar(reader.len(), "reading");
-    let mut piece = vec![0; PIECE];
-    loop {
-        let n = match reader.read(&mut piece) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                // The reader's error does not say where the grain is;
-                // reading it whole again gives the library's full error.
-                return Err(match db.get(id) {
-                    Err(err) => CliError::from(err),
-                    Ok(_) => CliError::failure(format!(
-                        "the store is damaged: grain {id} failed its checksum"
-                    )),
-                });
+    let failed = |e: io::Error| {
+        if e.kind() == io::ErrorKind::InvalidData {
+            // The reader's error does not say where the grain is;
+            // reading it whole again gives the library's full error.
+            match db.get(id) {
+                Err(err) => CliError::from(err),
+                Ok(_) => CliError::failure(format!(
+                    "the store is damaged: grain {id} failed its checksum"
+                )),
             }
-            Err(e) => {
-                return Err(CliError::failure(format!(
-                    "reading grain {id}: {}",
-                    describe_io(&e)
-                )))
-            }
-        };
-        sink.write_all(&piece[..n])?;
-        bar.inc(n as u64);
-    }
+        } else {
+            CliError::failure(format!("reading grain {id}: {}", describe_io(&e)))
+        }
+    };
+    read_in_pieces(reader, failed, |piece| {
+        sink.write_all(piece)?;
+        bar.inc(piece.len() as u64);
+        Ok(())
+    })?;
     bar.finish_and_clear();
     sink.finish()
 }

@@ -2,7 +2,6 @@
 //! them once their readers are gone, and keeps a spare segment ready.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,6 @@ use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
 use crate::segment::{FileName, Segment};
 use crate::segments::{Checkpointable, Spare};
-use crate::stats::Counters;
 use crate::tuning::{IDLE_WAIT, MAX_BACKOFF, MIN_SYNC_INTERVAL};
 use crate::{EntryId, WriteAheadLog};
 
@@ -48,7 +46,7 @@ fn sync_periodically(weak: &Weak<Inner>, signal: &crate::log::Signal, interval: 
         if inner.lock_state().is_shutting_down() {
             return;
         }
-        if inner.counters().unsynced_bytes.load(Ordering::Acquire) > 0 {
+        if inner.counters().has_unsynced_bytes() {
             // A failure poisons the log; commits report it.
             let _ = WriteAheadLog::borrowed(inner).sync();
         }
@@ -149,14 +147,10 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 let counters = inner.counters();
                 if result.is_ok() {
                     checkpoint_backoff = Backoff::default();
-                    Counters::add(&counters.checkpoints, 1);
-                    Counters::add(&counters.checkpoint_nanos, nanos);
-                    counters
-                        .last_checkpoint_nanos
-                        .store(nanos, Ordering::Relaxed);
+                    counters.checkpoint_done(nanos);
                 } else {
                     checkpoint_backoff.failed();
-                    Counters::add(&counters.checkpoint_failures, 1);
+                    counters.checkpoint_failed();
                 }
                 finish_checkpoint(&inner, segment, result);
                 recycle_finished(&inner);
@@ -245,7 +239,7 @@ fn next_work(inner: &Inner, may_checkpoint: bool, may_make_spare: bool) -> Work 
         }),
     ) = (may_checkpoint, candidate)
     {
-        state.checkpoints.checkpointing = Some(segment.id);
+        state.checkpoints.checkpointing = Some(segment.id());
         return Work::Checkpoint {
             segment,
             limit,
@@ -265,7 +259,7 @@ pub(crate) fn checkpoint(
     limit: u64,
     last_entry_id: Option<u64>,
 ) -> io::Result<()> {
-    crate::trace::span!(INFO, "checkpoint", segment = segment.id, last_entry_id = ?last_entry_id);
+    crate::trace::span!(INFO, "checkpoint", segment = segment.id(), last_entry_id = ?last_entry_id);
     let inner = &log.inner;
     // After a failed sync (or recycle) nothing more is moved to the
     // manager: the segments stay, in order, for the next open to replay.
@@ -277,7 +271,7 @@ pub(crate) fn checkpoint(
     // was chosen: the segment must be whole and durable before it is read
     // and forgotten. This sync also covers committers of its last entries
     // still waiting for one (and names the file, if no commit did).
-    inner.settle_segment(segment.id)?;
+    inner.settle_segment(segment.id())?;
     // First a pass over every segment, as a group commit's: this sync may
     // release committers of the segment's last entries, and each of them
     // must find durable every entry committed before it, buffered ones in
@@ -294,8 +288,8 @@ pub(crate) fn checkpoint(
     // segment is recycled, and damage that appeared since open is an error
     // that keeps the segment. The scan happens only if the manager reads.
     let mut reader = SegmentReader::unscanned(
-        segment.id,
-        segment.file.clone(),
+        segment.id(),
+        segment.file().clone(),
         limit,
         inner.config().buffer_bytes,
         inner.config().recovery_mode == RecoveryMode::SkipCorrupted,
@@ -309,10 +303,10 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
         Ok(()) => {
             let highest_id = {
                 let mut state = inner.lock_state();
-                let retired = state.segments.finish(segment.id);
+                let retired = state.segments.finish(segment.id());
                 let committed = retired.and_then(|s| s.highest_committed_id);
                 state.note_recycled(committed);
-                retired.map_or(segment.id, |s| s.highest_id)
+                retired.map_or(segment.id(), |s| s.highest_id)
             };
             // Named for the highest id it held: if the active segment's own
             // name never became durable, this name still keeps a reopened
@@ -324,7 +318,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             // Once renamed (durably), the segment is never replayed again.
             let renamed = inner
                 .fs()
-                .rename(&segment.path, &recycled)
+                .rename(segment.path(), &recycled)
                 .and_then(|()| inner.fs().sync_dir(inner.directory()));
             let mut state = inner.lock_state();
             state.checkpoints.checkpointing = None;
@@ -332,7 +326,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             match renamed {
                 Ok(()) => {
                     state.checkpoints.error = None;
-                    Counters::add(&inner.counters().recycled_segments, 1);
+                    inner.counters().segment_recycled();
                     state.segments.retire(segment, recycled);
                 }
                 Err(err) => {
@@ -344,7 +338,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                     // stops until it is reopened.
                     let message = format!(
                         "segment {} was checkpointed but could not be recycled (it is replayed                          at the next open): {err}",
-                        segment.id
+                        segment.id()
                     );
                     let failed = io::Error::new(err.kind(), message);
                     state.checkpoints.error = Some(ErrorRecord::of(&failed));
@@ -365,7 +359,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
                 kind: err.kind(),
                 message: format!(
                     "checkpointing segment {} failed (it is kept and retried): {err}",
-                    segment.id
+                    segment.id()
                 ),
             });
         }
@@ -380,7 +374,7 @@ fn recycle_finished(inner: &Inner) {
     for (segment, path) in finished {
         let keep = inner.lock_state().segments.keeps_another_spare();
         if keep {
-            let file = segment.file.clone();
+            let file = segment.file().clone();
             // A segment that grew past its preallocated size (writers
             // outran the checkpointer, or entries overshot the switch) goes
             // back to that size, so an idle log takes the same space

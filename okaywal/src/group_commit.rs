@@ -34,6 +34,14 @@
 //!
 //! After a failed sync every current and later waiter gets an error: a
 //! failed `fdatasync` is never retried as if nothing had happened.
+//!
+//! **Outside the log.** [`GroupCommit`] is public so that a store built on
+//! the log coalesces the `fdatasync`s of its own files with the same
+//! protocol (sediment does, one per stratum file). An instance made with
+//! [`GroupCommit::new`] does not gather: a sync starts as soon as none is
+//! running, and the threads that arrive meanwhile share the next one.
+//! Gathering pays for committers that come back at once, as the log's
+//! do; it only delays callers that do not.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,15 +82,53 @@ enum Gathered<'a> {
     TakenOver,
 }
 
-/// Coordinates syncs between committing threads.
+/// Coordinates the syncs of threads that each need their writes made
+/// durable: at most one sync runs at a time, and every thread that
+/// arrives while one runs waits for the next, which covers all of them.
 ///
 /// Waiting threads park and are unparked one by one by the leader whose
 /// sync covered them (the next leader first, so the next sync starts at
 /// once); they check an atomic counter instead of re-taking a mutex, which
 /// with a condition variable made woken threads queue on the mutex and
 /// wake each other one after another.
-#[derive(Debug, Default)]
-pub(crate) struct GroupCommit {
+///
+/// Once a sync has failed, every waiting and later call fails.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use okaywal::GroupCommit;
+///
+/// // A "file": writes bump `written`, a sync makes them durable.
+/// let written = AtomicU64::new(0);
+/// let durable = AtomicU64::new(0);
+/// let syncs = AtomicU64::new(0);
+/// let group = GroupCommit::new();
+/// std::thread::scope(|scope| {
+///     for _ in 0..4 {
+///         scope.spawn(|| {
+///             for _ in 0..50 {
+///                 let mine = written.fetch_add(1, Ordering::SeqCst) + 1;
+///                 group
+///                     .wait(
+///                         || durable.load(Ordering::SeqCst) >= mine,
+///                         || {
+///                             // Covers every write that completed before it started.
+///                             let target = written.load(Ordering::SeqCst);
+///                             syncs.fetch_add(1, Ordering::SeqCst);
+///                             durable.fetch_max(target, Ordering::SeqCst);
+///                             Ok(())
+///                         },
+///                     )
+///                     .unwrap();
+///             }
+///         });
+///     }
+/// });
+/// assert_eq!(durable.load(Ordering::SeqCst), 200);
+/// assert!(syncs.load(Ordering::SeqCst) <= 200);
+/// ```
+#[derive(Debug)]
+pub struct GroupCommit {
     state: Mutex<State>,
     /// Number of syncs that have finished (successfully or not).
     completed: AtomicU64,
@@ -95,14 +141,43 @@ pub(crate) struct GroupCommit {
     wake_queue: Mutex<Vec<Thread>>,
     /// Gathers that ended at their deadline, short of their target.
     gather_timeouts: AtomicU64,
+    /// Whether a leader gathers committers before its sync (the log's
+    /// does; see the module docs).
+    gathers: bool,
+    /// What errors after a failed sync say before its message.
+    stopped: &'static str,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl GroupCommit {
-    /// A group commit that reports failures into `failure`.
-    pub fn with_failure(failure: Arc<Failure>) -> Self {
+    /// A group commit of its own, which does not gather: a sync starts as
+    /// soon as none is running.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::default(),
+            completed: AtomicU64::new(0),
+            failure: Arc::default(),
+            wake_queue: Mutex::default(),
+            gather_timeouts: AtomicU64::new(0),
+            gathers: false,
+            stopped: "an earlier sync failed, and writes it covered may be lost",
+        }
+    }
+
+    /// The log's group commit: it gathers committers (see the module
+    /// docs) and reports failures into the log's `failure`.
+    pub(crate) fn with_failure(failure: Arc<Failure>) -> Self {
         Self {
             failure,
-            ..Self::default()
+            gathers: true,
+            stopped: STOPPED,
+            ..Self::new()
         }
     }
 
@@ -111,7 +186,14 @@ impl GroupCommit {
     ///
     /// `covered` must become true after a successful `sync` that started
     /// after the caller's data was written; `sync` must return an error
-    /// when the data could not be made durable.
+    /// when the data could not be made durable. `sync` runs on the calling
+    /// thread, never while another thread's runs.
+    ///
+    /// # Errors
+    ///
+    /// The error of the `sync` this thread ran, or, once any sync has
+    /// failed, an error of the first failure's kind whose message
+    /// includes the first failure's.
     pub fn wait(
         &self,
         covered: impl Fn() -> bool,
@@ -199,7 +281,7 @@ impl GroupCommit {
     /// to lead (see the module docs).
     fn gather<'a>(&'a self, mut state: MutexGuard<'a, State>) -> Gathered<'a> {
         let target = state.active;
-        if target <= state.followers.len() + 1 || state.last_sync.is_zero() {
+        if !self.gathers || target <= state.followers.len() + 1 || state.last_sync.is_zero() {
             return Gathered::Lead(state);
         }
         let window = (state.last_sync / GATHER_DIVISOR).min(MAX_GATHER);
@@ -292,7 +374,7 @@ impl GroupCommit {
 
     /// Marks the log as failed (e.g. a write error outside a sync), unless
     /// it failed before, and wakes every waiter with that error.
-    pub fn fail(&self, err: &io::Error) {
+    pub(crate) fn fail(&self, err: &io::Error) {
         let mut state = self.state.lock();
         self.failure.record(err);
         let next = state.next_leader.take();
@@ -307,8 +389,8 @@ impl GroupCommit {
 
     /// The error every commit gets once the log has failed: the first
     /// failure's kind and message.
-    pub fn failure(&self) -> Option<io::Error> {
-        self.failure.error(STOPPED)
+    pub(crate) fn failure(&self) -> Option<io::Error> {
+        self.failure.error(self.stopped)
     }
 }
 
@@ -326,6 +408,11 @@ mod tests {
         synced: AtomicU64,
         syncs: AtomicU64,
         fail_at_sync: AtomicU64,
+    }
+
+    /// The log's kind, which gathers.
+    fn gathering() -> GroupCommit {
+        GroupCommit::with_failure(Arc::default())
     }
 
     fn commit(group: &GroupCommit, fake: &Fake) -> io::Result<()> {
@@ -351,7 +438,13 @@ mod tests {
 
     #[test]
     fn many_threads_share_syncs_and_all_return() {
-        let group = Arc::new(GroupCommit::default());
+        for group in [gathering(), GroupCommit::new()] {
+            many_threads_share_syncs_of(group);
+        }
+    }
+
+    fn many_threads_share_syncs_of(group: GroupCommit) {
+        let group = Arc::new(group);
         let fake = Arc::new(Fake::default());
         let threads: Vec<_> = (0..16)
             .map(|_| {
@@ -373,7 +466,13 @@ mod tests {
 
     #[test]
     fn a_failed_sync_fails_every_later_commit() {
-        let group = Arc::new(GroupCommit::default());
+        for group in [gathering(), GroupCommit::new()] {
+            a_failed_sync_fails_every_later_commit_of(group);
+        }
+    }
+
+    fn a_failed_sync_fails_every_later_commit_of(group: GroupCommit) {
+        let group = Arc::new(group);
         let fake = Arc::new(Fake::default());
         fake.fail_at_sync.store(3, Ordering::SeqCst);
         let threads: Vec<_> = (0..8)
@@ -419,7 +518,7 @@ mod tests {
         // Without gathering, 16 threads that commit in a loop split into
         // two cohorts of about 8 per sync (those covered by sync k come
         // back while sync k + 1 already runs).
-        let group = Arc::new(GroupCommit::default());
+        let group = Arc::new(gathering());
         let fake = Arc::new(Fake::default());
         run_threads(&group, &fake, 16, 60);
         let commits = 16 * 60;
@@ -434,7 +533,7 @@ mod tests {
 
     #[test]
     fn a_lone_committer_stops_waiting_for_absent_ones() {
-        let group = Arc::new(GroupCommit::default());
+        let group = Arc::new(gathering());
         let fake = Arc::new(Fake::default());
         run_threads(&group, &fake, 16, 10);
         let before = group.gather_timeouts();
@@ -447,5 +546,23 @@ mod tests {
             group.gather_timeouts() - before
         );
         assert_eq!(fake.synced.load(Ordering::SeqCst), 16 * 10 + 20);
+    }
+
+    #[test]
+    fn a_group_commit_of_its_own_never_gathers_and_names_no_log() {
+        let group = Arc::new(GroupCommit::new());
+        let fake = Arc::new(Fake::default());
+        run_threads(&group, &fake, 16, 20);
+        assert_eq!(group.gather_timeouts(), 0);
+        assert_eq!(fake.synced.load(Ordering::SeqCst), 16 * 20);
+        let syncs = fake.syncs.load(Ordering::SeqCst);
+        assert!(syncs < 16 * 20, "no batching happened: {syncs} syncs");
+
+        fake.fail_at_sync.store(syncs + 1, Ordering::SeqCst);
+        let err = commit(&group, &fake).unwrap_err();
+        assert_eq!(err.to_string(), "disk on fire");
+        let err = commit(&group, &fake).unwrap_err();
+        assert!(err.to_string().ends_with(": disk on fire"), "{err}");
+        assert!(!err.to_string().contains("log"), "{err}");
     }
 }

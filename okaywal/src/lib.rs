@@ -128,7 +128,10 @@
 //! positioned writes by many threads at once, and recycled after their
 //! checkpoint. `FORMAT.md` in the crate describes every byte. All file
 //! access goes through the [`fs`] module's [`fs::FileSystem`] trait, which
-//! has a real, an in-memory and a crash-simulating backend.
+//! has a real, an in-memory and a crash-simulating backend. The group
+//! commit's protocol, one sync at a time shared by every thread waiting
+//! for it, is public as [`GroupCommit`], for stores that sync files of
+//! their own.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -163,6 +166,7 @@ pub use config::{
     Configuration, IntoVersionInfo, RecoveryMode, DEFAULT_BUFFER_BYTES,
     DEFAULT_CHECKPOINT_AFTER_BYTES, DEFAULT_PREALLOCATE_BYTES,
 };
+pub use group_commit::GroupCommit;
 pub use inspect::{
     HeaderStatus, IncompleteEntry, InspectedChunk, InspectedRecord, InspectedSegment, LogFileName,
     LogInspection, LogProblem, ReadOnlyLog, RecordType, RecordsEnd, SegmentRecords, TornRecord,

@@ -21,10 +21,10 @@ use crate::sealed::Layout;
 #[derive(Debug)]
 pub(crate) struct Segment {
     /// The first entry id the segment may hold; also its name and CRC salt.
-    pub id: u64,
-    pub file: Arc<dyn FileHandle>,
+    id: u64,
+    file: Arc<dyn FileHandle>,
     /// The segment's name, `wal-{id}`.
-    pub path: PathBuf,
+    path: PathBuf,
     /// The name the file still has (a spare's) until the first sync of the
     /// segment renames it to `path`: the header must be durable before the
     /// name is, or recovery would find a `wal-{id}` whose header was lost.
@@ -45,10 +45,10 @@ pub(crate) struct Segment {
     /// the mark's write only, so that a recycled file never gets one.
     end_mark: Mutex<EndMark>,
     /// The version information in the segment's header.
-    pub version_info: Arc<Vec<u8>>,
+    version_info: Arc<Vec<u8>>,
     /// How its records are laid out: plain, or encrypted with its key and
     /// generation.
-    pub layout: Layout,
+    layout: Layout,
 }
 
 impl Segment {
@@ -76,6 +76,38 @@ impl Segment {
             version_info,
             layout,
         }
+    }
+
+    /// The first entry id the segment may hold; also its name and CRC salt.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The open segment file.
+    pub fn file(&self) -> &Arc<dyn FileHandle> {
+        &self.file
+    }
+
+    /// The segment's name, `wal-{id}`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `bytes` at `offset`, a range the caller reserved (through
+    /// `Segments`); not synced.
+    pub fn write_reserved(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset)
+    }
+
+    /// The version information in the segment's header.
+    pub fn version_info(&self) -> &Arc<Vec<u8>> {
+        &self.version_info
+    }
+
+    /// How its records are laid out: plain, or encrypted with its key and
+    /// generation.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Every record below this offset is durable.

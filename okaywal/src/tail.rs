@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,9 +119,9 @@ impl LogEntries {
     /// this reader takes them.
     fn progress(&self) -> u64 {
         let counters = self.log.inner.counters();
-        let syncs = counters.syncs.load(Ordering::Acquire) + self.log.inner.unblocking_rollbacks();
+        let syncs = counters.syncs() + self.log.inner.unblocking_rollbacks();
         if self.include_buffered {
-            syncs + counters.buffered_commits.load(Ordering::Acquire)
+            syncs + counters.buffered_commits()
         } else {
             syncs
         }
@@ -205,7 +204,7 @@ impl LogEntries {
         }
         // Walks of segments that were recycled are of no further use.
         self.scanners
-            .retain(|id, _| segments.iter().any(|segment| segment.id == *id));
+            .retain(|id, _| segments.iter().any(|segment| segment.id() == *id));
         // Entry id → (index into `segments`, (chunks, commit offset)).
         let mut found: BTreeMap<u64, (usize, Located)> = BTreeMap::new();
         for (index, segment) in segments.iter().enumerate() {
@@ -214,22 +213,22 @@ impl LogEntries {
             // again at their commit (see `SegmentScanner`).
             let synced = segment.synced_to();
             let limit = in_file
-                .get(&segment.id)
+                .get(&segment.id())
                 .map_or(synced, |in_file| synced.max(*in_file));
             if limit <= crate::format::HEADER_SIZE {
                 continue;
             }
-            let scanner = self.scanners.entry(segment.id).or_insert_with(|| {
+            let scanner = self.scanners.entry(segment.id()).or_insert_with(|| {
                 SegmentScanner::with_layout(
-                    segment.layout.clone(),
-                    segment.id,
+                    segment.layout().clone(),
+                    segment.id(),
                     inner.config().buffer_bytes,
                 )
             });
             // Damage is skipped where recovery skipped it, so the entries
             // recovery presented after it are not passed over here.
             let skip_damage = inner.config().recovery_mode == RecoveryMode::SkipCorrupted;
-            scanner.advance(&*segment.file, limit, skip_damage, &mut self.buffer)?;
+            scanner.advance(&**segment.file(), limit, skip_damage, &mut self.buffer)?;
             // Every byte below `limit` is final, so a walk that stops short
             // of it, or finds damage, met bytes that changed after they were
             // written: going on would pass over an acknowledged entry. The
@@ -253,7 +252,7 @@ impl LogEntries {
                              entries from {} on cannot be read past it. Reopening the log \
                              reports it (or ends the log there); RecoveryMode::PointInTime \
                              keeps only what precedes it, RecoveryMode::SkipCorrupted skips it",
-                            segment.path.display(),
+                            segment.path().display(),
                             self.next,
                         ),
                     ));
@@ -304,10 +303,10 @@ impl LogEntries {
             }
             let segment = &segments[index];
             let mut reader = SegmentReader::new(
-                segment.id,
-                &segment.version_info,
-                segment.file.clone(),
-                segment.layout.clone(),
+                segment.id(),
+                segment.version_info(),
+                segment.file().clone(),
+                segment.layout().clone(),
                 entries,
                 None,
             );

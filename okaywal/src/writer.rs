@@ -12,7 +12,6 @@ use crate::format::{
 use crate::position::{EntryId, LogPosition};
 use crate::sealed::{ChunkId, SegmentSeal};
 use crate::segment::Segment;
-use crate::stats::Counters;
 use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, SEAL_BATCH_FRAMES};
 use crate::WriteAheadLog;
 
@@ -121,7 +120,7 @@ impl<'log> EntryWriter<'log> {
         let inner = &self.log.inner;
         let header = self.header(RecordKind::Chunk, length, 0);
         let chunk = self.next_chunk(length);
-        let seal = self.segment.layout.seal().cloned();
+        let seal = self.segment.layout().seal().cloned();
         let offset = if data.len() <= INLINE_CHUNK_LIMIT {
             // Small chunks go through the segment's write buffer: no
             // system call here, one `pwrite` per sync for everyone.
@@ -165,16 +164,15 @@ impl<'log> EntryWriter<'log> {
             let offset = inner
                 .reserve_chunk(&self.segment, header, crc, chunk.index, nonces)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
-            let data_offset = offset + self.segment.layout.header_size() as u64;
+            let data_offset = offset + self.segment.layout().header_size() as u64;
             let result = match &seal {
                 None => self
                     .segment
-                    .file
-                    .write_all_at(data, data_offset)
+                    .write_reserved(data, data_offset)
                     .map_err(Failed::Write),
                 Some(seal) => write_sealed(&self.segment, seal, chunk, data, data_offset),
             };
-            inner.data_written(self.segment.id, offset);
+            inner.data_written(self.segment.id(), offset);
             match result {
                 Ok(()) => {}
                 Err(Failed::Write(e)) => return Err(self.fail(e)),
@@ -191,7 +189,7 @@ impl<'log> EntryWriter<'log> {
         self.bytes += u64::from(length);
         Ok(ChunkRecord {
             position: LogPosition {
-                file_id: self.segment.id,
+                file_id: self.segment.id(),
                 offset,
             },
             crc,
@@ -208,22 +206,22 @@ impl<'log> EntryWriter<'log> {
     pub fn begin_chunk(&mut self, length: u32) -> io::Result<ChunkWriter<'_, 'log>> {
         self.check_usable()?;
         let inner = &self.log.inner;
-        let layout = self.segment.layout.clone();
+        let layout = self.segment.layout().clone();
         let record_len = layout.chunk_record_len(length);
         let nonce = match layout.seal() {
             Some(_) => Some(FreshNonce::draw()?),
             None => None,
         };
         let chunk = self.next_chunk(length);
-        let (offset, mark) = inner.reserve(self.segment.id, record_len)?;
+        let (offset, mark) = inner.reserve(self.segment.id(), record_len)?;
         let header = self.header(RecordKind::Chunk, length, mark);
         // Sealed outside the lock: the reservation fixed the offset.
         let result = layout
-            .encode(&header, chunk.index, self.segment.id, offset, nonce)
-            .and_then(|encoded| self.segment.file.write_all_at(&encoded, offset));
-        inner.complete(self.segment.id, Some(offset), None);
+            .encode(&header, chunk.index, self.segment.id(), offset, nonce)
+            .and_then(|encoded| self.segment.write_reserved(&encoded, offset));
+        inner.complete(self.segment.id(), Some(offset), None);
         if let Err(err) = result {
-            inner.data_written(self.segment.id, offset);
+            inner.data_written(self.segment.id(), offset);
             return Err(self.fail(err));
         }
         let seal = layout.seal().cloned();
@@ -290,7 +288,7 @@ impl<'log> EntryWriter<'log> {
                     inner.sync_own(&self.segment, end)?;
                 }
                 inner.wait_durable(&self.segment, end)?;
-                Counters::add(&inner.counters().durable_commits, 1);
+                inner.counters().durable_commit();
             }
             Durability::Buffered => {
                 if self.segment.end_mark_due() {
@@ -305,15 +303,11 @@ impl<'log> EntryWriter<'log> {
                     // (rare: only for entries held open across a switch).
                     inner.wait_durable(&self.segment, end)?;
                 } else {
-                    inner.hand_to_os(self.segment.id, end)?;
+                    inner.hand_to_os(self.segment.id(), end)?;
                 }
-                Counters::add(&inner.counters().buffered_commits, 1);
+                inner.counters().buffered_commit();
                 inner.buffered_commit_done();
-                let unsynced = inner
-                    .counters()
-                    .unsynced_bytes
-                    .fetch_add(self.bytes.max(1), std::sync::atomic::Ordering::AcqRel)
-                    + self.bytes.max(1);
+                let unsynced = inner.counters().add_unsynced_bytes(self.bytes.max(1));
                 if inner
                     .config()
                     .max_unsynced_bytes
@@ -343,24 +337,24 @@ impl<'log> EntryWriter<'log> {
     fn write_end(&mut self, kind: RecordKind) -> io::Result<u64> {
         let inner = &self.log.inner;
         if kind == RecordKind::Rollback {
-            Counters::add(&inner.counters().rollbacks, 1);
+            inner.counters().rollback();
         }
         if kind == RecordKind::Rollback && self.chunks == 0 {
             // No chunk of this entry was finished, so recovery discards
             // whatever of it is on disk (an abandoned chunk's record is
             // walkable but has no commit): nothing to mark.
-            inner.complete(self.segment.id, None, Some(self.id.0));
+            inner.complete(self.segment.id(), None, Some(self.id.0));
             return Ok(0);
         }
         let header = self.header(kind, self.chunks, 0);
         // Drawn before the lock; should that fail, the append draws again
         // (and finishes the entry whatever happens).
-        let nonce = match self.segment.layout.seal() {
+        let nonce = match self.segment.layout().seal() {
             Some(_) => FreshNonce::draw().ok(),
             None => None,
         };
         let offset = inner.append(&self.segment, header, None, true, 0, nonce)?;
-        Ok(offset + self.segment.layout.header_size() as u64)
+        Ok(offset + self.segment.layout().header_size() as u64)
     }
 }
 
@@ -407,8 +401,7 @@ fn write_sealed(
         seal.seal_frames(chunk, frame, &data[plain_start..plain_end], &mut out)
             .map_err(Failed::Seal)?;
         segment
-            .file
-            .write_all_at(&out, data_offset + start)
+            .write_reserved(&out, data_offset + start)
             .map_err(Failed::Write)?;
         frame += batch;
     }
@@ -456,7 +449,7 @@ pub struct ChunkWriter<'entry, 'log> {
 impl ChunkWriter<'_, '_> {
     fn write_out(&mut self, bytes: &[u8]) -> io::Result<()> {
         let at = self.data_offset + u64::from(self.flushed);
-        match self.entry.segment.file.write_all_at(bytes, at) {
+        match self.entry.segment.write_reserved(bytes, at) {
             Ok(()) => {
                 self.flushed += bytes.len() as u32;
                 Ok(())
@@ -504,8 +497,7 @@ impl ChunkWriter<'_, '_> {
         if let Err(err) = self
             .entry
             .segment
-            .file
-            .write_all_at(&self.sealed, self.data_offset + start)
+            .write_reserved(&self.sealed, self.data_offset + start)
         {
             return Err(self.entry.fail(err));
         }
@@ -560,8 +552,7 @@ impl ChunkWriter<'_, '_> {
             if let Err(err) = self
                 .entry
                 .segment
-                .file
-                .write_all_at(&crc.to_le_bytes(), trailer_at)
+                .write_reserved(&crc.to_le_bytes(), trailer_at)
             {
                 return Err(self.entry.fail(err));
             }
@@ -571,7 +562,7 @@ impl ChunkWriter<'_, '_> {
         self.entry.bytes += u64::from(self.length);
         Ok(ChunkRecord {
             position: LogPosition {
-                file_id: self.entry.segment.id,
+                file_id: self.entry.segment.id(),
                 offset: self.offset,
             },
             crc,
@@ -636,8 +627,7 @@ impl Drop for ChunkWriter<'_, '_> {
             if let Err(err) = self
                 .entry
                 .segment
-                .file
-                .write_all_at(&zeros[..trailer], trailer_at)
+                .write_reserved(&zeros[..trailer], trailer_at)
             {
                 self.entry.fail(err);
             }
@@ -647,7 +637,7 @@ impl Drop for ChunkWriter<'_, '_> {
         self.entry
             .log
             .inner
-            .data_written(self.entry.segment.id, self.offset);
+            .data_written(self.entry.segment.id(), self.offset);
         if !self.finished && self.entry.broken.is_none() {
             self.entry.broken = Some(ErrorRecord {
                 kind: io::ErrorKind::InvalidInput,

@@ -12,63 +12,26 @@ use okaywal::{
     ChunkRecord, Configuration, Durability, Entry, EntryId, LogManager, LogPosition, LogVoid,
     ReadChunkResult, RecoveredSegment, Recovery, RecoveryMode, SegmentReader, WriteAheadLog,
 };
-
-/// (entry id, chunks) of every entry a manager saw.
-type Seen = Arc<Mutex<Vec<(u64, Vec<Vec<u8>>)>>>;
+use testkit::recorder::{read_entry_streaming, Recorder};
 
 /// Records recovered and checkpointed entries, reading chunks through
 /// `read_chunk` and `Read` as the documentation describes.
-#[derive(Debug, Clone, Default)]
-struct Collect {
-    recovered: Seen,
-    checkpointed: Seen,
-    segments: Arc<Mutex<Vec<RecoveredSegment>>>,
-}
-
-fn read_entry(entry: &mut Entry<'_>) -> io::Result<Option<Vec<Vec<u8>>>> {
-    let mut chunks = Vec::new();
-    loop {
-        match entry.read_chunk()? {
-            ReadChunkResult::Chunk(mut chunk) => {
-                let mut data = Vec::new();
-                chunk.read_to_end(&mut data)?;
-                assert!(chunk.check_crc()?);
-                chunks.push(data);
-            }
-            ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
-            ReadChunkResult::AbortedEntry => return Ok(None),
-        }
+fn collect() -> Recorder {
+    Recorder {
+        read_with: Some(read_entry_streaming),
+        ..Recorder::new()
     }
 }
 
-impl LogManager for Collect {
-    fn should_recover_segment(&mut self, segment: &RecoveredSegment) -> io::Result<Recovery> {
-        self.segments.lock().unwrap().push(segment.clone());
-        Ok(Recovery::Recover)
-    }
+/// An entry's id and chunks.
+type EntryRead = (u64, Vec<Vec<u8>>);
 
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        if let Some(chunks) = read_entry(entry)? {
-            self.recovered.lock().unwrap().push((id, chunks));
+/// Every checkpoint was handed only entries at or below its last id.
+fn assert_checkpoints_stay_below_their_last_id(recorder: &Recorder) {
+    for checkpoint in &recorder.seen().checkpoints {
+        for (id, _) in &checkpoint.entries {
+            assert!(*id <= checkpoint.last_id, "{checkpoint:?}");
         }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        last_checkpointed_id: EntryId,
-        entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        while let Some(mut entry) = entries.read_entry()? {
-            assert!(entry.id() <= last_checkpointed_id);
-            let id = entry.id().0;
-            if let Some(chunks) = read_entry(&mut entry)? {
-                self.checkpointed.lock().unwrap().push((id, chunks));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -94,7 +57,8 @@ fn the_public_api_round_trips() {
             .recovery_mode(RecoveryMode::ErrorOnCorruption)
             .max_unsynced(Duration::from_millis(20))
     };
-    let log = config().open(Collect::default()).unwrap();
+    let first_run = collect();
+    let log = config().open(first_run.clone()).unwrap();
 
     // write_chunk, begin_chunk in pieces, commit, id.
     let mut entry = log.begin_entry().unwrap();
@@ -170,19 +134,20 @@ fn the_public_api_round_trips() {
 
     log.shutdown().unwrap();
     drop(log);
+    assert_checkpoints_stay_below_their_last_id(&first_run);
 
     // Reopening replays exactly the committed entries.
-    let manager = Collect::default();
+    let manager = collect();
     let log = WriteAheadLog::recover(dir.path(), manager.clone()).unwrap();
-    assert_eq!(*manager.recovered.lock().unwrap(), expected);
+    assert_eq!(manager.seen().recovered, expected);
     assert!(manager
+        .seen()
         .segments
-        .lock()
-        .unwrap()
         .iter()
-        .all(|s| s.version_info() == b"api v1"));
+        .all(|(_, version_info)| version_info == b"api v1"));
     log.checkpoint_active().unwrap();
-    assert_eq!(*manager.checkpointed.lock().unwrap(), expected);
+    assert_eq!(manager.seen().checkpointed(), expected);
+    assert_checkpoints_stay_below_their_last_id(&manager);
     // The recycled positions are gone.
     let err = log.read_at(first.position).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
@@ -282,10 +247,10 @@ fn misdeclared_streamed_chunks_are_clear_errors_not_corruption() {
     log.shutdown().unwrap();
     drop(log);
 
-    let manager = Collect::default();
+    let manager = collect();
     let log = WriteAheadLog::recover(dir.path(), manager.clone()).unwrap();
     assert_eq!(
-        *manager.recovered.lock().unwrap(),
+        manager.seen().recovered,
         vec![
             (good_before.0, vec![b"good before".to_vec()]),
             (zero_id.0, vec![Vec::new()]),
@@ -343,10 +308,11 @@ fn a_failing_recovery_leaves_the_log_intact_for_the_next_open() {
         let err = WriteAheadLog::recover(dir.path(), Failing { in_should_recover }).unwrap_err();
         assert!(err.to_string().contains("refusing"), "{err}");
     }
-    let manager = Collect::default();
+    let manager = collect();
     let log = WriteAheadLog::recover(dir.path(), manager.clone()).unwrap();
-    assert_eq!(*manager.recovered.lock().unwrap(), expected);
+    assert_eq!(manager.seen().recovered, expected);
     log.checkpoint_active().unwrap();
+    assert_checkpoints_stay_below_their_last_id(&manager);
     log.shutdown().unwrap();
     assert_eq!(
         std::fs::read(dir.path().join("notes.txt")).unwrap(),
@@ -448,16 +414,17 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
     }
     log.shutdown().unwrap();
     drop(log);
-    let manager = Collect::default();
+    let manager = collect();
     let log = config()
         .checkpoint_after_bytes(u64::MAX)
         .open(manager.clone())
         .unwrap();
     // Whatever was not checkpointed comes back whole.
-    for (id, chunks) in manager.recovered.lock().unwrap().iter() {
+    for (id, chunks) in &manager.seen().recovered {
         assert!(expected.contains(&(*id, chunks.clone())), "entry {id}");
     }
     log.shutdown().unwrap();
+    assert_checkpoints_stay_below_their_last_id(&manager);
     drop(log);
 
     // The last entry ids.
@@ -479,7 +446,7 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
 fn a_manager_may_use_the_log_inside_checkpoint_to() {
     #[derive(Debug, Clone, Default)]
     struct UsesTheLog {
-        read_back: Seen,
+        read_back: Arc<Mutex<Vec<EntryRead>>>,
         markers: Arc<Mutex<Vec<u64>>>,
     }
     impl LogManager for UsesTheLog {

@@ -596,60 +596,30 @@ fn a_chunk_writer_enforces_its_declared_length() {
     log.shutdown().unwrap();
 }
 
-/// Entries as (id, chunks), shared with a manager.
-type EntryList = std::sync::Arc<std::sync::Mutex<Vec<(u64, Vec<Vec<u8>>)>>>;
-
 /// Reads every chunk with `EntryChunk::read_all`, the odd ones after
-/// reading their first bytes through `Read`, and records what it got.
-#[derive(Debug, Clone, Default)]
-struct ReadAllRecorder {
-    recovered: EntryList,
-    checkpointed: EntryList,
-}
-
-impl ReadAllRecorder {
-    fn read(entry: &mut okaywal::Entry<'_>) -> io::Result<(u64, Vec<Vec<u8>>)> {
-        let id = entry.id().0;
-        let mut chunks = Vec::new();
-        loop {
-            match entry.read_chunk()? {
-                okaywal::ReadChunkResult::Chunk(mut chunk) => {
-                    let mut data = Vec::new();
-                    if chunks.len() % 2 == 1 {
-                        let head = (chunk.len() as usize).min(3);
-                        data.resize(head, 0);
-                        chunk.read_exact(&mut data)?;
-                    }
-                    data.extend(chunk.read_all()?);
-                    chunks.push(data);
+/// reading their first bytes through `Read`.
+fn read_all_after_a_partial_read(
+    entry: &mut okaywal::Entry<'_>,
+) -> io::Result<Option<Vec<Vec<u8>>>> {
+    let id = entry.id().0;
+    let mut chunks = Vec::new();
+    loop {
+        match entry.read_chunk()? {
+            okaywal::ReadChunkResult::Chunk(mut chunk) => {
+                let mut data = Vec::new();
+                if chunks.len() % 2 == 1 {
+                    let head = (chunk.len() as usize).min(3);
+                    data.resize(head, 0);
+                    chunk.read_exact(&mut data)?;
                 }
-                okaywal::ReadChunkResult::EndOfEntry => return Ok((id, chunks)),
-                okaywal::ReadChunkResult::AbortedEntry => {
-                    return Err(io::Error::other(format!("entry {id} aborted")))
-                }
+                data.extend(chunk.read_all()?);
+                chunks.push(data);
+            }
+            okaywal::ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
+            okaywal::ReadChunkResult::AbortedEntry => {
+                return Err(io::Error::other(format!("entry {id} aborted")))
             }
         }
-    }
-}
-
-impl okaywal::LogManager for ReadAllRecorder {
-    fn recover(&mut self, entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
-        let read = Self::read(entry)?;
-        self.recovered.lock().unwrap().push(read);
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _last: okaywal::EntryId,
-        entries: &mut okaywal::SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        while let Some(mut entry) = entries.read_entry()? {
-            let read = Self::read(&mut entry)?;
-            self.checkpointed.lock().unwrap().push(read);
-        }
-        Ok(())
     }
 }
 
@@ -700,12 +670,15 @@ fn interleaved_entries_of_every_size_read_back_in_recovery_and_checkpoints() {
     assert!(streaming.seen().recovered == expected);
     log.shutdown().unwrap();
     drop(log);
-    let reading_all = ReadAllRecorder::default();
+    let reading_all = Recorder {
+        read_with: Some(read_all_after_a_partial_read),
+        ..Recorder::new()
+    };
     let log = config().open(reading_all.clone()).unwrap();
-    assert!(*reading_all.recovered.lock().unwrap() == expected);
+    assert!(reading_all.seen().recovered == expected);
 
     // A checkpoint hands the same entries over again.
     log.checkpoint_active().unwrap();
-    assert!(*reading_all.checkpointed.lock().unwrap() == expected);
+    assert!(reading_all.seen().checkpointed() == expected);
     log.shutdown().unwrap();
 }

@@ -89,11 +89,7 @@ fn check_checkpoints(model: &Model, checkpoints: &[Checkpoint]) -> Result<(), St
     if let Some((id, n)) = counts.iter().find(|(_, n)| **n > 1) {
         return Err(format!("entry {id} checkpointed {n} times"));
     }
-    let missing: Vec<_> = model
-        .committed
-        .keys()
-        .filter(|id| !counts.contains_key(id))
-        .collect();
+    let missing = model.committed_not_in(&counts);
     if !missing.is_empty() {
         return Err(format!(
             "{} committed entries never checkpointed, e.g. {:?}",

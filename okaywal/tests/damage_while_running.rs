@@ -39,27 +39,6 @@ fn five_entries(log: &WriteAheadLog) -> okaywal::LogPosition {
     third.unwrap()
 }
 
-#[derive(Debug, Clone, Default)]
-struct Checkpointed(std::sync::Arc<std::sync::Mutex<Vec<u64>>>);
-
-impl okaywal::LogManager for Checkpointed {
-    fn recover(&mut self, _: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn checkpoint_to(
-        &mut self,
-        _: okaywal::EntryId,
-        entries: &mut okaywal::SegmentReader,
-        _: &WriteAheadLog,
-    ) -> std::io::Result<()> {
-        while let Some(mut entry) = entries.read_entry()? {
-            entry.read_all_chunks()?;
-            self.0.lock().unwrap().push(entry.id().0);
-        }
-        Ok(())
-    }
-}
-
 fn config_in(fs: &CrashFileSystem, mode: RecoveryMode) -> Configuration {
     config(fs).recovery_mode(mode)
 }
@@ -67,7 +46,7 @@ fn config_in(fs: &CrashFileSystem, mode: RecoveryMode) -> Configuration {
 #[test]
 fn a_checkpoint_refuses_a_damaged_committed_entry_and_keeps_its_segment() {
     let fs = CrashFileSystem::new();
-    let manager = Checkpointed::default();
+    let manager = common::Recorder::new();
     let log = config(&fs).open(manager.clone()).unwrap();
     let third = five_entries(&log);
     damage_data(&fs, third.file_id, third.offset);
@@ -86,7 +65,7 @@ fn a_checkpoint_refuses_a_damaged_committed_entry_and_keeps_its_segment() {
         files.contains(&format!("wal-{}", third.file_id)),
         "{files:?}"
     );
-    assert!(manager.0.lock().unwrap().is_empty());
+    assert!(manager.seen().checkpointed_ids().is_empty());
     // The log keeps working; a later checkpoint meets the same damage.
     let mut entry = log.begin_entry().unwrap();
     entry.write_chunk(b"after the damage").unwrap();
@@ -101,14 +80,14 @@ fn a_checkpoint_refuses_a_damaged_committed_entry_and_keeps_its_segment() {
 #[test]
 fn a_checkpoint_in_skip_corrupted_mode_passes_over_the_damaged_entry_only() {
     let fs = CrashFileSystem::new();
-    let manager = Checkpointed::default();
+    let manager = common::Recorder::new();
     let log = config_in(&fs, RecoveryMode::SkipCorrupted)
         .open(manager.clone())
         .unwrap();
     let third = five_entries(&log);
     damage_data(&fs, third.file_id, third.offset);
     log.checkpoint_active().unwrap();
-    assert_eq!(*manager.0.lock().unwrap(), vec![1, 2, 4, 5]);
+    assert_eq!(manager.seen().checkpointed_ids(), vec![1, 2, 4, 5]);
 }
 
 fn follow_until_error(log: &WriteAheadLog) -> (Vec<u64>, Option<String>) {

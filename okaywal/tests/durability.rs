@@ -8,10 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
-use okaywal::{
-    Configuration, Durability, Entry, EntryId, LogManager, LogVoid, RecoveryMode, SegmentReader,
-    WriteAheadLog,
-};
+use okaywal::{Configuration, Durability, EntryId, LogVoid, RecoveryMode, WriteAheadLog};
 
 mod common;
 
@@ -965,22 +962,8 @@ fn each_recovery_mode_handles_damage_in_the_middle_of_a_multi_segment_log() {
 #[test]
 fn stats_count_a_scripted_workload() {
     let fs = CrashFileSystem::new();
-    #[derive(Debug)]
-    struct Accepting;
-    impl LogManager for Accepting {
-        fn recover(&mut self, _: &mut Entry<'_>) -> io::Result<()> {
-            Ok(())
-        }
-        fn checkpoint_to(
-            &mut self,
-            _: EntryId,
-            _: &mut SegmentReader,
-            _: &WriteAheadLog,
-        ) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    let log = config(&fs).open(Accepting).unwrap();
+    // Accepts every checkpoint.
+    let log = config(&fs).open(common::Recorder::new()).unwrap();
     for i in 0..30_u64 {
         let mut entry = log.begin_entry().unwrap();
         entry.write_chunk(&[1; 100]).unwrap();

@@ -10,13 +10,13 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::encryption::Encryption;
 use common::hooks::{Gate, Hooked, OpenOnDrop};
-use common::{Model, Recorder, Rng, ALL_OPERATIONS};
+use common::{Model, Recorder, Rng};
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, Operation, PowerLoss};
 use okaywal::{Configuration, WriteAheadLog};
+use testkit::disk::quiesce;
 
 const DIR: &str = "/faults";
 const PREALLOCATE: u64 = 4 * 1024 * 1024;
@@ -35,29 +35,6 @@ fn config_in(fs: &CrashFileSystem, encryption: Encryption) -> Configuration {
             .checkpoint_after_bytes(1 << 30)
             .buffer_bytes(64 * 1024),
     )
-}
-
-fn counts(fs: &CrashFileSystem) -> Vec<u64> {
-    ALL_OPERATIONS
-        .iter()
-        .map(|op| fs.operation_count(*op))
-        .collect()
-}
-
-/// Waits until the log's background thread has stopped touching the disk
-/// (it makes a spare segment file right after opening).
-fn quiesce(fs: &CrashFileSystem) {
-    let start = Instant::now();
-    let mut last = counts(fs);
-    loop {
-        std::thread::sleep(Duration::from_millis(40));
-        let now = counts(fs);
-        if now == last {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "never quiet");
-        last = now;
-    }
 }
 
 fn open_quiet(fs: &CrashFileSystem, recorder: &Recorder) -> WriteAheadLog {

@@ -7,13 +7,14 @@
 //! Replay a failing run with `OKAYWAL_KILL_SEED=<seed>`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Write};
+use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use okaywal::encryption::StaticKey;
-use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
+use okaywal::Configuration;
 use testkit::kill::{child_dir, pattern, KillRuns, Report};
+use testkit::recorder::{Checkpoint, Recorder};
 
 const CHILD_ENV: &str = "OKAYWAL_KILL_CHILD_DIR";
 const KILLS: usize = 50;
@@ -45,53 +46,27 @@ fn config(dir: &Path) -> Configuration {
     }
 }
 
-/// Moves checkpointed entries into `store.txt`-like memory of the parent;
-/// in the child, checkpoints append ids to a synced file so the parent
-/// knows which entries left the log legitimately.
-#[derive(Debug, Clone)]
-struct Recorder {
-    recovered: Arc<Mutex<BTreeMap<u64, Vec<u8>>>>,
-    checkpointed_file: std::path::PathBuf,
-}
-
-impl LogManager for Recorder {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        if let Some(chunks) = entry.read_all_chunks()? {
-            self.recovered.lock().unwrap().insert(id, chunks.concat());
-        }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _last: EntryId,
-        entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        // The "primary store": entry ids with a checksum of their bytes,
-        // appended and fsynced before the segment may be recycled.
-        let mut lines = String::new();
-        while let Some(mut entry) = entries.read_entry()? {
-            let id = entry.id().0;
-            let bytes = entry.read_all_chunks()?.unwrap_or_default().concat();
-            let ok = bytes == payload(id);
-            lines.push_str(&format!("{id} {ok}\n"));
-        }
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.checkpointed_file)?;
-        file.write_all(lines.as_bytes())?;
-        file.sync_all()?;
-        Ok(())
-    }
-}
-
+/// Records recovered entries; every accepted checkpoint appends its
+/// entries' ids, each with whether its bytes are right, to a synced file
+/// (the "primary store"), so the parent knows which entries left the log
+/// legitimately.
 fn recorder(dir: &Path) -> Recorder {
+    let checkpointed_file = dir.with_extension("checkpointed");
     Recorder {
-        recovered: Arc::default(),
-        checkpointed_file: dir.with_extension("checkpointed"),
+        on_checkpoint: Some(Arc::new(move |checkpoint: &Checkpoint| {
+            let mut lines = String::new();
+            for (id, chunks) in &checkpoint.entries {
+                let ok = chunks.concat() == payload(*id);
+                lines.push_str(&format!("{id} {ok}\n"));
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&checkpointed_file)?;
+            file.write_all(lines.as_bytes())?;
+            file.sync_all()
+        })),
+        ..Recorder::new()
     }
 }
 
@@ -171,11 +146,15 @@ fn sigkill_at_random_moments(name: &str, kills: usize) {
         acknowledged_total += acked.len();
 
         let manager = recorder(&dir);
-        let recovered = manager.recovered.clone();
         let log = config(&dir)
-            .open(manager)
+            .open(manager.clone())
             .unwrap_or_else(|e| panic!("seed {seed}, kill {kill}: reopening failed: {e}"));
-        let recovered = recovered.lock().unwrap().clone();
+        let recovered: BTreeMap<u64, Vec<u8>> = manager
+            .seen()
+            .recovered
+            .iter()
+            .map(|(id, chunks)| (*id, chunks.concat()))
+            .collect();
         let checkpointed: BTreeMap<u64, bool> = std::fs::read_to_string(&checkpointed_file)
             .unwrap_or_default()
             .lines()

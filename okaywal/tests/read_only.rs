@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 mod common;
 
@@ -13,23 +12,12 @@ mod common;
 // that segments stay live.
 use common::follow::ChunkRecorder as Recorder;
 use okaywal::{Configuration, EntryId, LogVoid, RecoveryMode};
+use testkit::disk::snapshot;
 
 fn config(dir: &Path) -> Configuration {
     Configuration::default_for(dir)
         .preallocate_bytes(16 << 10)
         .checkpoint_after_bytes(4 << 10)
-}
-
-/// Every file's name, bytes and modification time.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, SystemTime)> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-            (path.clone(), (std::fs::read(&path).unwrap(), modified))
-        })
-        .collect()
 }
 
 /// A log left by a process that died after committing: several

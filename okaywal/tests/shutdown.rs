@@ -2,36 +2,12 @@
 //! commit of an entry begun before it: nothing is acknowledged by a log
 //! that was shut down.
 
+use std::collections::BTreeSet;
 use std::io::{self, Read};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use okaywal::{ChunkRecord, Entry, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
-
-/// Records the ids of recovered entries; checkpoints keep nothing.
-#[derive(Debug, Clone, Default)]
-struct Collect {
-    recovered: Arc<Mutex<Vec<u64>>>,
-}
-
-impl LogManager for Collect {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        if entry.read_all_chunks()?.is_some() {
-            self.recovered.lock().unwrap().push(id);
-        }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _last_checkpointed_id: EntryId,
-        _entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        Ok(())
-    }
-}
+use okaywal::{ChunkRecord, EntryId, LogVoid, WriteAheadLog};
+use testkit::recorder::Recorder;
 
 fn read_back(log: &WriteAheadLog, record: &ChunkRecord) -> io::Result<Vec<u8>> {
     let mut reader = log.read_at(record.position)?;
@@ -88,37 +64,10 @@ fn calls_after_shutdown_fail_cleanly() {
     drop(clone);
     drop(log);
 
-    let manager = Collect::default();
+    let manager = Recorder::new();
     let log = WriteAheadLog::recover(dir.path(), manager.clone()).unwrap();
-    assert_eq!(*manager.recovered.lock().unwrap(), vec![kept_id.0]);
+    assert_eq!(manager.seen().recovered_ids(), vec![kept_id.0]);
     log.shutdown().unwrap();
-}
-
-/// Every entry handed to it: recovered or checkpointed.
-#[derive(Debug, Clone, Default)]
-struct Seen(Arc<Mutex<std::collections::BTreeSet<u64>>>);
-
-impl LogManager for Seen {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        if entry.read_all_chunks()?.is_some() {
-            self.0.lock().unwrap().insert(entry.id().0);
-        }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _last_checkpointed_id: EntryId,
-        entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        while let Some(mut entry) = entries.read_entry()? {
-            if entry.read_all_chunks()?.is_some() {
-                self.0.lock().unwrap().insert(entry.id().0);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Shutting the log down while other threads commit: every thread ends,
@@ -126,8 +75,12 @@ impl LogManager for Seen {
 #[test]
 fn a_shutdown_racing_committers_keeps_every_acknowledged_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let seen = Seen::default();
-    let log = WriteAheadLog::recover(dir.path(), seen.clone()).unwrap();
+    // The committers write hundreds of megabytes: keep only the ids.
+    let recorder = Recorder {
+        ids_only: true,
+        ..Recorder::new()
+    };
+    let log = WriteAheadLog::recover(dir.path(), recorder.clone()).unwrap();
     let acknowledged = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..8_u8)
             .map(|t| {
@@ -165,11 +118,14 @@ fn a_shutdown_racing_committers_keeps_every_acknowledged_commit() {
     drop(log);
     assert!(!acknowledged.is_empty());
     // Checkpointed before the shutdown, or recovered after it.
-    let log = WriteAheadLog::recover(dir.path(), seen.clone()).unwrap();
-    let seen = seen.0.lock().unwrap();
+    let log = WriteAheadLog::recover(dir.path(), recorder.clone()).unwrap();
+    let seen: BTreeSet<u64> = {
+        let seen = recorder.seen();
+        let recovered = seen.recovered_ids().into_iter();
+        recovered.chain(seen.checkpointed_ids()).collect()
+    };
     for id in &acknowledged {
         assert!(seen.contains(id), "acknowledged entry {id} was lost");
     }
-    drop(seen);
     log.shutdown().unwrap();
 }

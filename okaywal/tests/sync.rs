@@ -1,36 +1,8 @@
 //! `WriteAheadLog::sync` returns the highest entry id committed before the
 //! call, and entries recovered at open were committed before it too.
 
-use std::io;
-use std::sync::{Arc, Mutex};
-
-use okaywal::{Entry, EntryId, LogManager, LogVoid, SegmentReader, WriteAheadLog};
-
-/// Records the ids of recovered entries; checkpoints fail, so that every
-/// segment stays live.
-#[derive(Debug, Clone, Default)]
-struct Collect {
-    recovered: Arc<Mutex<Vec<u64>>>,
-}
-
-impl LogManager for Collect {
-    fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
-        let id = entry.id().0;
-        if entry.read_all_chunks()?.is_some() {
-            self.recovered.lock().unwrap().push(id);
-        }
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _last_checkpointed_id: EntryId,
-        _entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
-    ) -> io::Result<()> {
-        Err(io::Error::other("this manager keeps every segment live"))
-    }
-}
+use okaywal::{EntryId, LogVoid, WriteAheadLog};
+use testkit::recorder::Recorder;
 
 /// `sync` returns the highest entry id committed before the call; entries
 /// recovered at open were committed before it too.
@@ -51,9 +23,10 @@ fn sync_after_a_reopen_covers_the_recovered_entries() {
     log.shutdown().unwrap();
     drop(log);
 
-    let manager = Collect::default();
+    // Checkpoints fail, so that every segment stays live.
+    let manager = Recorder::refusing();
     let log = WriteAheadLog::recover(dir.path(), manager.clone()).unwrap();
-    assert_eq!(manager.recovered.lock().unwrap().last(), Some(&last.0));
+    assert_eq!(manager.seen().recovered_ids().last(), Some(&last.0));
     assert_eq!(log.sync().unwrap(), last, "after reopening");
     drop(manager);
     log.shutdown().unwrap();

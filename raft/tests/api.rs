@@ -1,6 +1,8 @@
 //! The client API of in-process nodes: statuses for good and bad input,
 //! and followers naming the leader.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -21,11 +23,7 @@ async fn start_cluster(dir: &std::path::Path, n: u64) -> Vec<RunningNode> {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    common::plain_client(Duration::from_secs(60))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -173,12 +173,7 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
         // Then a follower: the leader keeps its quorum with the other one,
         // and the killed follower catches up from the leader's log when it
         // is back.
-        let followers: Vec<u64> = cluster
-            .nodes
-            .keys()
-            .copied()
-            .filter(|id| *id != leader)
-            .collect();
+        let followers = cluster.followers(leader);
         let follower = followers[rng.below(followers.len() as u64) as usize];
         cluster.nodes.get_mut(&follower).unwrap().kill();
         follower_kills += 1;

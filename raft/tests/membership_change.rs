@@ -18,11 +18,7 @@ use serde_json::{json, Value};
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap()
+    common::plain_client(Duration::from_secs(30))
 }
 
 async fn post(url: String, body: Value) -> (u16, Value) {

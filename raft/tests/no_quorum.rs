@@ -21,12 +21,7 @@ async fn a_write_without_a_quorum_gets_a_503_instead_of_hanging() {
     let r = cluster.client.put(&url).body("1").send().await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
 
-    let followers: Vec<u64> = cluster
-        .nodes
-        .keys()
-        .copied()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers = cluster.followers(leader);
     for id in &followers {
         cluster.nodes.get_mut(id).unwrap().kill();
     }

@@ -22,11 +22,7 @@ use serde_json::Value;
 const ARGS: &[&str] = &["--heartbeat-ms", "100"];
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    common::plain_client(Duration::from_secs(60))
 }
 
 async fn send(addr: &str, path: &str, body: Vec<u8>) -> (u16, String) {

@@ -377,12 +377,12 @@ impl<'a> GrainBatch<'a> {
 }
 
 fn write_run(stratum: &Stratum, start: u64, bytes: &[u8]) -> Result<()> {
-    stratum.file.write_all_at(bytes, start).context(|| {
+    stratum.write_grains(bytes, start).context(|| {
         format!(
             "writing {} bytes of grains at offset {} of {}",
             bytes.len(),
             start,
-            stratum.path.display()
+            stratum.path().display()
         )
     })
 }

@@ -17,6 +17,7 @@ use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 
 use crate::commit_record::{CommitLogDamage, CommitRecord, SequenceId};
 use crate::error::{Context, Error, Result};
+use crate::files::open_existing;
 use crate::sealing::{Sealer, Unsealed, SEALED_FRAME_HEAD};
 
 /// Commit log files are rotated at this size so trimming can delete them.
@@ -131,13 +132,7 @@ impl CommitLogFiles {
                 }
                 continue;
             }
-            let mode = if writable {
-                OpenMode::ReadWrite
-            } else {
-                OpenMode::Read
-            };
-            let file = fs
-                .open(&path, mode)
+            let file = open_existing(&*fs, &path, writable)
                 .context(|| format!("opening commit log {}", path.display()))?;
             files.insert(first, file);
         }

@@ -65,8 +65,8 @@ struct Failure {
 /// handle at once when one of them calls [`Database::shutdown`].
 #[derive(Debug, Clone)]
 pub struct Database {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) wal: Wal,
+    shared: Arc<Shared>,
+    wal: Wal,
 }
 
 /// The write-ahead log under a database: open for writing, or recovered
@@ -205,9 +205,24 @@ impl Shared {
 }
 
 impl Database {
+    /// A handle on an opened store's state and its write-ahead log.
+    pub(crate) fn from_parts(shared: Arc<Shared>, wal: Wal) -> Self {
+        Self { shared, wal }
+    }
+
+    /// The state every handle shares.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The write-ahead log under the store.
+    pub(crate) fn wal(&self) -> &Wal {
+        &self.wal
+    }
+
     /// Fails with [`Error::ShutDown`] once the store was shut down.
     pub(crate) fn check_open(&self) -> Result<()> {
-        if self.shared.shut_down.load(Ordering::Acquire) {
+        if self.shared.is_shut_down() {
             Err(Error::ShutDown)
         } else {
             Ok(())

@@ -71,7 +71,7 @@ impl Iterator for Grains<'_> {
     type Item = Result<GrainInfo>;
 
     fn next(&mut self) -> Option<Result<GrainInfo>> {
-        let shared = &self.db.shared;
+        let shared = self.db.shared();
         while !self.finished {
             if shared.is_shut_down() {
                 self.finished = true;
@@ -97,9 +97,9 @@ impl Iterator for Grains<'_> {
                 continue;
             };
             self.next_index = start + count;
-            let Some(id) = GrainId::new(stratum.basin, stratum.number, start, count) else {
+            let Some(id) = GrainId::new(stratum.basin(), stratum.number(), start, count) else {
                 return Some(Err(Error::Corrupt {
-                    path: stratum.path.clone(),
+                    path: stratum.path().to_path_buf(),
                     what: format!(
                         "grains {start}..{} are allocated as one blob, more than the \
                          {MAX_GRAINS_PER_BLOB} grains a blob can span",
@@ -155,7 +155,7 @@ fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
 /// WAL is described from memory, any other from its grain header, read
 /// again if its grains were freed (and so maybe reused) meanwhile.
 fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInfo>> {
-    let shared = &db.shared;
+    let shared = db.shared();
     for _ in 0..16 {
         let (epoch, archived, last_committed) = match shared.reclamation().describe(id, stratum) {
             Described::Wal { pending, archived } => {
@@ -185,7 +185,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
                 Err(source) => Err(Error::from_io(
                     format!(
                         "reading the header of grain {id} from {}",
-                        stratum.path.display()
+                        stratum.path().display()
                     ),
                     source,
                 )),
@@ -199,7 +199,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
         let offset = stratum.offset_of(id.index());
         let mismatch = || Error::ChecksumMismatch {
             grain: id,
-            path: stratum.path.clone(),
+            path: stratum.path().to_path_buf(),
             offset,
         };
         let header = header?.ok_or_else(mismatch)?;
@@ -230,10 +230,7 @@ fn read_header(stratum: &Stratum, id: GrainId) -> Result<Option<GrainHeader>> {
     let mut bytes = [0_u8; GRAIN_HEADER_SIZE];
     let mut filled = 0;
     while filled < bytes.len() {
-        match stratum
-            .file
-            .read_at(&mut bytes[filled..], offset + filled as u64)
-        {
+        match stratum.read_at(&mut bytes[filled..], offset + filled as u64) {
             Ok(0) => return Ok(None),
             Ok(n) => filled += n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
@@ -241,7 +238,7 @@ fn read_header(stratum: &Stratum, id: GrainId) -> Result<Option<GrainHeader>> {
                 return Err(Error::Io {
                     context: format!(
                         "reading the header of grain {id} from {}",
-                        stratum.path.display()
+                        stratum.path().display()
                     ),
                     source,
                 })

@@ -107,6 +107,7 @@ mod commit_record;
 mod config;
 mod db;
 mod error;
+mod files;
 #[cfg(feature = "internals")]
 pub mod format;
 #[cfg(not(feature = "internals"))]

@@ -14,6 +14,7 @@ use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
 use crate::db::{Database, Shared, Wal};
 use crate::error::{Context, Error, Result};
+use crate::files::open_existing;
 use crate::format::{
     newest, open_envelope, version_of, HeaderError, IndexHeader, Layout, SealedIndex, BASINS,
     INDEX_MAGIC_BYTES, INDEX_SLOT_SIZE, SEALED_FORMAT_VERSION, SEALED_INDEX_BODY,
@@ -132,14 +133,8 @@ fn open_index(
         exists = false;
     }
     if exists {
-        let mode = if writable {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let file = fs
-            .open(&path, mode)
-            .context(|| format!("opening {}", path.display()))?;
+        let file =
+            open_existing(fs, &path, writable).context(|| format!("opening {}", path.display()))?;
         let len = file
             .len()
             .context(|| format!("reading {}", path.display()))?;
@@ -506,7 +501,7 @@ impl Database {
                 .map(|wal| Wal::ReadOnly(Arc::new(wal)))
         }
         .context(|| "opening the write-ahead log".to_string())?;
-        let db = Self { shared, wal };
+        let db = Self::from_parts(shared, wal);
         if let Some(through) = hidden_through {
             db.forget_unprovable_archives(through);
         }
@@ -530,7 +525,7 @@ impl Database {
     /// than risk freeing a newer blob. Grains that hidden records archived
     /// stay live and unarchived the same way (see FORMAT.md).
     fn forget_unprovable_archives(&self, through: u64) {
-        let candidates = self.shared.reclamation().archives_before(through);
+        let candidates = self.shared().reclamation().archives_before(through);
         for (id, archived_by) in candidates {
             let provable = match self.read(id) {
                 Ok(Some(mut reader)) => {
@@ -542,7 +537,7 @@ impl Database {
             if provable {
                 continue;
             }
-            self.shared.reclamation().forget_archive(id, archived_by);
+            self.shared().reclamation().forget_archive(id, archived_by);
         }
     }
 }
@@ -562,9 +557,9 @@ mod tests {
         archived_by: SequenceId,
         through: SequenceId,
     ) -> bool {
-        db.shared.reclamation().record_archive(id, archived_by.0);
+        db.shared().reclamation().record_archive(id, archived_by.0);
         db.forget_unprovable_archives(through.0);
-        db.shared.reclamation().is_archived_by(id, archived_by.0)
+        db.shared().reclamation().is_archived_by(id, archived_by.0)
     }
 
     #[test]

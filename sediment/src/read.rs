@@ -32,7 +32,7 @@ impl Database {
     /// and [`Error::ChecksumMismatch`] if the stored bytes are damaged.
     pub fn get(&self, id: GrainId) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
-        let shared = &self.shared;
+        let shared = &self.shared();
         // Only live blobs are ever cached, and freeing removes them.
         if let Some(hit) = shared.cache().get(id) {
             return Ok(Some(hit.to_vec()));
@@ -65,18 +65,19 @@ impl Database {
         // A blob's bytes move from the WAL to its stratum at checkpoints and
         // freed grains may be reused; retry if either happens mid-lookup.
         for _ in 0..16 {
-            let stratum = self.shared.strata().stratum_of(id)?;
-            let (pending, epoch) = match self.shared.reclamation().locate(id, stratum.as_deref()) {
+            let stratum = self.shared().strata().stratum_of(id)?;
+            let (pending, epoch) = match self.shared().reclamation().locate(id, stratum.as_deref())
+            {
                 Location::Wal(found) => (Some(found), 0),
                 Location::Stratum { epoch } => (None, epoch),
                 Location::Nowhere => return Ok(None),
             };
             if let Some(pending) = pending {
-                match self.wal.read_at(pending.position) {
+                match self.wal().read_at(pending.position) {
                     Ok(mut chunk) => {
                         skip_data_prefix(&mut chunk)
                             .context(|| format!("reading grain {id} from the WAL"))?;
-                        let sealer = self.shared.strata().sealer();
+                        let sealer = self.shared().strata().sealer();
                         return GrainReader::wal(id, chunk, pending, sealer).map(Some);
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -159,7 +160,7 @@ pub(crate) fn read_stable<T>(
     let mut attempt = 0;
     loop {
         let before = stratum.rewrites();
-        let complete = match stratum.file.read_exact_at(buf, at) {
+        let complete = match stratum.file().read_exact_at(buf, at) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
             Err(e) => return Err(e),
@@ -294,14 +295,14 @@ impl GrainReader {
         sealer: &Arc<Sealer>,
         offset: u64,
     ) -> Result<Self> {
-        let location = (stratum.path.clone(), offset);
+        let location = (stratum.path().to_path_buf(), offset);
         let mismatch = || Error::ChecksumMismatch {
             grain: id,
-            path: stratum.path.clone(),
+            path: stratum.path().to_path_buf(),
             offset,
         };
         let (header, _) = open_sealed_head(stratum, sealer, id)
-            .context(|| format!("reading grain {id} from {}", stratum.path.display()))?
+            .context(|| format!("reading grain {id} from {}", stratum.path().display()))?
             .map_err(|e| unsealed_error(e, mismatch, id))?;
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&header.sequence.to_le_bytes());
@@ -337,9 +338,8 @@ impl GrainReader {
         let mut filled = 0;
         while filled < head.len() {
             let n = stratum
-                .file
                 .read_at(&mut head[filled..], offset + filled as u64)
-                .context(|| format!("reading grain {id} from {}", stratum.path.display()))?;
+                .context(|| format!("reading grain {id} from {}", stratum.path().display()))?;
             if n == 0 {
                 break;
             }
@@ -348,7 +348,7 @@ impl GrainReader {
         head.truncate(filled);
         let mismatch = || Error::ChecksumMismatch {
             grain: id,
-            path: stratum.path.clone(),
+            path: stratum.path().to_path_buf(),
             offset,
         };
         let header = GrainHeader::decode(&head).ok_or_else(mismatch)?;
@@ -364,7 +364,7 @@ impl GrainReader {
         Ok(Self {
             id,
             source: Source::Stratum {
-                file: stratum.file.clone(),
+                file: stratum.file().clone(),
                 next: offset + GRAIN_HEADER_SIZE as u64 + head.len() as u64,
                 head,
             },
@@ -373,7 +373,7 @@ impl GrainReader {
             sequence: header.sequence,
             expected_crc: header.crc,
             hasher,
-            location: (stratum.path.clone(), offset),
+            location: (stratum.path().to_path_buf(), offset),
         })
     }
 
@@ -490,7 +490,7 @@ pub(crate) fn open_sealed_head(
     id: GrainId,
 ) -> io::Result<Result<(GrainHeader, KeyId), Unsealed>> {
     let offset = stratum.offset_of(id.index());
-    let what = format!("{} offset {offset}", stratum.path.display());
+    let what = format!("{} offset {offset}", stratum.path().display());
     let mut head = [0_u8; SEALED_IMAGE_HEAD as usize];
     let opened = read_stable(stratum, offset, &mut head, |piece| {
         sealer.open_image_head(id, piece, &what)

@@ -96,8 +96,8 @@ impl Database {
     /// [`Error::Key`] ([`KeyError::NotEncrypted`]) on a plain store.
     pub fn rekey(&self) -> Result<RekeyReport> {
         self.check_open()?;
-        self.wal.live()?;
-        let shared = &self.shared;
+        self.wal().live()?;
+        let shared = self.shared();
         let Some(sealer) = shared.strata().sealer().cloned() else {
             return Err(Error::Key {
                 context: "rekeying".into(),
@@ -127,7 +127,8 @@ impl Database {
                 let bits = &snapshot.bits;
                 for (start, count) in blobs(&bits.live_allocated, &bits.live_starts, bits.capacity)
                 {
-                    let Some(id) = GrainId::new(stratum.basin, stratum.number, start, count) else {
+                    let Some(id) = GrainId::new(stratum.basin(), stratum.number(), start, count)
+                    else {
                         continue;
                     };
                     if snapshot.in_wal.contains_key(&id) {
@@ -157,7 +158,7 @@ impl Database {
             for stratum in shared.strata().of_basin(basin) {
                 let copies = stratum
                     .read_copies()
-                    .context(|| format!("reading the headers of {}", stratum.path.display()))?;
+                    .context(|| format!("reading the headers of {}", stratum.path().display()))?;
                 let resealed = copies.iter().all(|copy| {
                     copy.as_ref()
                         .is_ok_and(|c| c.key_ids.iter().all(|id| *id == current))
@@ -194,7 +195,7 @@ impl Database {
         if batch.is_empty() {
             return Ok(());
         }
-        let shared = &self.shared;
+        let shared = self.shared();
         let fs = shared.fs();
         let directory = shared.directory();
         let path = directory.join(JOURNAL);
@@ -246,7 +247,7 @@ fn reseal_blob(
     (batch, batch_bytes): (&mut Vec<Entry>, &mut usize),
 ) -> Result<bool, Skipped> {
     let offset = stratum.offset_of(id.index());
-    let location = format!("{} offset {offset}", stratum.path.display());
+    let location = format!("{} offset {offset}", stratum.path().display());
     let failed = |source: io::Error| {
         Skipped::Failed(Error::from_io(
             format!("rekeying grain {id} ({location})"),
@@ -272,7 +273,7 @@ fn reseal_blob(
     let header = match crate::read::open_sealed_head(stratum, sealer, id).map_err(failed)? {
         Ok((header, _)) => header,
         Err(Unsealed::Damaged) => {
-            let _ = stratum.file.read_exact_at(&mut head, offset);
+            let _ = stratum.file().read_exact_at(&mut head, offset);
             return Err(damaged(
                 seal_at(&head).key_id,
                 "its grain header failed authentication",
@@ -308,7 +309,7 @@ fn reseal_blob(
             Ok(false) => {}
             Err(Unsealed::Damaged) => {
                 let _ = stratum
-                    .file
+                    .file()
                     .read_exact_at(&mut piece[..SEAL_BYTES], offset + at);
                 let what = match chunk {
                     Some(chunk) => format!("chunk {chunk} failed authentication"),
@@ -338,7 +339,7 @@ fn reseal_blob(
 /// one the entry names, then syncs the strata written to. Checkpoints and
 /// `verify` wait meanwhile (the store is locked).
 fn write_entries(db: &Database, entries: &[Entry]) -> Result<()> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let _store = shared.lock_store();
     let mut touched: Vec<Arc<Stratum>> = Vec::new();
     for entry in entries {
@@ -352,7 +353,13 @@ fn write_entries(db: &Database, entries: &[Entry]) -> Result<()> {
             .collect();
         let wrote = stratum
             .rewrite_blob(entry.id.index(), entry.id.count(), entry.sequence, &pieces)
-            .context(|| format!("rewriting grain {} in {}", entry.id, stratum.path.display()))?;
+            .context(|| {
+                format!(
+                    "rewriting grain {} in {}",
+                    entry.id,
+                    stratum.path().display()
+                )
+            })?;
         if wrote && !touched.iter().any(|s| Arc::ptr_eq(s, &stratum)) {
             touched.push(stratum);
         }
@@ -420,7 +427,7 @@ fn decode_journal(bytes: &[u8]) -> Option<Vec<Entry>> {
 /// writes again the pieces of a batch that a crash may have left half
 /// written, then removes the journal.
 pub(crate) fn finish_interrupted(db: &Database) -> Result<()> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let Some(sealer) = shared.strata().sealer() else {
         return Ok(());
     };

@@ -61,7 +61,7 @@ impl Stats {
 }
 
 pub(crate) fn collect(db: &Database) -> Result<Stats> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let figures = shared.reclamation().figures();
     let archived = figures.archived_grains;
     let mut basins = Vec::new();

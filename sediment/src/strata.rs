@@ -172,7 +172,7 @@ impl Strata {
                 }
             }
         };
-        let id = GrainId::new(basin_number, stratum.number, index, count)
+        let id = GrainId::new(basin_number, stratum.number(), index, count)
             .ok_or_else(|| Error::InvalidGrainId("stratum numbers exhausted".into()))?;
         Ok(Some((id, stratum)))
     }

@@ -1,7 +1,13 @@
-//! One stratum file: its double header and its grains, and its allocation
-//! bitmaps in memory. The bitmaps' lock is private: each method takes it
-//! for one operation, with no other lock under it, so it sits below
-//! `meta` and `pending` in the lock order (see `reclamation`).
+//! One stratum file: its double header and its grains, its allocation
+//! bitmaps in memory, and its `fdatasync`s. The bitmaps' lock is private:
+//! each method takes it for one operation, with no other lock under it,
+//! so it sits below `meta` and `pending` in the lock order (see
+//! `reclamation`).
+//!
+//! The syncs of one file are coalesced by okaywal's [`GroupCommit`], the
+//! protocol the log uses for its own segments, in the kind that does not
+//! gather: one sync at a time, shared by every caller that arrived while
+//! the previous one ran.
 //!
 //! The header copies' bytes, plain or sealed, and a sealed stratum's
 //! stamps are `sealed`'s.
@@ -16,10 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
-use parking_lot::{Condvar, Mutex, RwLock};
+use okaywal::GroupCommit;
+use parking_lot::{Mutex, RwLock};
 
 use crate::allocator::StratumBits;
 use crate::error::{Context, Error, Result};
+use crate::files::open_existing;
 use crate::format::{grain_size, newest, stratum_capacity, HeaderError, Layout, StratumHeader};
 use crate::sealing::Sealer;
 use sealed::Stamps;
@@ -41,12 +49,15 @@ pub(crate) fn parse_file_name(name: &str) -> Option<(u8, u32)> {
 }
 
 /// A stratum file, open for the life of the database.
+///
+/// Its identity (basin, number, path, file handle) never changes; its
+/// bytes are written, and its bitmaps changed, only through its methods.
 #[derive(Debug)]
 pub(crate) struct Stratum {
-    pub basin: u8,
-    pub number: u32,
-    pub path: PathBuf,
-    pub file: Arc<dyn FileHandle>,
+    basin: u8,
+    number: u32,
+    path: PathBuf,
+    file: Arc<dyn FileHandle>,
     bits: RwLock<StratumBits>,
     /// Which header copy to overwrite next, and the generation to write.
     header: Mutex<(usize, u64)>,
@@ -55,9 +66,15 @@ pub(crate) struct Stratum {
     /// Bumped whenever freed grains become reusable, so a reader can tell
     /// that the grain it read may have been reused underneath it.
     reuse_epoch: AtomicU64,
-    /// Orders the `fdatasync`s of this file (see [`Stratum::sync`]).
-    syncs: Mutex<SyncState>,
-    synced: Condvar,
+    /// Orders the `fdatasync`s of this file: at most one runs at a time
+    /// (see [`Stratum::sync`]).
+    syncs: GroupCommit,
+    /// How many syncs have started.
+    syncs_started: AtomicU64,
+    /// The number of the last sync that succeeded.
+    syncs_finished: AtomicU64,
+    /// Why a sync of this file failed, if one did.
+    sync_failure: Mutex<Option<String>>,
     /// The store's sealing context if it is encrypted (format version 2).
     sealer: Option<Arc<Sealer>>,
     /// Sealed: the sequence (low 32 bits) that wrote each blob.
@@ -66,18 +83,6 @@ pub(crate) struct Stratum {
     /// `Database::rekey` does that); a reader whose sealed piece fails to
     /// open while it moved reads it again.
     rewrites: AtomicU64,
-}
-
-/// The `fdatasync`s of one stratum file: at most one runs at a time.
-#[derive(Debug, Default)]
-struct SyncState {
-    running: bool,
-    /// How many syncs have started.
-    started: u64,
-    /// The number of the last sync that succeeded.
-    finished: u64,
-    /// Why a sync of this file failed, if one did.
-    failure: Option<String>,
 }
 
 impl Stratum {
@@ -149,13 +154,7 @@ impl Stratum {
         sealer: Option<&Arc<Sealer>>,
     ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
-        let mode = if writable {
-            OpenMode::ReadWrite
-        } else {
-            OpenMode::Read
-        };
-        let file = fs
-            .open(&path, mode)
+        let file = open_existing(fs, &path, writable)
             .context(|| format!("opening stratum {}", path.display()))?;
         let stamps_file = match sealer {
             Some(_) => Some(
@@ -297,12 +296,52 @@ impl Stratum {
             header: Mutex::new((1 - newest_slot, generation + 1)),
             dirty: AtomicBool::new(false),
             reuse_epoch: AtomicU64::new(0),
-            syncs: Mutex::new(SyncState::default()),
-            synced: Condvar::new(),
+            syncs: GroupCommit::new(),
+            syncs_started: AtomicU64::new(0),
+            syncs_finished: AtomicU64::new(0),
+            sync_failure: Mutex::new(None),
             sealer,
             stamps,
             rewrites: AtomicU64::new(0),
         }
+    }
+
+    /// The basin the stratum belongs to.
+    pub fn basin(&self) -> u8 {
+        self.basin
+    }
+
+    /// The stratum's number within its basin.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// The stratum file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file, for a reader that streams a grain's data.
+    pub fn file(&self) -> &Arc<dyn FileHandle> {
+        &self.file
+    }
+
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> std::io::Result<u64> {
+        self.file.len()
+    }
+
+    /// Reads into `buf` from `offset`; how many bytes were read (0 at the
+    /// end of the file).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.file.read_at(buf, offset)
+    }
+
+    /// Writes `bytes` (grain headers and data) at `offset`, not synced:
+    /// grains a transaction writes straight into the file, or those the
+    /// WAL checkpoint copies there.
+    pub fn write_grains(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        self.file.write_all_at(bytes, offset)
     }
 
     /// Makes every write to this file that completed before the call
@@ -322,34 +361,39 @@ impl Stratum {
                 "an fdatasync of this file failed ({why}); writes it covered may be lost"
             )),
         };
-        let mut state = self.syncs.lock();
+        if let Some(why) = &*self.sync_failure.lock() {
+            return Err(failed(why));
+        }
         // A sync that starts from now on covers the caller's writes; the
         // one running may have started before they completed.
-        let needed = state.started + 1;
-        loop {
-            if let Some(why) = &state.failure {
-                return Err(failed(why));
+        let needed = self.syncs_started.load(Ordering::SeqCst) + 1;
+        let mut own_sync_failed = false;
+        let result = self.syncs.wait(
+            || self.syncs_finished.load(Ordering::SeqCst) >= needed,
+            || {
+                let number = self.syncs_started.fetch_add(1, Ordering::SeqCst) + 1;
+                let result = self.file.sync_data();
+                match &result {
+                    Ok(()) => {
+                        self.syncs_finished.fetch_max(number, Ordering::SeqCst);
+                    }
+                    Err(err) => {
+                        self.sync_failure.lock().get_or_insert(err.to_string());
+                        own_sync_failed = true;
+                    }
+                }
+                result
+            },
+        );
+        match result {
+            Ok(()) => Ok(()),
+            Err(err) if own_sync_failed => {
+                Err(err).context(|| format!("syncing {}", self.path.display()))
             }
-            if state.finished >= needed {
-                return Ok(());
+            Err(err) => {
+                let why = self.sync_failure.lock().clone();
+                Err(failed(&why.unwrap_or_else(|| err.to_string())))
             }
-            if state.running {
-                self.synced.wait(&mut state);
-                continue;
-            }
-            state.running = true;
-            state.started += 1;
-            let number = state.started;
-            drop(state);
-            let result = self.file.sync_data();
-            state = self.syncs.lock();
-            state.running = false;
-            match &result {
-                Ok(()) => state.finished = number,
-                Err(err) => state.failure = Some(err.to_string()),
-            }
-            self.synced.notify_all();
-            return result.context(|| format!("syncing {}", self.path.display()));
         }
     }
 
@@ -604,7 +648,7 @@ impl Stratum {
             Some(file) => file.len()?,
             None => 0,
         };
-        Ok(self.file.len()? + stamps)
+        Ok(self.file_len()? + stamps)
     }
 }
 

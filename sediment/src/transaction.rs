@@ -70,14 +70,14 @@ impl<'db> Transaction<'db> {
     /// id) is known when grain headers are built.
     fn ensure_entry(&mut self) -> Result<u64> {
         if self.entry.is_none() {
-            let shared = &self.db.shared;
+            let shared = self.db.shared();
             shared.check_usable()?;
             // No lock is held across `begin_entry`, which may wait for the
             // WAL's checkpoints (and so for other transactions). Until the
             // sequence is known, a floor below it keeps readers of
             // `finished_through` from looking past it.
             let db: &'db Database = self.db;
-            let wal = db.wal.live()?;
+            let wal = db.wal().live()?;
             let floor = wal.next_entry_id().0;
             shared.reclamation().sequence_requested(floor);
             let begun = wal.begin_entry();
@@ -106,7 +106,7 @@ impl<'db> Transaction<'db> {
     /// Stores `data` as a new blob and returns its id. The blob becomes
     /// readable by others when the transaction commits.
     pub fn write(&mut self, data: &[u8]) -> Result<GrainId> {
-        let shared = self.db.shared.clone();
+        let shared = self.db.shared().clone();
         shared.check_usable()?;
         let length = data.len() as u64;
         if length > shared.strata().max_blob_bytes() {
@@ -136,16 +136,15 @@ impl<'db> Transaction<'db> {
             // grains; commit syncs the stratum before the WAL entry that
             // makes them visible.
             let offset = stratum.offset_of(id.index());
-            let file = &stratum.file;
             match &sealer {
                 Some(sealer) => sealer.seal_image(id, &header, data, |at, piece| {
-                    file.write_all_at(piece, offset + at)
+                    stratum.write_grains(piece, offset + at)
                 }),
-                None => file
-                    .write_all_at(&header.encode(), offset)
-                    .and_then(|()| file.write_all_at(data, offset + GRAIN_HEADER_SIZE as u64)),
+                None => stratum
+                    .write_grains(&header.encode(), offset)
+                    .and_then(|()| stratum.write_grains(data, offset + GRAIN_HEADER_SIZE as u64)),
             }
-            .context(|| format!("writing grain {id} to {}", stratum.path.display()))?;
+            .context(|| format!("writing grain {id} to {}", stratum.path().display()))?;
             if !self.direct.iter().any(|s| Arc::ptr_eq(s, &stratum)) {
                 self.direct.push(stratum);
             }
@@ -177,7 +176,7 @@ impl<'db> Transaction<'db> {
     /// if none has room even after a sync has made the grains that
     /// buffered commits freed reusable.
     fn reserve(&self, length: u64) -> Result<(GrainId, Arc<Stratum>)> {
-        let shared = &self.db.shared;
+        let shared = self.db.shared();
         if let Some(found) = shared.strata().allocate(length, false)? {
             return Ok(found);
         }
@@ -199,7 +198,7 @@ impl<'db> Transaction<'db> {
     /// a committed [`Transaction::checkpoint_to`] at or after this
     /// transaction's sequence frees it.
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
-        let shared = &self.db.shared;
+        let shared = self.db.shared();
         shared.check_usable()?;
         shared.reclamation().claim_archive(shared.strata(), id)?;
         self.archived.push(id);
@@ -218,10 +217,10 @@ impl<'db> Transaction<'db> {
     /// nothing), so of two overlapping transactions that both set the
     /// header, the one that started writing later wins.
     pub fn set_embedded_header(&mut self, header: Option<GrainId>) -> Result<()> {
-        self.db.shared.check_usable()?;
+        self.db.shared().check_usable()?;
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
-            if !written_here && !self.db.shared.strata().is_live(id)? {
+            if !written_here && !self.db.shared().strata().is_live(id)? {
                 return Err(Error::NotAllocated(id));
             }
         }
@@ -273,8 +272,8 @@ impl<'db> Transaction<'db> {
     /// checkpoint): until then a power loss could take the free away, and
     /// the archived blob must still be there, with its bytes.
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
-        self.db.shared.check_usable()?;
-        let committed = self.db.shared.reclamation().last_committed();
+        self.db.shared().check_usable()?;
+        let committed = self.db.shared().reclamation().last_committed();
         if sequence.0 > committed {
             return Err(Error::FutureSequence {
                 requested: sequence.0,
@@ -298,12 +297,12 @@ impl<'db> Transaction<'db> {
     /// out already, so they are not waited for (they may be waiting for a
     /// WAL checkpoint that this transaction's own entry holds back).
     fn wait_until_finished_through(&self, through: u64) -> Result<()> {
-        let shared = &self.db.shared;
+        let shared = self.db.shared();
         loop {
             shared.check_usable()?;
             let open_in_wal = self
                 .db
-                .wal
+                .wal()
                 .live()?
                 .oldest_open_entry()
                 .is_some_and(|oldest| oldest.0 <= through && oldest.0 != self.sequence);
@@ -370,7 +369,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn commit_inner(&mut self, durability: Durability) -> Result<SequenceId> {
-        let shared = self.db.shared.clone();
+        let shared = self.db.shared().clone();
         shared.check_usable()?;
         if let (Some(requested), None) = (self.checkpoint_to, &self.entry) {
             // Waiting before the WAL entry begins holds nothing back.
@@ -410,7 +409,7 @@ impl<'db> Transaction<'db> {
     /// Writes the commit record into the transaction's WAL entry, commits
     /// it and applies it.
     fn commit_entry(&mut self, sequence: u64, durability: Durability) -> Result<SequenceId> {
-        let shared = self.db.shared.clone();
+        let shared = self.db.shared().clone();
         let mut freed = Vec::new();
         if let Some(requested) = self.checkpoint_to {
             let taking = shared
@@ -514,7 +513,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn abort(&mut self) {
-        let shared = &self.db.shared;
+        let shared = self.db.shared();
         for id in self.reserved.drain(..) {
             shared.strata().release(id);
         }

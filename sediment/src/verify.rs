@@ -29,7 +29,7 @@ fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
 }
 
 pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Result<VerifyReport> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let mut report = VerifyReport::default();
     // Holding the store keeps checkpoints (the only writers of headers and
     // of checkpointed grains) out while we look.
@@ -108,7 +108,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let mut work = Vec::new();
     for stratum in &strata {
         report.strata_checked += 1;
-        let location = stratum.path.display().to_string();
+        let location = stratum.path().display().to_string();
         let headers = stratum.read_copies();
         let [first, second] = match headers {
             Ok(pair) => pair,
@@ -197,13 +197,13 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 ));
                 continue;
             }
-            let Some(id) = GrainId::new(stratum.basin, stratum.number, start, count) else {
+            let Some(id) = GrainId::new(stratum.basin(), stratum.number(), start, count) else {
                 report.problems.push(problem(
                     location.clone(),
                     None,
                     format!(
                         "stratum number {} cannot be named by a grain id",
-                        stratum.number
+                        stratum.number()
                     ),
                 ));
                 continue;
@@ -222,7 +222,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         progress(done as u64, total);
         report.grains_checked += 1;
         if let Some(p) = in_wal {
-            let result = db.wal.read_at(p.position).and_then(|mut chunk| {
+            let result = db.wal().read_at(p.position).and_then(|mut chunk| {
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
                 if !chunk.crc_is_valid()? {
@@ -272,15 +272,12 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
             continue;
         }
         let offset = stratum.offset_of(id.index());
-        let location = format!("{} offset {offset}", stratum.path.display());
+        let location = format!("{} offset {offset}", stratum.path().display());
         let size = u64::from(id.count()) * stratum.grain_size();
         let mut bytes = vec![0; size as usize];
         let mut filled = 0;
         while filled < bytes.len() {
-            match stratum
-                .file
-                .read_at(&mut bytes[filled..], offset + filled as u64)
-            {
+            match stratum.read_at(&mut bytes[filled..], offset + filled as u64) {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) => {
@@ -349,7 +346,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// the store does not know them otherwise. Only for a store open
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let mut configuration = okaywal::Configuration::default_for(shared.directory())
         .shared_file_system(shared.fs().clone());
     if let Some(sealer) = shared.strata().sealer() {
@@ -465,7 +462,7 @@ impl Expected {
         // Taken with the records at one moment: a free after it moves its
         // stratum's epoch.
         let (records, epochs) = db
-            .shared
+            .shared()
             .reclamation()
             .applied_records(after, from_files, strata);
         let mut blobs = HashMap::new();
@@ -482,7 +479,7 @@ impl Expected {
 
     /// True if no grain of `stratum` was freed since the records were taken.
     fn unchanged(&self, stratum: &Stratum) -> bool {
-        self.epochs.get(&(stratum.basin, stratum.number)) == Some(&stratum.reuse_epoch())
+        self.epochs.get(&(stratum.basin(), stratum.number())) == Some(&stratum.reuse_epoch())
     }
 
     /// A problem if blob `id`, found holding `found` at `location`, is
@@ -512,7 +509,7 @@ impl Expected {
 
     /// A problem for each listed blob that is not allocated.
     fn check_allocated(&self, db: &Database, report: &mut VerifyReport) {
-        let shared = &db.shared;
+        let shared = db.shared();
         let mut missing: Vec<(GrainId, Problem)> = Vec::new();
         for (&id, &(sequence, length, _)) in &self.blobs {
             let listed = format!(
@@ -548,7 +545,10 @@ impl Expected {
                 }
             };
             // Liveness and epoch together, as a commit's free changes both.
-            let epoch = self.epochs.get(&(stratum.basin, stratum.number)).copied();
+            let epoch = self
+                .epochs
+                .get(&(stratum.basin(), stratum.number()))
+                .copied();
             let Some(live) = shared.reclamation().live_at_epoch(&stratum, id, epoch) else {
                 continue;
             };
@@ -558,7 +558,7 @@ impl Expected {
                     Problem {
                         location: format!(
                             "{} offset {}",
-                            stratum.path.display(),
+                            stratum.path().display(),
                             stratum.offset_of(id.index())
                         ),
                         grain: Some(id),
@@ -710,7 +710,7 @@ fn check_sealed_grain(
 /// A segment renamed or recycled meanwhile, or whose header does not
 /// verify, is skipped: okaywal's open judges those.
 fn wal_key_ids(db: &Database) -> BTreeSet<KeyId> {
-    let shared = &db.shared;
+    let shared = db.shared();
     let mut ids = BTreeSet::new();
     let Ok(names) = shared.fs().list_files(shared.directory()) else {
         return ids;

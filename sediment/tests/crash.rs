@@ -19,9 +19,9 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use common::crash::{checked, with_timeout, CrashPoint, HUNG};
 use common::{blob, seed, Mode, Rng, Watchdog};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::format::grain_crc;
@@ -434,7 +434,6 @@ fn check(db: &Database, attempts: &[Attempt]) -> Result<(), String> {
 
 const TORN_HEADER: &str = "VERIFY-TORN-HEADER";
 const FREED_GRAIN: &str = "VERIFY-FREED-GRAIN";
-const HUNG: &str = "HUNG";
 
 /// Sorts a verify failure after recovery into the kinds seen so far:
 /// only invalid copies of doubly stored headers (the copy being written
@@ -497,40 +496,26 @@ fn explain(db: &Database, attempts: &[Attempt], error: &Error) -> String {
     out
 }
 
-#[derive(Debug, Clone, Copy)]
-struct CrashPoint {
-    operation: Operation,
-    nth: u64,
-    policy: PowerLoss,
-    mode: Mode,
-}
-
-/// Runs the workload with a power cut at `point`, reboots and checks.
-/// Returns whether the fault fired, or what went wrong.
-/// With `jitter`, the disk delays operations at random (seeded by it)
-/// during the workload.
-fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Result<bool, String> {
+/// Runs the workload on a store of `mode` with a power cut at `point`,
+/// reboots and checks. Returns whether the fault fired, or what went
+/// wrong. With `jitter`, the disk delays operations at random (seeded by
+/// it) during the workload.
+fn crash_at(
+    (point, mode): (CrashPoint, Mode),
+    workload_seed: u64,
+    jitter: Option<u64>,
+) -> Result<bool, String> {
     let fs = CrashFileSystem::new();
     if let Some(jitter) = jitter {
         fs.jitter(jitter, Duration::from_micros(150));
     }
     fs.inject(point.operation, point.nth, FaultKind::PowerOff);
-    let attempts = run_workload(&fs, workload_seed, point.mode);
+    let attempts = run_workload(&fs, workload_seed, mode);
     let fired = fs.is_powered_off();
     fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
-    let db = open(&fs, point.mode).map_err(|e| format!("reopening failed: {e}"))?;
-    let checked =
-        catch_unwind(AssertUnwindSafe(|| check(&db, &attempts))).unwrap_or_else(|panic| {
-            Err(format!(
-                "checking panicked: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-            ))
-        });
+    let db = open(&fs, mode).map_err(|e| format!("reopening failed: {e}"))?;
+    let checked = checked(|| check(&db, &attempts));
     let acked = attempts.iter().filter(|a| a.acked().is_some()).count();
     checked.map_err(|e| {
         format!(
@@ -540,7 +525,7 @@ fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Resul
     })?;
     drop(db);
     // A second, clean reopen still sees a healthy database.
-    let db = open(&fs, point.mode).map_err(|e| format!("second reopen failed: {e}"))?;
+    let db = open(&fs, mode).map_err(|e| format!("second reopen failed: {e}"))?;
     if let Err(e) = db.verify() {
         return Err(format!(
             "{}: verify after the second reopen: {e}",
@@ -553,7 +538,7 @@ fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Resul
 /// `SEDIMENT_CRASH_POINT=op:nth:policy[:seed][:encrypted],...` (op: sync,
 /// write, syncdir, create, rename, remove, setlen; policy: clean, torn,
 /// hole, random) replays only the listed crash points.
-fn only_points() -> Option<Vec<CrashPoint>> {
+fn only_points() -> Option<Vec<(CrashPoint, Mode)>> {
     let text = std::env::var("SEDIMENT_CRASH_POINT").ok()?;
     Some(
         text.split(',')
@@ -583,12 +568,14 @@ fn only_points() -> Option<Vec<CrashPoint>> {
                     "random" => PowerLoss::Random(parts[3].parse().expect("seed")),
                     other => panic!("unknown policy {other}"),
                 };
-                CrashPoint {
-                    operation,
-                    nth,
-                    policy,
+                (
+                    CrashPoint {
+                        operation,
+                        nth,
+                        policy,
+                    },
                     mode,
-                }
+                )
             })
             .collect(),
     )
@@ -597,19 +584,11 @@ fn only_points() -> Option<Vec<CrashPoint>> {
 /// `crash_at` on its own thread: a run that does not finish in time is
 /// reported (and its thread abandoned) instead of hanging the test.
 fn crash_at_with_timeout(
-    point: CrashPoint,
+    point: (CrashPoint, Mode),
     workload_seed: u64,
     jitter: Option<u64>,
 ) -> Result<bool, String> {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let result = catch_unwind(AssertUnwindSafe(|| crash_at(point, workload_seed, jitter)))
-            .unwrap_or_else(|_| Err("panicked".to_string()));
-        let _ = sender.send(result);
-    });
-    receiver
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|_| Err(format!("{HUNG}: the run did not finish within 10 s")))
+    with_timeout(10, move || crash_at(point, workload_seed, jitter))
 }
 
 #[test]
@@ -683,12 +662,12 @@ fn power_cut_at_every_sync_and_write() {
             if mode == Mode::Encrypted && made % 3 != encrypted_from {
                 continue;
             }
-            points.push(CrashPoint {
+            let point = CrashPoint {
                 operation,
                 nth,
                 policy,
-                mode,
-            });
+            };
+            points.push((point, mode));
         }
         made += 1;
     };
@@ -844,27 +823,7 @@ fn power_cut_with_jittered_io() {
         let workload_seed = rng.next_u64();
         let jitter = rng.next_u64();
         // A fault-free run makes about 60 syncs and 70 writes.
-        let (operation, count) = if rng.percent(40) {
-            (Operation::Sync, 64)
-        } else {
-            (Operation::Write, 76)
-        };
-        let policy = match rng.below(4) {
-            0 => PowerLoss::Clean,
-            1 => PowerLoss::TornPrefix,
-            2 => PowerLoss::SectorHole,
-            _ => PowerLoss::Random(rng.next_u64()),
-        };
-        let point = CrashPoint {
-            operation,
-            nth: rng.below(count),
-            policy,
-            mode: if runs % 2 == 0 {
-                Mode::Plain
-            } else {
-                Mode::Encrypted
-            },
-        };
+        let point = (CrashPoint::random(&mut rng, 64, 76), Mode::BOTH[runs % 2]);
         runs += 1;
         match crash_at_with_timeout(point, workload_seed, Some(jitter)) {
             Ok(true) => fired += 1,

@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{HeldStratumSync, HookedFs, Mode, ReleaseOnDrop};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
 use sediment::{Config, Database, Error};
+use testkit::disk::quiesce;
 
 const DIR: &str = "/db";
 
@@ -134,32 +135,6 @@ fn a_commit_is_refused_once_a_sync_of_its_stratum_failed_in(mode: Mode) {
     }
     db.verify().unwrap();
     db.shutdown().unwrap();
-}
-
-/// Waits until nothing touches the disk any more (the WAL makes a spare
-/// segment file in the background after opening).
-fn quiesce(fs: &CrashFileSystem) {
-    const ALL: [Operation; 8] = [
-        Operation::Write,
-        Operation::Sync,
-        Operation::SyncDir,
-        Operation::Rename,
-        Operation::Read,
-        Operation::Create,
-        Operation::Remove,
-        Operation::SetLen,
-    ];
-    let counts = || ALL.map(|op| fs.operation_count(op));
-    let mut last = counts();
-    for _ in 0..250 {
-        std::thread::sleep(Duration::from_millis(40));
-        let now = counts();
-        if now == last {
-            return;
-        }
-        last = now;
-    }
-    panic!("the disk never went quiet");
 }
 
 /// Once a commit's sync has failed, every later error of the store has

@@ -25,10 +25,10 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::crash::{checked, with_timeout, CrashPoint, HUNG};
 use common::{blob, seed, Mode, Rng, Watchdog};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::{CommitRecord, Config, Database, Error, GrainId, SequenceId};
@@ -499,13 +499,6 @@ fn check(db: &Database, outcome: &Outcome) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy)]
-struct CrashPoint {
-    operation: Operation,
-    nth: u64,
-    policy: PowerLoss,
-}
-
 /// Runs the workload with a power cut at `point`, reboots and checks;
 /// returns whether the cut came mid-run, or what went wrong.
 fn crash_at(
@@ -524,16 +517,7 @@ fn crash_at(
     fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
     let db = open(&fs, bounds.reopened()).map_err(|e| format!("reopening failed: {e}"))?;
-    let checked = catch_unwind(AssertUnwindSafe(|| check(&db, &outcome))).unwrap_or_else(|panic| {
-        Err(format!(
-            "checking panicked: {}",
-            panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default()
-        ))
-    });
+    let checked = checked(|| check(&db, &outcome));
     let acked = outcome
         .attempts
         .iter()
@@ -560,17 +544,7 @@ fn crash_at_with_timeout(
     jitter: Option<u64>,
     bounds: Bounds,
 ) -> Result<bool, String> {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            crash_at(point, workload_seed, jitter, bounds)
-        }))
-        .unwrap_or_else(|_| Err("panicked".to_string()));
-        let _ = sender.send(result);
-    });
-    receiver
-        .recv_timeout(Duration::from_secs(15))
-        .unwrap_or_else(|_| Err("HUNG: the run did not finish within 15 s".to_string()))
+    with_timeout(15, move || crash_at(point, workload_seed, jitter, bounds))
 }
 
 fn report(failures: &[String], runs: usize, seed: u64) {
@@ -614,7 +588,7 @@ fn power_cut_at_every_sync_and_write_of_mixed_buffered_and_durable_commits() {
                     bounds.mode
                 )),
             }
-            if failures.iter().any(|f| f.contains("HUNG")) {
+            if failures.iter().any(|f| f.contains(HUNG)) {
                 break;
             }
         }
@@ -786,28 +760,13 @@ fn power_cut_with_jittered_io_and_background_syncs() {
             max_unsynced_bytes: rng.percent(30).then(|| rng.between(2_000, 20_000)),
             mode: Mode::BOTH[runs % 2],
         };
-        let (operation, count) = if rng.percent(40) {
-            (Operation::Sync, 50)
-        } else {
-            (Operation::Write, 90)
-        };
-        let policy = match rng.below(4) {
-            0 => PowerLoss::Clean,
-            1 => PowerLoss::TornPrefix,
-            2 => PowerLoss::SectorHole,
-            _ => PowerLoss::Random(rng.next_u64()),
-        };
-        let point = CrashPoint {
-            operation,
-            nth: rng.below(count),
-            policy,
-        };
+        let point = CrashPoint::random(&mut rng, 50, 90);
         runs += 1;
         match crash_at_with_timeout(point, workload_seed, Some(jitter), bounds) {
             Ok(true) => fired += 1,
             Ok(false) => {}
             Err(e) => {
-                let hung = e.starts_with("HUNG");
+                let hung = e.starts_with(HUNG);
                 failures.push(format!(
                     "{point:?}, {bounds:?}, workload seed {workload_seed}, jitter seed \
                      {jitter}: {e}"

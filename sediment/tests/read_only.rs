@@ -7,25 +7,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use common::blob;
 use sediment::{Config, Database, Error, GrainId};
-
-type Snapshot = BTreeMap<PathBuf, (Vec<u8>, SystemTime)>;
-
-fn snapshot(dir: &Path) -> Snapshot {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| {
-            let path = entry.unwrap().path();
-            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
-            (path.clone(), (std::fs::read(&path).unwrap(), modified))
-        })
-        .collect()
-}
+use testkit::disk::snapshot;
 
 fn config(dir: &Path) -> Config {
     Config::for_directory(dir).wal(|wal| {

@@ -1,6 +1,8 @@
 //! Test scaffolding shared by the workspace's tests, written once:
 //!
 //! - [`rng`]: a seeded generator and the seed of a randomized test;
+//! - [`disk`]: a real directory's snapshot, and the simulated disk's
+//!   operations (every kind, waiting until it is quiet);
 //! - [`recorder`]: a `LogManager` that records every callback;
 //! - [`hooks`]: a file system that calls a hook before renames and syncs,
 //!   and a [`hooks::Gate`] to hold a thread there;
@@ -20,6 +22,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod disk;
 pub mod hooks;
 pub mod kill;
 pub mod recorder;

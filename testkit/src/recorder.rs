@@ -1,8 +1,28 @@
 //! A `LogManager` that records every callback into shared state: the
 //! segments offered, the entries recovered (chunk by chunk, every CRC
 //! checked) or aborted, and each checkpoint's entries. It can refuse
-//! checkpoints, fail a number of them, or abandon segments.
+//! checkpoints, fail a number of them, or abandon segments; a test may
+//! choose how entries are read ([`Recorder::read_with`]) and act on each
+//! accepted checkpoint ([`Recorder::on_checkpoint`]).
+//!
+//! ```
+//! use okaywal::{fs::MemoryFileSystem, Configuration};
+//! use testkit::recorder::Recorder;
+//!
+//! let config = Configuration::default_for("/log").file_system(MemoryFileSystem::new());
+//! let log = config.clone().open(Recorder::new()).unwrap();
+//! let mut entry = log.begin_entry().unwrap();
+//! entry.write_chunk(b"hello").unwrap();
+//! let id = entry.commit().unwrap();
+//! drop(log);
+//!
+//! let recorder = Recorder::new();
+//! let log = config.open(recorder.clone()).unwrap();
+//! assert_eq!(recorder.seen().recovered, vec![(id.0, vec![b"hello".to_vec()])]);
+//! ```
+//! ```
 
+use std::fmt;
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -53,6 +73,15 @@ impl Seen {
             .collect()
     }
 
+    /// Every entry a successful checkpoint took, with its chunks, in call
+    /// order.
+    pub fn checkpointed(&self) -> Vec<(u64, Vec<Vec<u8>>)> {
+        self.checkpoints
+            .iter()
+            .flat_map(|c| c.entries.iter().cloned())
+            .collect()
+    }
+
     /// Ids of every recovered entry, in call order.
     pub fn recovered_ids(&self) -> Vec<u64> {
         self.recovered.iter().map(|(id, _)| *id).collect()
@@ -72,8 +101,15 @@ impl Seen {
     }
 }
 
+/// Reads one entry's chunks; `None` if the entry reported itself aborted.
+pub type ReadEntry = fn(&mut Entry<'_>) -> io::Result<Option<Vec<Vec<u8>>>>;
+
+/// Called with an accepted checkpoint once all its entries are read; an
+/// error fails the checkpoint instead.
+pub type CheckpointHook = Arc<dyn Fn(&Checkpoint) -> io::Result<()> + Send + Sync>;
+
 /// A `LogManager` that records every callback into shared state.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Recorder {
     /// What the callbacks were handed.
     pub seen: Arc<Mutex<Seen>>,
@@ -84,6 +120,32 @@ pub struct Recorder {
     pub fail_next: Arc<AtomicUsize>,
     /// Segments whose version info equals this are abandoned.
     pub abandon: Option<Vec<u8>>,
+    /// How entries are read, in recovery and in checkpoints alike. Unset,
+    /// recovery reads through `Read` ([`read_entry_streaming`]) and
+    /// checkpoints with [`Entry::read_all_chunks`].
+    pub read_with: Option<ReadEntry>,
+    /// Keeps entries' ids only, each with an empty chunk list (as
+    /// [`Recorder::on_checkpoint`] sees them too): chunks are still read
+    /// and checked. For tests that write more than memory should hold.
+    pub ids_only: bool,
+    /// Runs for every checkpoint not refused, after its entries are read
+    /// and before it succeeds; its error fails the checkpoint (which is
+    /// then listed in [`Seen::refused`]).
+    pub on_checkpoint: Option<CheckpointHook>,
+}
+
+impl fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("seen", &self.seen)
+            .field("refuse", &self.refuse)
+            .field("fail_next", &self.fail_next)
+            .field("abandon", &self.abandon)
+            .field("read_with", &self.read_with.is_some())
+            .field("ids_only", &self.ids_only)
+            .field("on_checkpoint", &self.on_checkpoint.is_some())
+            .finish()
+    }
 }
 
 /// The message of a refused checkpoint's error.
@@ -112,6 +174,15 @@ impl Recorder {
     /// What the callbacks were handed so far.
     pub fn seen(&self) -> MutexGuard<'_, Seen> {
         lock(&self.seen)
+    }
+
+    /// `chunks`, or nothing with [`Recorder::ids_only`].
+    fn kept(&self, chunks: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        if self.ids_only {
+            Vec::new()
+        } else {
+            chunks
+        }
     }
 }
 
@@ -162,8 +233,9 @@ impl LogManager for Recorder {
 
     fn recover(&mut self, entry: &mut Entry<'_>) -> io::Result<()> {
         let id = entry.id().0;
-        match read_entry_streaming(entry)? {
-            Some(chunks) => lock(&self.seen).recovered.push((id, chunks)),
+        let read = self.read_with.unwrap_or(read_entry_streaming);
+        match read(entry)? {
+            Some(chunks) => lock(&self.seen).recovered.push((id, self.kept(chunks))),
             None => lock(&self.seen).aborted.push(id),
         }
         Ok(())
@@ -191,13 +263,17 @@ impl LogManager for Recorder {
         }
         while let Some(mut entry) = entries.read_entry()? {
             let id = entry.id().0;
-            let chunks = entry.read_all_chunks()?.ok_or_else(|| {
+            let chunks = match self.read_with {
+                Some(read) => read(&mut entry)?,
+                None => entry.read_all_chunks()?,
+            };
+            let chunks = chunks.ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("entry {id} was aborted while being checkpointed"),
                 )
             })?;
-            checkpoint.entries.push((id, chunks));
+            checkpoint.entries.push((id, self.kept(chunks)));
         }
         let fail = self
             .fail_next
@@ -206,6 +282,12 @@ impl LogManager for Recorder {
         if fail {
             lock(&self.seen).refused.push(checkpoint);
             return Err(io::Error::other(REFUSAL));
+        }
+        if let Some(hook) = &self.on_checkpoint {
+            if let Err(err) = hook(&checkpoint) {
+                lock(&self.seen).refused.push(checkpoint);
+                return Err(err);
+            }
         }
         lock(&self.seen).checkpoints.push(checkpoint);
         Ok(())

@@ -6,26 +6,9 @@
 //! first segment to stay (damage in it, a reader that must see both) write
 //! the second run's transaction through okaywal directly instead.
 
-use okaywal::{Configuration, Entry, EntryId, LogManager, SegmentReader, WriteAheadLog};
+use okaywal::Configuration;
 
-/// Refuses every checkpoint and recovers nothing.
-#[derive(Debug)]
-struct Keep;
-
-impl LogManager for Keep {
-    fn recover(&mut self, _: &mut Entry<'_>) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn checkpoint_to(
-        &mut self,
-        _: EntryId,
-        _: &mut SegmentReader,
-        _: &WriteAheadLog,
-    ) -> std::io::Result<()> {
-        Err(std::io::Error::other("this run dies before any checkpoint"))
-    }
-}
+use crate::recorder::Recorder;
 
 /// Opens the store's WAL as `wal` says (its open recovers the first run's
 /// segment and starts a new one, whose header records where the first
@@ -38,7 +21,9 @@ impl LogManager for Keep {
 /// If the WAL cannot be opened or written.
 #[must_use]
 pub fn second_run_without_a_checkpoint(wal: Configuration) -> sediment::SequenceId {
-    let log = wal.open(Keep).expect("the second run opens the WAL");
+    let log = wal
+        .open(Recorder::refusing())
+        .expect("the second run opens the WAL");
     let mut entry = log.begin_entry().expect("begin");
     let sequence = sediment::SequenceId(entry.id().0);
     let record = sediment::CommitRecord {

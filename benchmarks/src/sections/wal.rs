@@ -54,6 +54,12 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
         duration.as_millis(),
         warmup.as_millis(),
     ));
+    if systems.contains(&"okaywal-encrypted") {
+        table.note(
+            "okaywal-encrypted: okaywal with Configuration::encryption (XChaCha20-Poly1305, \
+             a fresh nonce per seal, every record and chunk frame sealed)",
+        );
+    }
     println!("## WAL: one entry per durable commit\n");
     if systems.is_empty() {
         println!("No WAL system selected.\n");

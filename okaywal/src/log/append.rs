@@ -14,8 +14,7 @@ use super::{Inner, State};
 use crate::encryption::FreshNonce;
 use crate::format::{RecordHeader, RecordKind};
 use crate::segment::Segment;
-use crate::segments::Ranges;
-use crate::stats::Counters;
+use crate::segments::{Placed, Ranges};
 use crate::tuning::PROGRESS_WAIT;
 
 impl Inner {
@@ -26,7 +25,7 @@ impl Inner {
         let mut state = self.state.lock();
         self.check_usable(&state)?;
         let (offset, mark, wake) = state.segments.reserve(segment, len)?;
-        Counters::add(&self.counters.bytes_written, len);
+        self.counters.wrote(len);
         if wake {
             self.signal.wake();
         }
@@ -57,16 +56,9 @@ impl Inner {
         self.check_usable(&state)?;
         let placed = state
             .segments
-            .reserve_chunk(segment.id, header, crc, index, nonces)?;
-        Counters::add(&self.counters.bytes_written, placed.bytes);
-        if placed.wake {
-            self.signal.wake();
-        }
-        drop(state);
-        if let Some(ranges) = placed.flush {
-            self.write_ranges(segment, ranges)?;
-        }
-        Ok(placed.offset)
+            .reserve_chunk(segment.id(), header, crc, index, nonces)?;
+        self.counters.wrote(placed.bytes);
+        self.after_placing(state, segment, placed)
     }
 
     /// Reserves room for a small record and copies it into the segment's
@@ -103,8 +95,8 @@ impl Inner {
             state.open_ids.remove(&header.entry_id);
         }
         if !finishes_entry {
-            state.segments.check_live(segment.id)?;
-        } else if state.segments.finish_entry(segment.id)?.drained {
+            state.segments.check_live(segment.id())?;
+        } else if state.segments.finish_entry(segment.id())?.drained {
             self.drained.notify_all();
         }
         if let Some(err) = self.failed().or(refused) {
@@ -112,16 +104,28 @@ impl Inner {
         }
         let placed = state
             .segments
-            .append_record(segment.id, header, data, index, nonce)?;
-        Counters::add(&self.counters.bytes_written, placed.bytes);
+            .append_record(segment.id(), header, data, index, nonce)?;
+        self.counters.wrote(placed.bytes);
         if header.kind == RecordKind::Commit {
-            Counters::add(&self.counters.unsynced_commits, 1);
+            self.counters.commit_appended();
             self.last_committed_id
                 .fetch_max(header.entry_id, Ordering::AcqRel);
             state
                 .pending_commits
-                .insert(header.entry_id, (segment.id, placed.end));
+                .insert(header.entry_id, (segment.id(), placed.end));
         }
+        self.after_placing(state, segment, placed)
+    }
+
+    /// After a record was placed: wakes the maintenance thread if it has
+    /// work, releases the state lock and writes out the ranges a full
+    /// write buffer gave up. Returns the record's offset.
+    fn after_placing(
+        &self,
+        state: MutexGuard<'_, State>,
+        segment: &Arc<Segment>,
+        placed: Placed,
+    ) -> io::Result<u64> {
         if placed.wake {
             self.signal.wake();
         }
@@ -137,7 +141,7 @@ impl Inner {
     pub fn write_ranges(&self, segment: &Arc<Segment>, ranges: Ranges) -> io::Result<()> {
         let mut result = Ok(());
         for (start, data) in &ranges {
-            if let Err(err) = segment.file.write_all_at(data, *start) {
+            if let Err(err) = segment.write_reserved(data, *start) {
                 result = Err(self.poison(err));
                 break;
             }
@@ -145,7 +149,7 @@ impl Inner {
         let mut state = self.state.lock();
         if state
             .segments
-            .written(segment.id, ranges.iter().map(|(start, _)| *start))
+            .written(segment.id(), ranges.iter().map(|(start, _)| *start))
         {
             self.signal.wake();
         }

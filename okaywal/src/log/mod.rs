@@ -389,7 +389,7 @@ impl Inner {
         if position.offset < HEADER_SIZE || position.offset >= limit {
             return Err(invalid("offset is outside the segment's records"));
         }
-        let mut reader = chunk_at(&segment.file, &segment.layout, position, limit)?;
+        let mut reader = chunk_at(segment.file(), segment.layout(), position, limit)?;
         reader._segment = Some(segment);
         Ok(reader)
     }

@@ -2,7 +2,6 @@
 //! records, end marks, and the naming of new segment files.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
@@ -10,7 +9,6 @@ use parking_lot::MutexGuard;
 use super::{Inner, State};
 use crate::segment::Segment;
 use crate::segments::Segments;
-use crate::stats::Counters;
 
 pub(super) mod ledger;
 
@@ -19,7 +17,7 @@ impl Inner {
     pub fn wait_durable(&self, segment: &Arc<Segment>, end: u64) -> io::Result<()> {
         self.group.wait(
             || segment.is_durable_to(end),
-            || self.sync_pass(segment.id, end),
+            || self.sync_pass(segment.id(), end),
         )
     }
 
@@ -31,7 +29,7 @@ impl Inner {
         if segment.is_durable_to(end) {
             return Ok(());
         }
-        self.sync_pass(segment.id, end)
+        self.sync_pass(segment.id(), end)
     }
 
     /// Returns once every record below `end` in `segment` (and every
@@ -85,7 +83,7 @@ impl Inner {
         let targets = sync_targets(&state.segments);
         let writes: Vec<_> = targets
             .iter()
-            .filter_map(|target| state.segments.take_buffered(target.segment.id))
+            .filter_map(|target| state.segments.take_buffered(target.segment.id()))
             .collect();
         drop(state);
         for (segment, ranges) in writes {
@@ -112,7 +110,7 @@ impl Inner {
     /// marks they owe, names the segments that still have spare names,
     /// and raises each segment's durable offsets to what was synced.
     fn sync_targets(&self, targets: &[SyncTarget]) -> io::Result<()> {
-        let covered = self.counters.unsynced_commits.swap(0, Ordering::AcqRel);
+        let covered = self.counters.take_unsynced_commits();
         crate::trace::span!(DEBUG, "sync", segments = targets.len(), commits = covered);
         // Which targets this call syncs; the others were covered by an
         // earlier sync, which may have started before a large chunk's data
@@ -131,7 +129,7 @@ impl Inner {
             let needed = *written > segment.synced_to() || *complete > segment.marked_to();
             if needed {
                 self.ledger
-                    .run(|| segment.file.sync_data())
+                    .run(|| segment.file().sync_data())
                     .map_err(|e| self.poison(e))?;
             }
             synced.push(needed);
@@ -141,11 +139,7 @@ impl Inner {
                     .map_err(|e| self.poison(e))?;
             }
         }
-        if synced.contains(&true) {
-            Counters::add(&self.counters.syncs, 1);
-        }
-        Counters::add(&self.counters.synced_commits, covered);
-        self.counters.unsynced_bytes.store(0, Ordering::Release);
+        self.counters.sync_done(synced.contains(&true), covered);
         if targets.iter().any(|target| target.name) {
             self.name_segments(targets)?;
         }
@@ -175,7 +169,7 @@ impl Inner {
         if !segment.write_end_mark(end)? {
             return Ok(());
         }
-        self.ledger.run(|| segment.file.sync_data())?;
+        self.ledger.run(|| segment.file().sync_data())?;
         segment.end_mark_written();
         Ok(())
     }

@@ -81,10 +81,15 @@ fn switch_to_a_new_segment(inner: &Inner) {
 }
 
 /// The ids of the segments the next sync pass would sync, in order.
+/// Where the reservations in segment `id` end.
+fn reserved_end(inner: &Inner, id: u64) -> u64 {
+    inner.state.lock().segments.state(id).reserved_end()
+}
+
 fn next_sync_covers(inner: &Inner) -> Vec<u64> {
     sync_targets(&inner.state.lock().segments)
         .iter()
-        .map(|target| target.segment.id)
+        .map(|target| target.segment.id())
         .collect()
 }
 
@@ -119,8 +124,8 @@ fn a_checkpoint_waits_for_records_another_thread_took_for_writing() {
     let inner = log.inner.clone();
     let (first, _) = buffer_entry(&inner, b"first");
     let (last, segment) = buffer_entry(&inner, b"last");
-    let limit = inner.state.lock().segments.state(segment.id).reserved_end();
-    let taken = take_buffered(&inner, segment.id);
+    let limit = reserved_end(&inner, segment.id());
+    let taken = take_buffered(&inner, segment.id());
 
     let ids = Ids::default();
     let checkpointer = {
@@ -149,14 +154,14 @@ fn a_segment_is_not_synced_while_its_closed_predecessor_is_still_written() {
     let inner = log.inner.clone();
     inner.state.lock().checkpoints.pause();
     let (_, first) = buffer_entry(&inner, b"in the first segment");
-    let taken = take_buffered(&inner, first.id);
+    let taken = take_buffered(&inner, first.id());
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
-    assert_ne!(first.id, second.id);
+    assert_ne!(first.id(), second.id());
 
-    assert_eq!(next_sync_covers(&inner), vec![first.id]);
+    assert_eq!(next_sync_covers(&inner), vec![first.id()]);
     inner.write_ranges(&first, taken).unwrap();
-    assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
+    assert_eq!(next_sync_covers(&inner), vec![first.id(), second.id()]);
     log.shutdown().unwrap();
 }
 
@@ -169,24 +174,24 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     let log = open();
     let inner = log.inner.clone();
     let (id, segment) = inner.begin().unwrap();
-    let (offset, mark) = inner.reserve(segment.id, 200_000).unwrap();
+    let (offset, mark) = inner.reserve(segment.id(), 200_000).unwrap();
     assert_eq!(mark, 0);
     assert_eq!(offset, HEADER_SIZE);
     // The header is written: the reservation is no longer a hole.
-    inner.complete(segment.id, Some(offset), None);
+    inner.complete(segment.id(), Some(offset), None);
     let (_, other_segment) = buffer_entry(&inner, b"another entry");
-    assert_eq!(other_segment.id, segment.id);
-    let end = inner.state.lock().segments.state(segment.id).reserved_end();
-    inner.sync_pass(segment.id, end).unwrap();
+    assert_eq!(other_segment.id(), segment.id());
+    let end = reserved_end(&inner, segment.id());
+    inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.synced_to(), end);
     assert_eq!(segment.marked_to(), offset);
 
     // The data lands: the mark stays (the last sync may have started
     // before the data was written) until the next sync, which syncs the
     // segment again although it has no new records.
-    inner.data_written(segment.id, offset);
+    inner.data_written(segment.id(), offset);
     assert_eq!(segment.marked_to(), offset);
-    inner.sync_pass(segment.id, end).unwrap();
+    inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
         .append(
@@ -198,8 +203,8 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
             None,
         )
         .unwrap();
-    let end = inner.state.lock().segments.state(segment.id).reserved_end();
-    inner.sync_pass(segment.id, end).unwrap();
+    let end = reserved_end(&inner, segment.id());
+    inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     log.shutdown().unwrap();
 }
@@ -217,19 +222,19 @@ fn a_closed_segment_is_synced_again_before_the_next_when_data_landed_after_its_s
     // before the test looks at the next sync's targets.
     inner.state.lock().checkpoints.pause();
     let (id, first) = inner.begin().unwrap();
-    let (offset, _) = inner.reserve(first.id, 200_000).unwrap();
-    inner.complete(first.id, Some(offset), None);
-    let end = inner.state.lock().segments.state(first.id).reserved_end();
-    inner.sync_pass(first.id, end).unwrap();
+    let (offset, _) = inner.reserve(first.id(), 200_000).unwrap();
+    inner.complete(first.id(), Some(offset), None);
+    let end = reserved_end(&inner, first.id());
+    inner.sync_pass(first.id(), end).unwrap();
     assert_eq!(first.synced_to(), end);
     assert_eq!(first.marked_to(), offset);
-    inner.data_written(first.id, offset);
-    inner.complete(first.id, None, Some(id));
+    inner.data_written(first.id(), offset);
+    inner.complete(first.id(), None, Some(id));
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"in the second segment");
-    assert_eq!(next_sync_covers(&inner), vec![first.id, second.id]);
-    let second_end = inner.state.lock().segments.state(second.id).reserved_end();
-    inner.sync_pass(second.id, second_end).unwrap();
+    assert_eq!(next_sync_covers(&inner), vec![first.id(), second.id()]);
+    let second_end = reserved_end(&inner, second.id());
+    inner.sync_pass(second.id(), second_end).unwrap();
     assert_eq!(first.marked_to(), end);
     assert_eq!(second.synced_to(), second_end);
     log.shutdown().unwrap();
@@ -259,47 +264,47 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     assert_eq!(offset, aligned_chunk_start(HEADER_SIZE).1);
     assert_eq!((offset + RECORD_HEADER_SIZE as u64) % CHUNK_ALIGNMENT, 0);
     let (_, other) = buffer_entry(&inner, b"a later entry");
-    assert_eq!(other.id, segment.id);
-    let end = inner.state.lock().segments.state(segment.id).reserved_end();
+    assert_eq!(other.id(), segment.id());
+    let end = reserved_end(&inner, segment.id());
     {
         let state = inner.state.lock();
-        let seg = state.segments.state(segment.id);
+        let seg = state.segments.state(segment.id());
         assert_eq!(seg.written_to(), end, "the copied chunk left a hole");
         assert_eq!(seg.complete_to(), offset);
     }
     // A sync pass for the later entry returns without the chunk's data and
     // writes the chunk's header and trailer.
-    inner.sync_pass(segment.id, end).unwrap();
+    inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.synced_to(), end);
     assert_eq!(segment.marked_to(), offset);
     let mut encoded = [0_u8; RECORD_HEADER_SIZE];
-    segment.file.read_exact_at(&mut encoded, offset).unwrap();
-    let written = RecordHeader::decode(&encoded, segment.id).unwrap();
+    segment.file().read_exact_at(&mut encoded, offset).unwrap();
+    let written = RecordHeader::decode(&encoded, segment.id()).unwrap();
     assert_eq!(
         (written.kind, written.entry_id, written.length),
         (RecordKind::Chunk, id, 100_000)
     );
     segment
-        .file
+        .file()
         .read_exact_at(&mut encoded, HEADER_SIZE)
         .unwrap();
-    let padding = RecordHeader::decode(&encoded, segment.id).unwrap();
+    let padding = RecordHeader::decode(&encoded, segment.id()).unwrap();
     assert_eq!(padding.kind, RecordKind::Padding);
     assert_eq!(padding.record_len(), offset - HEADER_SIZE);
     let trailer_at = offset + (RECORD_HEADER_SIZE + 100_000) as u64;
     let mut trailer = [0_u8; 4];
     segment
-        .file
+        .file()
         .read_exact_at(&mut trailer, trailer_at)
         .unwrap();
     assert_eq!(u32::from_le_bytes(trailer), crc);
 
     segment
-        .file
+        .file()
         .write_all_at(&data, offset + RECORD_HEADER_SIZE as u64)
         .unwrap();
-    inner.data_written(segment.id, offset);
-    inner.sync_pass(segment.id, end).unwrap();
+    inner.data_written(segment.id(), offset);
+    inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
         .append(
@@ -338,7 +343,7 @@ fn a_new_segment_header_is_durable_before_any_record_is_written() {
     let bytes = fs.contents(&spare).expect("the spare file");
     let header = SegmentHeader::decode(&bytes[..HEADER_SIZE as usize]).unwrap();
     assert_eq!(header.first_entry_id, id);
-    assert_eq!(segment.id, id);
+    assert_eq!(segment.id(), id);
 }
 
 #[test]
@@ -352,8 +357,8 @@ fn a_checkpoint_sync_covers_entries_buffered_in_later_segments() {
     let (first_id, first) = buffer_entry(&inner, b"in the first segment");
     switch_to_a_new_segment(&inner);
     let (_, second) = buffer_entry(&inner, b"buffered in the second segment");
-    let second_end = inner.state.lock().segments.state(second.id).reserved_end();
-    let limit = inner.state.lock().segments.state(first.id).reserved_end();
+    let second_end = reserved_end(&inner, second.id());
+    let limit = reserved_end(&inner, first.id());
     crate::checkpoint::checkpoint(&log, &mut Ids::default(), &first, limit, Some(first_id))
         .unwrap();
     assert_eq!(first.synced_to(), limit);

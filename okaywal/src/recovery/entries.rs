@@ -184,9 +184,9 @@ impl SegmentReader {
             unscanned: Some((limit, buffer_bytes, skip_damage)),
             ..Self::new(
                 segment_id,
-                &segment.version_info,
+                segment.version_info(),
                 file,
-                segment.layout.clone(),
+                segment.layout().clone(),
                 BTreeMap::new(),
                 Some(segment.clone()),
             )
@@ -213,7 +213,7 @@ impl SegmentReader {
             if let (false, Some((offset, reason))) = (skip_damage, &scan.damage) {
                 let path = self._segment.as_ref().map_or_else(
                     || format!("segment {}", self.segment_id),
-                    |s| format!("segment {}", s.path.display()),
+                    |s| format!("segment {}", s.path().display()),
                 );
                 return Err(invalid(format!(
                     "{path}: damaged record at offset {offset} ({reason}), found while \

@@ -47,7 +47,7 @@ pub(crate) struct SegmentState {
 
 impl SegmentState {
     pub(super) fn new(segment: Arc<Segment>, reserved_end: u64) -> Self {
-        let highest_id = segment.id;
+        let highest_id = segment.id();
         Self {
             segment,
             reserved_end,
@@ -71,7 +71,7 @@ impl SegmentState {
         last_entry_id: Option<u64>,
         highest_committed_id: Option<u64>,
     ) -> Self {
-        let id = segment.id;
+        let id = segment.id();
         let mut state = Self::new(segment, end);
         state.sealed = true;
         state.last_entry_id = last_entry_id;

@@ -336,8 +336,8 @@ impl Segments {
         let previous = self
             .live
             .get(&self.active)
-            .filter(|old| old.segment.id != 0 && old.open_entries == 0)
-            .map(|old| (old.segment.id, old.reserved_end));
+            .filter(|old| old.segment.id() != 0 && old.open_entries == 0)
+            .map(|old| (old.segment.id(), old.reserved_end));
         let header = SegmentHeader {
             first_entry_id: id,
             previous,
@@ -467,7 +467,7 @@ impl Segments {
         let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let buffer_bytes = self.settings.buffer_bytes;
         let seg = self.live(segment)?;
-        let layout = seg.segment.layout.clone();
+        let layout = seg.segment.layout().clone();
         let header_size = layout.header_size() as u64;
         let [header_nonce, padding_nonce] = match nonces {
             Some([header, padding]) => [Some(header), Some(padding)],
@@ -555,7 +555,7 @@ impl Segments {
             durable_mark: seg.segment.marked_to(),
             ..header
         };
-        let layout = &seg.segment.layout;
+        let layout = &seg.segment.layout();
         let record_len = layout.record_len(&header);
         let encoded = layout.encode(&header, index, segment, offset, nonce)?;
         seg.reserved_end += record_len;
@@ -661,7 +661,7 @@ impl Segments {
     /// the file yet.
     pub fn header_pending(&self, segment: u64, offset: u64) -> bool {
         self.live.get(&segment).is_some_and(|seg| {
-            let header_end = offset.saturating_add(seg.segment.layout.header_size() as u64);
+            let header_end = offset.saturating_add(seg.segment.layout().header_size() as u64);
             offset >= HEADER_SIZE && header_end <= seg.reserved_end && seg.written_to() < header_end
         })
     }
@@ -702,7 +702,10 @@ impl Segments {
             .map(|seg| {
                 let unwritten = seg.buffered.first().map_or(u64::MAX, |(at, _)| *at);
                 let synced = seg.segment.synced_to();
-                (seg.segment.id, seg.written_to().min(unwritten).max(synced))
+                (
+                    seg.segment.id(),
+                    seg.written_to().min(unwritten).max(synced),
+                )
             })
             .collect()
     }
@@ -716,7 +719,7 @@ impl Segments {
         self.live
             .values()
             .next()
-            .filter(|seg| seg.segment.id != self.active && seg.ready_for_checkpoint())
+            .filter(|seg| seg.segment.id() != self.active && seg.ready_for_checkpoint())
             .map(|seg| Checkpointable {
                 segment: seg.segment.clone(),
                 limit: seg.reserved_end,

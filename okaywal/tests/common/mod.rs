@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
+use okaywal::fs::{CrashFileSystem, FaultKind};
 use okaywal::{ChunkRecord, Configuration, WriteAheadLog};
 
 /// A log at `/log` on the simulated disk, with 16 KiB segments so that
@@ -47,6 +47,8 @@ pub fn jitter_budget(default_seconds: u64) -> Duration {
     )
 }
 
+#[allow(unused_imports)]
+pub use testkit::disk::ALL_OPERATIONS;
 #[allow(unused_imports)]
 pub use testkit::recorder::{lock, read_entry_streaming, Checkpoint, Recorder, Seen, REFUSAL};
 #[allow(unused_imports)]
@@ -315,6 +317,15 @@ pub struct Model {
 }
 
 impl Model {
+    /// The committed ids that `counts` does not list.
+    pub fn committed_not_in(&self, counts: &BTreeMap<u64, usize>) -> Vec<u64> {
+        self.committed
+            .keys()
+            .copied()
+            .filter(|id| !counts.contains_key(id))
+            .collect()
+    }
+
     pub fn record(&mut self, plan: &Plan, done: &Done) {
         if let Some(error) = &done.error {
             self.errors.push(error.to_string());
@@ -511,11 +522,7 @@ pub fn check_exactly_once(model: &Model, first: &Seen, second: &Seen) -> Result<
             &duplicated[..duplicated.len().min(10)]
         ));
     }
-    let missing: Vec<_> = model
-        .committed
-        .keys()
-        .filter(|id| !counts.contains_key(id))
-        .collect();
+    let missing = model.committed_not_in(&counts);
     if !missing.is_empty() {
         return Err(format!(
             "{} of {} committed entries were neither checkpointed nor recovered, e.g. {:?}",
@@ -553,17 +560,6 @@ pub fn checkpoint_until_ok(log: &WriteAheadLog) -> io::Result<()> {
     }
     Err(last.expect("at least one attempt"))
 }
-
-pub const ALL_OPERATIONS: [Operation; 8] = [
-    Operation::Write,
-    Operation::Sync,
-    Operation::SyncDir,
-    Operation::Rename,
-    Operation::Read,
-    Operation::Create,
-    Operation::Remove,
-    Operation::SetLen,
-];
 
 /// Cuts the power now: the next few operations of every kind are planned
 /// to fail as a power cut, so whatever the log's background thread does

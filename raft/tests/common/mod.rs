@@ -10,6 +10,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// A plain-HTTP client that follows no redirects and gives up on a
+/// request after `timeout`.
+pub fn plain_client(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .build()
+        .expect("an HTTP client")
+}
+
 /// A free loopback port: bind port 0, read it, let it go.
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding port 0");
@@ -220,15 +230,7 @@ impl Cluster {
                 credentials.node_args(),
                 "https",
             ),
-            None => (
-                reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .timeout(Duration::from_secs(5))
-                    .build()
-                    .expect("an HTTP client"),
-                Vec::new(),
-                "http",
-            ),
+            None => (plain_client(Duration::from_secs(5)), Vec::new(), "http"),
         };
         let mut cluster = Self {
             nodes: BTreeMap::new(),
@@ -241,6 +243,15 @@ impl Cluster {
             cluster.add_node(id, extra_args);
         }
         cluster
+    }
+
+    /// The nodes other than `leader`, in id order.
+    pub fn followers(&self, leader: u64) -> Vec<u64> {
+        self.nodes
+            .keys()
+            .copied()
+            .filter(|id| *id != leader)
+            .collect()
     }
 
     /// Adds and starts one more node process.

@@ -149,7 +149,7 @@ impl Reclamation {
         let bits = stratum.bits_snapshot();
         let in_wal = pending
             .iter()
-            .filter(|(id, _)| id.basin() == stratum.basin && id.stratum() == stratum.number)
+            .filter(|(id, _)| id.basin() == stratum.basin() && id.stratum() == stratum.number())
             .map(|(id, found)| (*id, *found))
             .collect();
         StratumSnapshot {
@@ -190,7 +190,7 @@ impl Reclamation {
         // grains: a free after this point moves its stratum's epoch.
         let epochs = strata
             .iter()
-            .map(|s| ((s.basin, s.number), s.reuse_epoch()))
+            .map(|s| ((s.basin(), s.number()), s.reuse_epoch()))
             .collect();
         let after = after.max(meta.checkpointed_to);
         // `recent` holds the records of applied transactions (whose blobs

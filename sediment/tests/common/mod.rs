@@ -2,6 +2,8 @@
 //! recognisable blob contents and directory measurements.
 #![allow(dead_code)]
 
+pub mod crash;
+
 use std::path::Path;
 
 use sediment::{Config, Database, GrainId};

@@ -1,7 +1,7 @@
 //! Tests of the segment scan.
 
 use super::*;
-use crate::format::CHUNK_TRAILER_SIZE;
+use crate::format::{CHUNK_TRAILER_SIZE, RECORD_HEADER_SIZE};
 use crate::fs::{CrashFileSystem, FileSystem, OpenMode};
 use std::path::Path;
 
