@@ -92,6 +92,9 @@ impl Database {
     /// under older keys are checkpointed first, and the next segment
     /// starts under the current key.
     ///
+    /// If the key is rotated again while it runs, what was sealed under
+    /// the key current when it began may stay: run it again.
+    ///
     /// Fails with [`Error::ReadOnly`] on a store opened read-only, and with
     /// [`Error::Key`] ([`KeyError::NotEncrypted`]) on a plain store.
     pub fn rekey(&self) -> Result<RekeyReport> {
