@@ -682,7 +682,12 @@ async fn prometheus(State(app): State<App>) -> Response {
         log_bytes,
         keys: app.state_machine.len() as u64,
     };
-    let body = metrics::render(&app.counters, &gauges, app.log_store.sync_latencies());
+    let body = metrics::render(
+        &app.counters,
+        &gauges,
+        app.log_store.sync_latencies(),
+        &app.log_store.stage_counters(),
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -34,6 +34,10 @@
 //!   500 ms and before each snapshot): after a crash the node applies the
 //!   lost entries again from its log. A write costs each node one
 //!   `fdatasync`, its log append's (`FORMAT.md`, "One sync per write").
+//! - A leader sends the entries it appends to its followers while it
+//!   syncs them itself ([`stage`]), so that their syncs overlap; a
+//!   follower acknowledges an entry only through openraft's AppendEntries
+//!   and only once it is durable (`FORMAT.md`, "Pre-staged entries").
 //!
 //! `FORMAT.md` in the crate describes every file a node writes.
 #![forbid(unsafe_code)]
@@ -53,6 +57,7 @@ pub mod node;
 pub mod security;
 pub mod server;
 pub mod snapshot;
+pub mod stage;
 pub mod state_machine;
 pub mod types;
 pub mod validate;

@@ -11,6 +11,7 @@
 //! | `POST /cluster/*` | [`MAX_CLUSTER_BODY_BYTES`] (1 MiB of JSON) |
 //! | `POST /raft/append` | [`MAX_APPEND_BODY_BYTES`]: one largest entry and its framing, 65 MiB |
 //! | `POST /raft/snapshot` | [`MAX_SNAPSHOT_BODY_BYTES`]: one chunk and its metadata, 4 MiB |
+//! | `POST /raft/stage` | [`MAX_STAGE_BODY_BYTES`]: the entries of one append of at most [`MAX_STAGE_PAYLOAD_BYTES`] of keys and values and their framing, 3 MiB |
 //! | `POST /raft/vote` | [`MAX_VOTE_BODY_BYTES`] (64 KiB) |
 //! | anything else | [`MAX_OTHER_BODY_BYTES`] (64 KiB) |
 //!
@@ -41,6 +42,7 @@
 use axum::http::Method;
 
 use crate::network::{APPEND_PATH, SNAPSHOT_PATH, VOTE_PATH};
+use crate::stage::{MAX_STAGE_PAYLOAD_BYTES, STAGE_PATH};
 use crate::types::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// Room for everything in a Raft RPC besides keys, values and snapshot
@@ -73,6 +75,14 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 3 << 20;
 /// The largest `/raft/snapshot` body: one chunk and its metadata.
 pub const MAX_SNAPSHOT_BODY_BYTES: usize = SNAPSHOT_CHUNK_BYTES + FRAMING_BYTES;
 
+/// The largest `/raft/stage` body: the entries of one append carrying at
+/// most [`MAX_STAGE_PAYLOAD_BYTES`] of keys and values (larger appends are
+/// not staged) plus [`FRAMING_BYTES`].
+pub const MAX_STAGE_BODY_BYTES: usize = MAX_STAGE_PAYLOAD_BYTES + FRAMING_BYTES;
+
+// A full batch of writes can be staged.
+const _: () = assert!(crate::batch::MAX_BATCH_BYTES <= MAX_STAGE_PAYLOAD_BYTES);
+
 /// The largest `/raft/vote` body (a vote and a log id are a few dozen
 /// bytes).
 pub const MAX_VOTE_BODY_BYTES: usize = 64 << 10;
@@ -90,6 +100,7 @@ pub fn request_body_limit(method: &Method, path: &str, max_value_bytes: usize) -
     match path {
         APPEND_PATH => MAX_APPEND_BODY_BYTES,
         SNAPSHOT_PATH => MAX_SNAPSHOT_BODY_BYTES,
+        STAGE_PATH => MAX_STAGE_BODY_BYTES,
         VOTE_PATH => MAX_VOTE_BODY_BYTES,
         _ if path.starts_with("/cluster/") => MAX_CLUSTER_BODY_BYTES,
         _ if *method == Method::PUT && path.starts_with("/kv") => {
@@ -127,6 +138,7 @@ mod tests {
         assert_eq!(limit(Method::POST, APPEND_PATH), MAX_APPEND_BODY_BYTES);
         assert_eq!(limit(Method::POST, SNAPSHOT_PATH), MAX_SNAPSHOT_BODY_BYTES);
         assert_eq!(limit(Method::POST, VOTE_PATH), MAX_VOTE_BODY_BYTES);
+        assert_eq!(limit(Method::POST, STAGE_PATH), MAX_STAGE_BODY_BYTES);
         assert_eq!(limit(Method::POST, "/cluster/init"), MAX_CLUSTER_BODY_BYTES);
         assert_eq!(limit(Method::PUT, "/kv/a"), MAX_OTHER_BODY_BYTES);
         assert_eq!(

@@ -21,28 +21,42 @@
 //! In-memory state changes *before* its WAL record is written: a checkpoint
 //! that runs in between then records a state at least as new as every record
 //! of the segment it recycles, and records replayed after it are idempotent.
+//!
+//! **Pre-staged entries.** On a follower, a leader's `/raft/stage` request
+//! ([`crate::stage`]) writes the entries the leader is appending before
+//! openraft's AppendEntries brings them ([`LogStore::stage_entries`]): they
+//! are ordinary entries of the log, written and synced as an append is,
+//! which openraft does not know of yet. When openraft then appends entries
+//! the store already holds with the same log ids and bytes, nothing is
+//! written again: `LogFlushed` fires once the sync of the staged write is
+//! done. When it appends over staged entries with other log ids (a new
+//! leader replaced them), the append's WAL entry starts with a truncate
+//! record that drops them. On a leader, `append` hands the entries to a
+//! [`StageOffer`] before writing them. Every change to the log's entries or
+//! vote holds one lock (`Inner::writes`), so each sees the log the one
+//! before left. `FORMAT.md`, "Pre-staged entries", gives the safety
+//! argument.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use okaywal::fs::{FileHandle, FileSystem, OpenMode, StdFileSystem};
 use okaywal::{EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader, WriteAheadLog};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
 use crate::log_format::{
     encode_entry_header, ArchiveHeader, ArchiveRange, LogMeta, WalRecord, ARCHIVE_HEADER,
     ENTRY_HEADER,
 };
-use crate::metrics::Histogram;
-use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::metrics::{Histogram, StageCounters};
+use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use crate::validate;
 
 const META: &str = "meta";
@@ -58,6 +72,11 @@ pub struct LogStoreConfig {
     pub file_system: Arc<dyn FileSystem>,
     /// WAL segment size: entries move to archive files at this interval.
     pub segment_bytes: u64,
+    /// The id of the node whose log this is. With it, openraft reads a
+    /// saved vote that is committed and names this node as not committed
+    /// ([`LogStore::vote_at_start`]), and the store can stage its appends
+    /// on followers ([`LogStore::set_stage_offer`]).
+    pub node_id: Option<NodeId>,
 }
 
 impl LogStoreConfig {
@@ -67,6 +86,7 @@ impl LogStoreConfig {
             directory: directory.as_ref().to_path_buf(),
             file_system: Arc::new(StdFileSystem),
             segment_bytes: 8 << 20,
+            node_id: None,
         }
     }
 
@@ -81,6 +101,13 @@ impl LogStoreConfig {
     #[must_use]
     pub fn segment_bytes(mut self, bytes: u64) -> Self {
         self.segment_bytes = bytes;
+        self
+    }
+
+    /// Sets the id of the node whose log this is.
+    #[must_use]
+    pub fn node_id(mut self, id: NodeId) -> Self {
+        self.node_id = Some(id);
         self
     }
 }
@@ -99,23 +126,74 @@ enum Location {
     },
 }
 
+/// The length and CRC32 of an entry's bincode: an append whose entry has
+/// the staged entry's log id but other bytes replaces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Digest {
+    len: usize,
+    crc: u32,
+}
+
+impl Digest {
+    fn of(bytes: &[u8]) -> Self {
+        Self {
+            len: bytes.len(),
+            crc: crc32fast::hash(bytes),
+        }
+    }
+}
+
+/// An entry written from a stage request that openraft has not appended
+/// yet.
+#[derive(Debug, Clone, Copy)]
+struct Staged {
+    log_id: LogId,
+    digest: Digest,
+    /// The write's number in the sync queue: durable once the queue has
+    /// synced through it.
+    seq: u64,
+}
+
 #[derive(Debug, Default)]
 struct State {
     entries: BTreeMap<u64, (LogId, Location)>,
+    /// The staged entries openraft has not appended: always the last
+    /// entries of `entries` (every other change of the log drops the ones
+    /// it covers). Kept in memory only: after a restart openraft reads
+    /// them as part of the log.
+    staged: BTreeMap<u64, Staged>,
     vote: Option<Vote>,
     committed: Option<LogId>,
     purged: Option<LogId>,
     checkpointed_through: u64,
     archives: BTreeMap<u64, Arc<dyn FileHandle>>,
+    counters: Arc<StageCounters>,
 }
 
 impl State {
+    /// The last log id: the last entry's, else the last purged one.
+    fn last_log_id(&self) -> Option<LogId> {
+        self.entries
+            .values()
+            .next_back()
+            .map(|(id, _)| *id)
+            .or(self.purged)
+    }
+
+    /// Forgets the staged entries from `index` on (they are being dropped
+    /// from the log) and counts them wasted.
+    fn drop_staged_from(&mut self, index: u64) {
+        let dropped = self.staged.split_off(&index).len();
+        StageCounters::add(&self.counters.wasted, dropped as u64);
+    }
+
     fn apply(&mut self, record: WalRecord, location: Option<LogPosition>) {
         match record {
             WalRecord::Entry { log_id, .. } => {
                 if self.purged.is_some_and(|p| log_id.index <= p.index) {
                     return;
                 }
+                self.drop_staged_from(log_id.index);
                 self.entries.split_off(&log_id.index);
                 let location = location.expect("entries come with their position");
                 self.entries
@@ -132,12 +210,16 @@ impl State {
                 }
             }
             WalRecord::Truncate { since } => {
+                self.drop_staged_from(since);
                 self.entries.split_off(&since);
             }
             WalRecord::Purge(log_id) => {
                 if self.purged.is_some_and(|p| p.index >= log_id.index) {
                     return;
                 }
+                let kept = self.staged.split_off(&(log_id.index + 1));
+                let dropped = std::mem::replace(&mut self.staged, kept).len();
+                StageCounters::add(&self.counters.wasted, dropped as u64);
                 self.entries = self.entries.split_off(&(log_id.index + 1));
                 self.purged = Some(log_id);
             }
@@ -178,6 +260,94 @@ struct Core {
 /// Called once an append is durable (or with why it cannot be).
 pub type Durable = Box<dyn FnOnce(io::Result<()>) + Send>;
 
+/// Where a leading node's log store hands the entries it appends, so that
+/// its followers can write them while it writes its own copy (see
+/// `FORMAT.md`, "Pre-staged entries"): [`crate::stage::Stager`] sends them.
+pub trait StageOffer: Send + Sync + Debug {
+    /// This node's id: the store leads while its vote is committed and
+    /// names this node.
+    fn node_id(&self) -> NodeId;
+
+    /// Hands over `entries`, appended under `vote` right after `prev` (the
+    /// log's last id before them). Called with the log's write lock held:
+    /// it must not block, and must not call into the store.
+    fn offer(&self, vote: &Vote, prev: Option<LogId>, entries: &[Entry]);
+}
+
+/// What became of a stage request ([`LogStore::stage_entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageOutcome {
+    /// This many entries were written; the log's next sync makes them
+    /// durable.
+    Staged(usize),
+    /// Nothing was written, for this reason: the log or the vote do not
+    /// match the request's (a follower behind or ahead, another leader).
+    Ignored(&'static str),
+}
+
+/// Numbers the log's writes and runs the callbacks waiting for them once a
+/// sync covers them. A write gets its number after its `commit_buffered`
+/// returned, and the sync thread reads the highest number before it calls
+/// `WriteAheadLog::sync`, which makes durable every entry committed before
+/// it: after that sync, every write up to the number read is durable.
+#[derive(Default)]
+struct SyncQueue {
+    state: Mutex<SyncQueueState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct SyncQueueState {
+    /// The last number given to a write.
+    written: u64,
+    /// Every write up to this number is durable.
+    synced: u64,
+    waiting: Vec<(u64, Durable)>,
+    closed: bool,
+}
+
+impl Debug for SyncQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.lock();
+        f.debug_struct("SyncQueue")
+            .field("written", &state.written)
+            .field("synced", &state.synced)
+            .field("waiting", &state.waiting.len())
+            .finish()
+    }
+}
+
+impl SyncQueue {
+    /// Numbers a write whose `commit_buffered` returned.
+    fn written(&self) -> u64 {
+        let mut state = self.state.lock();
+        state.written += 1;
+        state.written
+    }
+
+    /// Runs `done` once write `seq` is durable: at once if it is already.
+    fn when_durable(&self, seq: u64, done: Durable) {
+        let mut state = self.state.lock();
+        if state.synced >= seq {
+            drop(state);
+            done(Ok(()));
+        } else if state.closed {
+            drop(state);
+            done(Err(io::Error::other("the log store is closed")));
+        } else {
+            state.waiting.push((seq, done));
+            drop(state);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Ends the sync thread once it has synced what is waiting.
+    fn close(&self) {
+        self.state.lock().closed = true;
+        self.wake.notify_all();
+    }
+}
+
 /// An entry to read: its log id, location and archive handle.
 type Wanted = (LogId, Location, Option<Arc<dyn FileHandle>>);
 
@@ -185,15 +355,25 @@ type Wanted = (LogId, Location, Option<Arc<dyn FileHandle>>);
 struct Inner {
     core: Arc<Core>,
     wal: WriteAheadLog,
-    syncer: Mutex<Option<mpsc::Sender<Durable>>>,
+    /// Held by every change of the log's entries or vote (openraft's
+    /// appends, truncations, purges and votes, and stage requests) from
+    /// its checks to its WAL commit, so that each sees the log the one
+    /// before it left. Taken before `core.state`, never while holding it.
+    writes: Mutex<()>,
+    syncer: Arc<SyncQueue>,
     /// How long each sync of the sync thread took.
     syncs: Arc<Histogram>,
+    /// The node whose log this is, if known.
+    node_id: Option<NodeId>,
+    /// Where a leader's appends are offered to its followers, once the
+    /// node has set it.
+    offer: OnceLock<Arc<dyn StageOffer>>,
+    counters: Arc<StageCounters>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the channel ends the sync thread.
-        self.syncer.lock().take();
+        self.syncer.close();
     }
 }
 
@@ -453,10 +633,35 @@ impl LogManager for Manager {
 /// A log sync slower than this is logged as a warning.
 const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(250);
 
-fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>, syncs: Arc<Histogram>) {
-    while let Ok(first) = requests.recv() {
-        let mut batch = vec![first];
-        batch.extend(requests.try_iter());
+/// Syncs the log whenever a callback waits for a write that is not durable
+/// yet, then runs the callbacks the sync covered; once the queue is closed,
+/// syncs what still waits and returns.
+fn sync_loop(wal: WriteAheadLog, queue: Arc<SyncQueue>, syncs: Arc<Histogram>) {
+    loop {
+        let (target, waiting) = {
+            let mut state = queue.state.lock();
+            while state.waiting.is_empty() && !state.closed {
+                queue.wake.wait(&mut state);
+            }
+            if state.waiting.is_empty() {
+                return;
+            }
+            // Callbacks queued while the last sync ran, for writes it
+            // covered, need no sync of their own.
+            let synced = state.synced;
+            let (ready, later): (Vec<_>, Vec<_>) = std::mem::take(&mut state.waiting)
+                .into_iter()
+                .partition(|(seq, _)| *seq <= synced);
+            state.waiting = later;
+            if !ready.is_empty() {
+                drop(state);
+                for (_, done) in ready {
+                    done(Ok(()));
+                }
+                continue;
+            }
+            (state.written, state.waiting.len())
+        };
         let started = std::time::Instant::now();
         let result = wal.sync();
         let elapsed = started.elapsed();
@@ -464,20 +669,39 @@ fn sync_loop(wal: WriteAheadLog, requests: mpsc::Receiver<Durable>, syncs: Arc<H
         if elapsed >= SLOW_SYNC {
             tracing::warn!(
                 millis = elapsed.as_millis() as u64,
-                appends = batch.len(),
+                appends = waiting,
                 "slow sync of the Raft log"
             );
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "syncing the Raft log failed");
         }
-        for done in batch {
+        let ready: Vec<Durable> = {
+            let mut state = queue.state.lock();
+            if result.is_ok() {
+                state.synced = state.synced.max(target);
+            }
+            let (ready, later) = std::mem::take(&mut state.waiting)
+                .into_iter()
+                .partition(|(seq, _)| *seq <= target);
+            state.waiting = later;
+            ready.into_iter().map(|(_, done)| done).collect()
+        };
+        for done in ready {
             done(match &result {
                 Ok(_) => Ok(()),
                 Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
             });
         }
     }
+}
+
+/// Encodes `entry` as a WAL chunk into `chunk`: its header, then its
+/// bincode.
+fn encode_chunk(chunk: &mut Vec<u8>, entry: &Entry) -> Result<()> {
+    chunk.clear();
+    encode_entry_header(chunk, &entry.log_id);
+    bincode::serialize_into(&mut *chunk, entry).map_err(|e| Error::Invalid(e.to_string()))
 }
 
 /// Decodes a stored entry (reading at most [`validate::MAX_ENTRY_BYTES`])
@@ -519,39 +743,152 @@ impl LogStore {
             .checkpoint_after_bytes(config.segment_bytes)
             .open(Manager { core: core.clone() })
             .map_err(|e| Error::io(format!("opening the WAL in {}", wal_dir.display()), e))?;
-        let (sender, receiver) = mpsc::channel();
+        let syncer = Arc::new(SyncQueue::default());
         let sync_wal = wal.clone();
         let syncs = Arc::new(Histogram::default());
-        let sync_stats = syncs.clone();
+        let (sync_queue, sync_stats) = (syncer.clone(), syncs.clone());
         std::thread::Builder::new()
             .name("raft-log-sync".into())
-            .spawn(move || sync_loop(sync_wal, receiver, sync_stats))
+            .spawn(move || sync_loop(sync_wal, sync_queue, sync_stats))
             .map_err(|e| Error::io("starting the log sync thread", e))?;
+        let counters = core.state.lock().counters.clone();
         Ok(Self {
             inner: Arc::new(Inner {
                 core,
                 wal,
-                syncer: Mutex::new(Some(sender)),
+                writes: Mutex::new(()),
+                syncer,
                 syncs,
+                node_id: config.node_id,
+                offer: OnceLock::new(),
+                counters,
             }),
         })
     }
 
+    /// Makes this store offer the entries it appends while it leads to
+    /// `offer` (see [`StageOffer`]). Set once, after the node's Raft is
+    /// built; later calls change nothing. Nothing is offered unless the
+    /// store was opened with the same node id
+    /// ([`LogStoreConfig::node_id`]): staging is safe only if a restarted
+    /// leader never resumes the term it led ([`LogStore::vote_at_start`]).
+    pub fn set_stage_offer(&self, offer: Arc<dyn StageOffer>) {
+        let _ = self.inner.offer.set(offer);
+    }
+
+    /// What pre-staging did on this node.
+    #[must_use]
+    pub fn stage_counters(&self) -> Arc<StageCounters> {
+        self.inner.counters.clone()
+    }
+
     /// Appends `entries` as one WAL entry and returns once they are
-    /// readable; `on_durable` runs (on the sync thread) after the WAL sync
-    /// that made them durable, or with the error that prevented it.
+    /// readable; `on_durable` runs (on the sync thread, or before this
+    /// returns if they already are) once the WAL sync that made them
+    /// durable returned, or with the error that prevented it.
+    ///
+    /// This is openraft's append: the log ends right before the first
+    /// entry. Leading entries the store already holds from a stage request
+    /// (same log id, same bytes) are not written again; `on_durable` then
+    /// also waits for their staged write's sync. Anything else the store
+    /// holds from the first entry written on (staged entries a new leader
+    /// replaced) is dropped by a truncate record at the start of the
+    /// append's WAL entry. While this node leads, the entries are offered
+    /// to the [`StageOffer`] before they are written.
     pub fn append_entries(&self, entries: Vec<Entry>, on_durable: Durable) -> Result<()> {
+        let Some(first) = entries.first().map(|entry| entry.log_id.index) else {
+            on_durable(Ok(()));
+            return Ok(());
+        };
+        let core = &self.inner.core;
+        let counters = &self.inner.counters;
+        let writes = self.inner.writes.lock();
+        let staged: Vec<Staged> = {
+            let state = core.state.lock();
+            if let Some(&lowest) = state.staged.keys().next() {
+                if lowest < first {
+                    // openraft only moves past entries it did not append
+                    // by installing a snapshot, whose purge drops them
+                    // first (see `purge_blocking`).
+                    return Err(Error::Invalid(format!(
+                        "an append at index {first} with staged entries from index {lowest} \
+                         left before it"
+                    )));
+                }
+            }
+            state
+                .staged
+                .range(first..first.saturating_add(entries.len() as u64))
+                .map(|(_, staged)| *staged)
+                .collect()
+        };
+        let mut chunk = Vec::new();
+        let mut present = 0;
+        let mut present_seq = 0;
+        for (entry, staged) in entries.iter().zip(&staged) {
+            if staged.log_id != entry.log_id {
+                break;
+            }
+            encode_chunk(&mut chunk, entry)?;
+            if Digest::of(&chunk[ENTRY_HEADER..]) != staged.digest {
+                break;
+            }
+            present += 1;
+            present_seq = present_seq.max(staged.seq);
+        }
+        StageCounters::add(&counters.appends, 1);
+        if present > 0 {
+            let mut state = core.state.lock();
+            for entry in &entries[..present] {
+                state.staged.remove(&entry.log_id.index);
+            }
+            StageCounters::add(&counters.used, present as u64);
+        }
+        let rest = &entries[present..];
+        let Some(rest_first) = rest.first().map(|entry| entry.log_id.index) else {
+            StageCounters::add(&counters.appends_prestaged, 1);
+            drop(writes);
+            self.inner.syncer.when_durable(present_seq, on_durable);
+            return Ok(());
+        };
+        let (replaces, prev, vote) = {
+            let state = core.state.lock();
+            let prev = state
+                .entries
+                .range(..rest_first)
+                .next_back()
+                .map(|(_, (id, _))| *id)
+                .or(state.purged);
+            (
+                state.entries.range(rest_first..).next().is_some(),
+                prev,
+                state.vote,
+            )
+        };
+        if let (Some(offer), Some(vote)) = (self.inner.offer.get(), vote) {
+            let leading = self.inner.node_id == Some(offer.node_id())
+                && vote.is_committed()
+                && vote.leader_id().voted_for() == Some(offer.node_id())
+                && rest.iter().all(|e| e.log_id.leader_id == *vote.leader_id())
+                && prev.map_or(0, |p| p.index + 1) == rest_first;
+            if leading {
+                offer.offer(&vote, prev, rest);
+            }
+        }
         let wal = &self.inner.wal;
         let mut writer = wal
             .begin_entry()
             .map_err(|e| Error::io("beginning a log entry", e))?;
-        let mut written = Vec::with_capacity(entries.len());
-        let mut chunk = Vec::new();
-        for entry in &entries {
-            chunk.clear();
-            encode_entry_header(&mut chunk, &entry.log_id);
-            bincode::serialize_into(&mut chunk, entry)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
+        if replaces {
+            let truncate = WalRecord::Truncate { since: rest_first };
+            core.state.lock().apply(truncate.clone(), None);
+            writer
+                .write_chunk(&truncate.encode())
+                .map_err(|e| Error::io("writing a log record", e))?;
+        }
+        let mut written = Vec::with_capacity(rest.len());
+        for entry in rest {
+            encode_chunk(&mut chunk, entry)?;
             let record = writer
                 .write_chunk(&chunk)
                 .map_err(|e| Error::io("writing a log entry", e))?;
@@ -561,7 +898,7 @@ impl LogStore {
         // segment only after every entry in it finished, so a checkpoint
         // always sees them as part of the log.
         {
-            let mut state = self.inner.core.state.lock();
+            let mut state = core.state.lock();
             for (log_id, position) in &written {
                 state.apply(
                     WalRecord::Entry {
@@ -573,45 +910,170 @@ impl LogStore {
             }
         }
         if let Err(e) = writer.commit_buffered() {
-            let mut state = self.inner.core.state.lock();
-            if let Some((first, _)) = written.first() {
-                state.entries.split_off(&first.index);
-            }
+            core.state.lock().entries.split_off(&rest_first);
             return Err(Error::io("committing log entries", e));
         }
-        let syncer = self.inner.syncer.lock();
-        match syncer.as_ref() {
-            Some(sender) => {
-                if let Err(mpsc::SendError(done)) = sender.send(on_durable) {
-                    done(Err(io::Error::other("the log sync thread stopped")));
-                }
-            }
-            None => on_durable(Err(io::Error::other("the log store is closed"))),
-        }
+        let seq = self.inner.syncer.written();
+        drop(writes);
+        self.inner.syncer.when_durable(seq, on_durable);
         Ok(())
     }
 
-    /// Applies `record` in memory, then writes it and waits until it is
-    /// durable.
-    fn write_durably(&self, record: WalRecord) -> Result<()> {
-        self.write_buffered(record)?;
+    /// Writes `entries` from a leader's stage request (see
+    /// [`crate::stage`]) if they extend this log in order under the
+    /// leader this node follows: `vote` is committed, names another node
+    /// and is the vote this store holds, `prev` is the log's last id, the
+    /// entries follow it one index at a time, and each was created by that
+    /// leader. Otherwise nothing is written ([`StageOutcome::Ignored`]):
+    /// staging never truncates or overwrites. Written entries become
+    /// durable with the log's next sync, which this requests; the call
+    /// does not wait for it.
+    pub fn stage_entries(
+        &self,
+        own_id: NodeId,
+        vote: &Vote,
+        prev: Option<LogId>,
+        entries: &[Entry],
+    ) -> Result<StageOutcome> {
+        let writes = self.inner.writes.lock();
+        let outcome = self.stage_locked(own_id, vote, prev, entries);
+        drop(writes);
+        outcome
+    }
+
+    /// [`LogStore::stage_entries`] without waiting for another change of
+    /// the log to finish: `None`, and nothing done, while one runs.
+    pub fn try_stage_entries(
+        &self,
+        own_id: NodeId,
+        vote: &Vote,
+        prev: Option<LogId>,
+        entries: &[Entry],
+    ) -> Option<Result<StageOutcome>> {
+        let writes = self.inner.writes.try_lock()?;
+        let outcome = self.stage_locked(own_id, vote, prev, entries);
+        drop(writes);
+        Some(outcome)
+    }
+
+    /// [`LogStore::stage_entries`] with the write lock held.
+    fn stage_locked(
+        &self,
+        own_id: NodeId,
+        vote: &Vote,
+        prev: Option<LogId>,
+        entries: &[Entry],
+    ) -> Result<StageOutcome> {
+        let core = &self.inner.core;
+        {
+            let state = core.state.lock();
+            let ignored = if !vote.is_committed() {
+                Some("the vote is not committed")
+            } else if vote.leader_id().voted_for() == Some(own_id) {
+                Some("the vote is this node's own")
+            } else if state.vote != Some(*vote) {
+                Some("the vote is not the one this node holds")
+            } else if state.last_log_id() != prev {
+                Some("the log does not end at the request's previous log id")
+            } else if entries.is_empty() {
+                Some("there are no entries")
+            } else if !entries.iter().enumerate().all(|(i, entry)| {
+                entry.log_id.index == prev.map_or(0, |p| p.index + 1) + i as u64
+                    && entry.log_id.leader_id == *vote.leader_id()
+            }) {
+                Some("the entries do not follow the previous log id under the vote's leader")
+            } else {
+                None
+            };
+            if let Some(reason) = ignored {
+                return Ok(StageOutcome::Ignored(reason));
+            }
+        }
+        let wal = &self.inner.wal;
+        let mut writer = wal
+            .begin_entry()
+            .map_err(|e| Error::io("beginning a log entry", e))?;
+        let mut written = Vec::with_capacity(entries.len());
+        let mut chunk = Vec::new();
+        for entry in entries {
+            encode_chunk(&mut chunk, entry)?;
+            let record = writer
+                .write_chunk(&chunk)
+                .map_err(|e| Error::io("writing a log entry", e))?;
+            written.push((
+                entry.log_id,
+                record.position,
+                Digest::of(&chunk[ENTRY_HEADER..]),
+            ));
+        }
+        let first = entries[0].log_id.index;
+        {
+            let mut state = core.state.lock();
+            for (log_id, position, digest) in &written {
+                state.apply(
+                    WalRecord::Entry {
+                        log_id: *log_id,
+                        payload: Vec::new(),
+                    },
+                    Some(*position),
+                );
+                // Its number is set below, before the write lock is
+                // released: no append sees it before then.
+                state.staged.insert(
+                    log_id.index,
+                    Staged {
+                        log_id: *log_id,
+                        digest: *digest,
+                        seq: u64::MAX,
+                    },
+                );
+            }
+        }
+        if let Err(e) = writer.commit_buffered() {
+            let mut state = core.state.lock();
+            state.entries.split_off(&first);
+            state.staged.split_off(&first);
+            return Err(Error::io("committing staged log entries", e));
+        }
+        let seq = self.inner.syncer.written();
+        {
+            let mut state = core.state.lock();
+            for staged in state.staged.range_mut(first..) {
+                staged.1.seq = seq;
+            }
+        }
+        self.inner.syncer.when_durable(seq, Box::new(|_| {}));
+        Ok(StageOutcome::Staged(entries.len()))
+    }
+
+    /// Applies `records` in memory, then writes them as one WAL entry and
+    /// waits until it is durable.
+    fn write_durably(&self, records: &[WalRecord]) -> Result<()> {
+        self.write_buffered(records)?;
         let wal = &self.inner.wal;
         wal.sync().map_err(|e| Error::io("syncing the log", e))?;
         Ok(())
     }
 
-    /// Applies `record` in memory, then writes it and hands it to the OS:
-    /// it is durable with the next sync of the log, and a crash before that
-    /// can only drop it with every record after it.
-    fn write_buffered(&self, record: WalRecord) -> Result<()> {
-        self.inner.core.state.lock().apply(record.clone(), None);
+    /// Applies `records` in memory, then writes them as one WAL entry and
+    /// hands it to the OS: it is durable with the next sync of the log, and
+    /// a crash before that can only drop it with every record after it.
+    fn write_buffered(&self, records: &[WalRecord]) -> Result<()> {
+        {
+            let mut state = self.inner.core.state.lock();
+            for record in records {
+                state.apply(record.clone(), None);
+            }
+        }
         let wal = &self.inner.wal;
         let mut writer = wal
             .begin_entry()
             .map_err(|e| Error::io("beginning a log entry", e))?;
-        writer
-            .write_chunk(&record.encode())
-            .map_err(|e| Error::io("writing a log record", e))?;
+        for record in records {
+            writer
+                .write_chunk(&record.encode())
+                .map_err(|e| Error::io("writing a log record", e))?;
+        }
         writer
             .commit_buffered()
             .map_err(|e| Error::io("committing a log record", e))?;
@@ -620,24 +1082,55 @@ impl LogStore {
 
     /// Saves the vote durably.
     pub fn save_vote_blocking(&self, vote: Vote) -> Result<()> {
-        self.write_durably(WalRecord::Vote(vote))
+        let _writes = self.inner.writes.lock();
+        self.write_durably(&[WalRecord::Vote(vote)])
     }
 
     /// Saves the committed log id without waiting for a sync: it becomes
     /// durable with the next append's (a crash before then may lose it
     /// with every later record, never alone out of order).
     pub fn save_committed_blocking(&self, committed: Option<LogId>) -> Result<()> {
-        self.write_buffered(WalRecord::Committed(committed))
+        self.write_buffered(&[WalRecord::Committed(committed)])
     }
 
     /// Drops the entries from `since` on, durably.
     pub fn truncate_blocking(&self, since: u64) -> Result<()> {
-        self.write_durably(WalRecord::Truncate { since })
+        let _writes = self.inner.writes.lock();
+        self.write_durably(&[WalRecord::Truncate { since }])
     }
 
     /// Drops the entries up to and including `log_id`, durably.
+    ///
+    /// If the log holds another entry at `log_id`'s index (staged entries
+    /// openraft never appended, which the snapshot it is installing
+    /// replaced), no entry after it can be part of the log that holds
+    /// `log_id`: they are dropped too, by a truncate record in the same
+    /// WAL entry as the purge.
     pub fn purge_blocking(&self, log_id: LogId) -> Result<()> {
-        self.write_durably(WalRecord::Purge(log_id))?;
+        let _writes = self.inner.writes.lock();
+        let replaced = {
+            let state = self.inner.core.state.lock();
+            let newer = state.purged.is_none_or(|p| p.index < log_id.index);
+            newer
+                && state
+                    .entries
+                    .get(&log_id.index)
+                    .is_some_and(|(id, _)| *id != log_id)
+        };
+        if replaced {
+            self.write_durably(&[
+                WalRecord::Truncate {
+                    since: log_id.index,
+                },
+                WalRecord::Purge(log_id),
+            ])?;
+            tracing::info!(
+                from = log_id.index,
+                "dropped log entries that a snapshot replaced"
+            );
+        } else {
+            self.write_durably(&[WalRecord::Purge(log_id)])?;
+        }
         tracing::info!(up_to = log_id.index, "purged the Raft log");
         Ok(())
     }
@@ -675,6 +1168,25 @@ impl LogStore {
         self.inner.core.state.lock().vote
     }
 
+    /// The saved vote as openraft reads it when it starts: a committed
+    /// vote that names this node ([`LogStoreConfig::node_id`]) is given as
+    /// not committed, so that a restarted leader does not lead again in
+    /// the term it led (openraft 0.9 would resume it at once) and must win
+    /// a later term. A leader that crashed before syncing entries it had
+    /// already staged on followers would otherwise create other entries
+    /// under the same log ids, while a follower holds the staged ones:
+    /// Log Matching would break (`FORMAT.md`, "Pre-staged entries"). The
+    /// vote itself stays what was saved: the node still voted for itself
+    /// in that term, and votes for no one else in it.
+    #[must_use]
+    pub fn vote_at_start(&self) -> Option<Vote> {
+        let mut vote = self.vote()?;
+        if vote.is_committed() && self.inner.node_id == vote.leader_id().voted_for() {
+            vote.committed = false;
+        }
+        Some(vote)
+    }
+
     /// The saved committed log id.
     #[must_use]
     pub fn committed(&self) -> Option<LogId> {
@@ -685,10 +1197,9 @@ impl LogStore {
     #[must_use]
     pub fn log_state(&self) -> LogState<TypeConfig> {
         let state = self.inner.core.state.lock();
-        let last = state.entries.values().next_back().map(|(id, _)| *id);
         LogState {
             last_purged_log_id: state.purged,
-            last_log_id: last.or(state.purged),
+            last_log_id: state.last_log_id(),
         }
     }
 
@@ -836,9 +1347,10 @@ fn storage_error(e: Error) -> StorageError {
 
 /// Appends whose values total at most this many bytes are written on the
 /// calling task instead of a blocking thread.
-const INLINE_APPEND_BYTES: usize = 64 << 10;
+pub(crate) const INLINE_APPEND_BYTES: usize = 64 << 10;
 
-fn payload_bytes(entries: &[Entry]) -> usize {
+/// Bytes of keys and values `entries` carry.
+pub(crate) fn payload_bytes(entries: &[Entry]) -> usize {
     entries
         .iter()
         .map(|entry| match &entry.payload {
@@ -887,7 +1399,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.vote())
+        Ok(self.vote_at_start())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {

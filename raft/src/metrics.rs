@@ -4,7 +4,7 @@
 //!
 //! | name | type | what |
 //! | --- | --- | --- |
-//! | `http_requests_total{endpoint, status}` | counter | answered requests by endpoint (`kv_get`, `kv_put`, `kv_delete`, `cluster`, `raft_append`, `raft_vote`, `raft_snapshot`, `metrics`, `other`) and HTTP status |
+//! | `http_requests_total{endpoint, status}` | counter | answered requests by endpoint (`kv_get`, `kv_put`, `kv_delete`, `cluster`, `raft_append`, `raft_vote`, `raft_snapshot`, `raft_stage`, `metrics`, `other`) and HTTP status |
 //! | `writes_total` | counter | `PUT`s and `DELETE`s acknowledged (200) |
 //! | `reads_total` | counter | `GET /kv` answered 200 or 404 |
 //! | `errors_total{status}` | counter | requests answered 4xx or 5xx, by status |
@@ -22,6 +22,10 @@
 //! | `log_syncs_total` | counter | syncs of the Raft log (one covers every append waiting for it) |
 //! | `log_sync_seconds` | histogram | time of each log sync |
 //! | `keys` | gauge | keys in the state machine |
+//! | `log_appends_total` | counter | appends openraft asked of this node's log (entries it wrote, or found staged) |
+//! | `log_appends_prestaged_total` | counter | those whose every entry was already staged: no write and no sync of their own |
+//! | `staged_entries_total{outcome}` | counter | entries this node wrote from a leader's `/raft/stage` request, by what became of them: `used` (openraft appended them: their write and sync were done early), `wasted` (dropped before openraft appended them: a new leader replaced them, a truncation or a snapshot) |
+//! | `stage_requests_total{result}` | counter | on a leader, `/raft/stage` requests to its followers, by result: `staged`, `ignored` (the follower's log or vote did not match), `failed` (no answer, or an error), `dropped` (not sent: too many waiting for that follower) |
 //!
 //! Nothing secret is ever part of a metric: no keys, values or credentials.
 
@@ -114,6 +118,88 @@ impl Counters {
     }
 }
 
+/// What pre-staging did on this node (see `FORMAT.md`, "Pre-staged
+/// entries"): the follower side counts entries and appends, the leader side
+/// its requests.
+#[derive(Debug, Default)]
+pub struct StageCounters {
+    /// Appends openraft asked of the log.
+    pub appends: AtomicU64,
+    /// Appends whose every entry was already staged.
+    pub appends_prestaged: AtomicU64,
+    /// Staged entries openraft then appended (their write was skipped).
+    pub used: AtomicU64,
+    /// Staged entries dropped before openraft appended them.
+    pub wasted: AtomicU64,
+    /// Stage requests a follower staged.
+    pub sent_staged: AtomicU64,
+    /// Stage requests a follower answered but did not stage.
+    pub sent_ignored: AtomicU64,
+    /// Stage requests that failed (no answer or an error status).
+    pub sent_failed: AtomicU64,
+    /// Stage requests not sent because too many waited for their follower.
+    pub dropped: AtomicU64,
+}
+
+impl StageCounters {
+    /// Adds `n` to `counter`.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reads `counter`.
+    #[must_use]
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String) {
+        counter(
+            out,
+            "log_appends_total",
+            "Appends openraft asked of this node's log.",
+            Self::get(&self.appends),
+        );
+        counter(
+            out,
+            "log_appends_prestaged_total",
+            "Appends whose every entry was already staged (no write or sync of their own).",
+            Self::get(&self.appends_prestaged),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sediment_raft_staged_entries_total Entries written ahead from a leader's \
+             stage request, by outcome."
+        );
+        let _ = writeln!(out, "# TYPE sediment_raft_staged_entries_total counter");
+        for (outcome, value) in [("used", &self.used), ("wasted", &self.wasted)] {
+            let _ = writeln!(
+                out,
+                "sediment_raft_staged_entries_total{{outcome=\"{outcome}\"}} {}",
+                Self::get(value)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sediment_raft_stage_requests_total Stage requests a leader made of its \
+             followers, by result."
+        );
+        let _ = writeln!(out, "# TYPE sediment_raft_stage_requests_total counter");
+        for (result, value) in [
+            ("staged", &self.sent_staged),
+            ("ignored", &self.sent_ignored),
+            ("failed", &self.sent_failed),
+            ("dropped", &self.dropped),
+        ] {
+            let _ = writeln!(
+                out,
+                "sediment_raft_stage_requests_total{{result=\"{result}\"}} {}",
+                Self::get(value)
+            );
+        }
+    }
+}
+
 /// The endpoint label of a request path.
 #[must_use]
 pub fn endpoint(method: &axum::http::Method, path: &str) -> &'static str {
@@ -124,6 +210,8 @@ pub fn endpoint(method: &axum::http::Method, path: &str) -> &'static str {
         "raft_vote"
     } else if path == crate::network::SNAPSHOT_PATH {
         "raft_snapshot"
+    } else if path == crate::stage::STAGE_PATH {
+        "raft_stage"
     } else if path == "/metrics" {
         "metrics"
     } else if path.starts_with("/cluster/") {
@@ -181,7 +269,12 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
 
 /// Renders everything in the Prometheus text format (version 0.0.4).
 #[must_use]
-pub fn render(counters: &Counters, gauges: &Gauges, log_syncs: &Histogram) -> String {
+pub fn render(
+    counters: &Counters,
+    gauges: &Gauges,
+    log_syncs: &Histogram,
+    staging: &StageCounters,
+) -> String {
     let mut out = String::new();
     let requests = counters.requests.lock().clone();
     let _ = writeln!(
@@ -299,6 +392,7 @@ pub fn render(counters: &Counters, gauges: &Gauges, log_syncs: &Histogram) -> St
         "Time of each sync of the Raft log.",
     );
     gauge(&mut out, "keys", "Keys in the state machine.", gauges.keys);
+    staging.render(&mut out);
     out
 }
 
@@ -331,7 +425,12 @@ mod tests {
         counters.request("kv_get", 404);
         counters.request("raft_append", 401);
         counters.request("cluster", 401);
-        let out = render(&counters, &Gauges::default(), &Histogram::default());
+        let out = render(
+            &counters,
+            &Gauges::default(),
+            &Histogram::default(),
+            &StageCounters::default(),
+        );
         assert!(out.contains("sediment_raft_writes_total 2\n"), "{out}");
         assert!(out.contains("sediment_raft_reads_total 1\n"), "{out}");
         assert!(

@@ -83,6 +83,14 @@ impl Network {
     }
 }
 
+impl Network {
+    /// The HTTP client, the scheme and the `Authorization` header the
+    /// node's other requests to its peers share (see [`crate::stage`]).
+    pub(crate) fn parts(&self) -> (reqwest::Client, &'static str, Option<HeaderValue>) {
+        (self.client.clone(), self.scheme, self.token.clone())
+    }
+}
+
 impl Default for Network {
     fn default() -> Self {
         Self::new()
@@ -202,7 +210,7 @@ impl RaftNetwork<TypeConfig> for Connection {
 /// ([`crate::validate`]) before openraft sees it: anything undecodable or
 /// that no honest leader or candidate sends gets 400.
 #[allow(clippy::result_large_err)] // built on the error path only
-fn decode<T: DeserializeOwned>(
+pub(crate) fn decode<T: DeserializeOwned>(
     body: &Bytes,
     check: impl FnOnce(&T) -> Result<(), String>,
 ) -> Result<T, Response> {

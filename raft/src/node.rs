@@ -19,6 +19,7 @@ use crate::metrics::Counters;
 use crate::network::{self, Network};
 use crate::security::{TlsFiles, Token};
 use crate::server::{self, Policy, ServerOptions};
+use crate::stage::{self, Stager};
 use crate::state_machine::{StateMachine, StateMachineConfig};
 use crate::types::{NodeId, Raft};
 
@@ -269,6 +270,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     )?;
     let raft_config = Arc::new(config.raft_config()?);
     let log_config = LogStoreConfig::new(config.directory.join("log"))
+        .node_id(config.id)
         .segment_bytes(config.log_segment_bytes)
         .file_system(config.file_system.clone());
     let mut sm_config = StateMachineConfig::new(config.directory.join("state"))
@@ -284,6 +286,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     })
     .await
     .map_err(|e| Error::Raft(e.to_string()))??;
+    let stage_network = network.clone();
     let raft = Raft::new(
         config.id,
         raft_config,
@@ -294,6 +297,14 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     .await
     .map_err(|e| Error::Raft(e.to_string()))?;
     let raft = Arc::new(raft);
+    // From now on the log store offers what it appends while this node
+    // leads to the followers (see `crate::stage`).
+    log_store.set_stage_offer(Arc::new(Stager::new(
+        config.id,
+        &stage_network,
+        raft.metrics(),
+        log_store.stage_counters(),
+    )));
     let counters = Arc::new(Counters::default());
     let app = App {
         id: config.id,
@@ -315,6 +326,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     // size are counted too.
     let router = api::routes(app)
         .merge(network::routes(raft.clone()))
+        .merge(stage::routes(log_store.clone(), config.id))
         .layer(axum::middleware::from_fn_with_state(policy, server::police))
         .layer(axum::middleware::from_fn_with_state(counters, api::record));
     tokio::spawn(log_changes(raft.clone()));

@@ -19,6 +19,9 @@
 //!   membership [`check_membership`].
 //! - **Snapshots** must have an id made of letters, digits, `-` and `_`
 //!   (it becomes part of a file name) and a valid membership.
+//! - **Stage requests** ([`crate::stage`]) are checked as AppendEntries
+//!   is, and must carry a committed vote and at least one entry, each
+//!   created by that vote's leader ([`check_stage`]).
 //!
 //! The stores apply the same bounds to what they load ([`check_log_id`],
 //! [`check_vote`]): a node whose files hold a term or index beyond them
@@ -32,7 +35,8 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::{EntryPayload, Membership};
 use serde::de::DeserializeOwned;
 
-use crate::types::{LogId, Node, NodeId, TypeConfig, Vote, MAX_VALUE_BYTES};
+use crate::stage::StageRequest;
+use crate::types::{Entry, LogId, Node, NodeId, TypeConfig, Vote, MAX_VALUE_BYTES};
 
 /// The highest term a node accepts or loads: 2^48. A term grows by one per
 /// election, and an election takes at least four heartbeat intervals of
@@ -203,8 +207,15 @@ pub fn check_append(request: &AppendEntriesRequest<TypeConfig>) -> Result<(), St
             }
         }
     }
-    let mut previous = request.prev_log_id;
-    for entry in &request.entries {
+    check_entries(term, request.prev_log_id, &request.entries)
+}
+
+/// Checks entries sent by a node whose vote has `term`: they follow
+/// `prev` one index at a time, with terms that never decrease and never
+/// exceed `term`, and every command and membership is valid.
+fn check_entries(term: u64, prev: Option<LogId>, entries: &[Entry]) -> Result<(), String> {
+    let mut previous = prev;
+    for entry in entries {
         let id = entry.log_id;
         check_log_id(&id, "an entry")?;
         let expected = previous.map_or(0, |p| p.index + 1);
@@ -239,6 +250,41 @@ pub fn check_append(request: &AppendEntriesRequest<TypeConfig>) -> Result<(), St
         previous = Some(id);
     }
     Ok(())
+}
+
+/// Checks a stage request ([`crate::stage`]) as AppendEntries is checked,
+/// and more strictly: the vote must be committed (only a leader stages
+/// entries), there must be entries, and each must have been created by the
+/// vote's leader (a leader stages only the entries it appends).
+pub fn check_stage(request: &StageRequest) -> Result<(), String> {
+    check_vote(&request.vote, "the vote")?;
+    if !request.vote.is_committed() {
+        return Err("the vote is not committed: only a leader stages entries".into());
+    }
+    let term = request.vote.leader_id().get_term();
+    check_opt_log_id(request.prev.as_ref(), "prev")?;
+    if let Some(prev) = &request.prev {
+        if prev.leader_id.term > term {
+            return Err(format!(
+                "prev has term {}, above the sender's vote term {term}",
+                prev.leader_id.term
+            ));
+        }
+    }
+    if request.entries.is_empty() {
+        return Err("a stage request holds no entries".into());
+    }
+    if let Some(entry) = request
+        .entries
+        .iter()
+        .find(|entry| entry.log_id.leader_id != *request.vote.leader_id())
+    {
+        return Err(format!(
+            "entry {} was not created by the vote's leader",
+            entry.log_id.index
+        ));
+    }
+    check_entries(term, request.prev, &request.entries)
 }
 
 /// Checks a RequestVote request's terms and indexes.

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, open_descriptors, put, Cluster, Credentials};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
-use openraft::Vote;
-use sediment_raft::limits::{MAX_APPEND_BODY_BYTES, MAX_VOTE_BODY_BYTES};
-use sediment_raft::types::TypeConfig;
+use openraft::{CommittedLeaderId, EntryPayload, Vote};
+use sediment_raft::limits::{MAX_APPEND_BODY_BYTES, MAX_STAGE_BODY_BYTES, MAX_VOTE_BODY_BYTES};
+use sediment_raft::stage::StageRequest;
+use sediment_raft::types::{Entry, LogId, Request, TypeConfig};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -23,8 +24,8 @@ use tokio::net::TcpStream;
 const BIN: &str = env!("CARGO_BIN_EXE_sediment-raft");
 
 /// Every client and cluster endpoint and every Raft RPC, with a body
-/// that would change something if it were accepted: a vote and an
-/// AppendEntries from a node 1,000 terms ahead.
+/// that would change something if it were accepted: a vote, an
+/// AppendEntries and a stage request from a node 1,000 terms ahead.
 fn requests(term: u64) -> Vec<(&'static str, &'static str, Vec<u8>)> {
     let vote = bincode::serialize(&VoteRequest::<u64>::new(Vote::new(term + 1000, 3), None))
         .expect("a vote request");
@@ -35,6 +36,18 @@ fn requests(term: u64) -> Vec<(&'static str, &'static str, Vec<u8>)> {
         entries: Vec::new(),
     })
     .expect("an append request");
+    let stage = bincode::serialize(&StageRequest {
+        vote: Vote::new_committed(term + 1000, 3),
+        prev: None,
+        entries: vec![Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term + 1000, 3), 0),
+            payload: EntryPayload::Normal(Request::Put {
+                key: "new".into(),
+                value: b"new".to_vec(),
+            }),
+        }],
+    })
+    .expect("a stage request");
     vec![
         ("GET", "/kv/kept", Vec::new()),
         ("PUT", "/kv/kept", b"changed".to_vec()),
@@ -63,6 +76,7 @@ fn requests(term: u64) -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("POST", "/cluster/snapshot", Vec::new()),
         ("POST", "/raft/vote", vote),
         ("POST", "/raft/append", append),
+        ("POST", "/raft/stage", stage),
         // Refused before the body is looked at.
         ("POST", "/raft/snapshot", b"not a snapshot chunk".to_vec()),
         ("GET", "/no/such/endpoint", Vec::new()),
@@ -398,6 +412,16 @@ async fn oversized_bodies_are_refused_before_they_are_read() {
     let head = format!(
         "POST /raft/append HTTP/1.1\r\nhost: node\r\ncontent-length: {}\r\n\r\n",
         MAX_APPEND_BODY_BYTES + 1
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until(&mut stream, "}").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    // The same over the stage request's limit.
+    let mut stream = TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /raft/stage HTTP/1.1\r\nhost: node\r\ncontent-length: {}\r\n\r\n",
+        MAX_STAGE_BODY_BYTES + 1
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     let answer = read_until(&mut stream, "}").await;
