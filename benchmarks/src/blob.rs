@@ -48,6 +48,7 @@ pub trait BlobSystem: Sync {
 /// Every blob system this crate knows, in report order.
 pub const ALL: &[&str] = &[
     "sediment",
+    "sediment-encrypted",
     "redb",
     "fjall",
     "marble",
@@ -69,6 +70,7 @@ pub fn open(name: &str, dir: &Path, threads: usize) -> Result<Box<dyn BlobSystem
     let _ = threads;
     match name {
         "sediment" => Ok(Box::new(SedimentBlobs::open(dir)?)),
+        "sediment-encrypted" => Ok(Box::new(SedimentBlobs::open_encrypted(dir)?)),
         "sediment-buffered" => Ok(Box::new(SedimentBlobs::open_buffered(
             dir,
             BUFFERED_SYNC_EVERY,
@@ -152,6 +154,21 @@ impl SedimentBlobs {
     pub fn open(dir: &Path) -> Result<Self, String> {
         Ok(Self {
             db: Some(Database::recover(dir).map_err(|e| e.to_string())?),
+            sync_every: None,
+            transactions: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Opens (creates) the database in `dir` with encryption at rest
+    /// (`Config::encryption`, the benchmarks' fixed key).
+    pub fn open_encrypted(dir: &Path) -> Result<Self, String> {
+        Ok(Self {
+            db: Some(
+                sediment::Config::for_directory(dir)
+                    .encryption(crate::benchmark_key())
+                    .open()
+                    .map_err(|e| e.to_string())?,
+            ),
             sync_every: None,
             transactions: std::sync::atomic::AtomicU64::new(0),
         })

@@ -12,8 +12,11 @@ use okaywal::SegmentReader;
 use crate::commit_log::{CommitLogFiles, LogContents};
 use crate::db::Shared;
 use crate::error::{Context, Error, Result};
-use crate::format::{grain_crc, placement, GrainHeader, IndexHeader, INDEX_SLOT_SIZE};
+use crate::format::{
+    fit, grain_crc, placement, GrainHeader, IndexHeader, Layout, SealedIndex, INDEX_SLOT_SIZE,
+};
 use crate::grain_id::GrainId;
+use crate::sealing::Sealer;
 use crate::stratum::Stratum;
 use crate::wal_entry::parse_entry;
 
@@ -26,6 +29,8 @@ pub(crate) struct Store {
     /// The header copy the next checkpoint overwrites first.
     next_slot: usize,
     commit_log: CommitLogFiles,
+    /// The store's sealing context, if it is encrypted.
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Store {
@@ -36,13 +41,45 @@ impl Store {
         index: IndexHeader,
         next_slot: usize,
         commit_log: CommitLogFiles,
+        sealer: Option<Arc<Sealer>>,
     ) -> Self {
         Self {
             index_file,
             index,
             next_slot,
             commit_log,
+            sealer,
         }
+    }
+
+    /// The bytes of index header copy `slot` holding `index`: plain, or
+    /// sealed with the store's id and key checks.
+    pub fn encode_index(&self, index: &IndexHeader, slot: u64) -> io::Result<Vec<u8>> {
+        encode_index(self.sealer.as_deref(), index, slot)
+    }
+
+    /// Writes `index` into both copies, the older first, each synced:
+    /// a crash leaves one of them whole. (Outside a checkpoint: rekey.)
+    pub fn rewrite_index(&mut self) -> Result<()> {
+        let mut index = self.index.clone();
+        index.generation += 1;
+        for slot in [self.next_slot, 1 - self.next_slot] {
+            let bytes = self
+                .encode_index(&index, slot as u64)
+                .context(|| "sealing the index header".to_string())?;
+            self.index_file
+                .write_all_at(&bytes, slot as u64 * INDEX_SLOT_SIZE)
+                .and_then(|()| self.index_file.sync_data())
+                .context(|| "writing the index header".to_string())?;
+        }
+        self.next_slot = 1 - self.next_slot;
+        self.index = index;
+        Ok(())
+    }
+
+    /// The commit log files (for rekey).
+    pub fn commit_log_mut(&mut self) -> &mut CommitLogFiles {
+        &mut self.commit_log
     }
 
     /// The commit records in the commit log files from `since` up to the
@@ -113,8 +150,14 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
                             ),
                         })?;
                 // A blob must fill exactly the grains its id names: one
-                // that does not would spill into its neighbours.
-                if placement(data.len() as u64) != Some((chunk.id.basin(), chunk.id.count())) {
+                // that does not would spill into its neighbours. (A sealed
+                // store's chunk holds the blob's image, sealed by the
+                // writer.)
+                let fits = match shared.strata().layout() {
+                    Layout::Plain => placement(data.len() as u64),
+                    Layout::Sealed => fit(data.len() as u64),
+                };
+                if fits != Some((chunk.id.basin(), chunk.id.count())) {
                     return Err(Error::Corrupt {
                         path: shared.directory().to_path_buf(),
                         what: format!(
@@ -131,13 +174,13 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
             }
             for grain in &record.new_grains {
                 if let Some(stratum) = shared.strata().stratum_of(grain.id)? {
-                    stratum.set_durable(grain.id.index(), grain.id.count(), true);
+                    stratum.set_durable(grain.id.index(), grain.id.count(), true, sequence);
                     note(&mut touched, &stratum);
                 }
             }
             for id in &record.freed {
                 if let Some(stratum) = shared.strata().stratum_of(*id)? {
-                    stratum.set_durable(id.index(), id.count(), false);
+                    stratum.set_durable(id.index(), id.count(), false, sequence);
                     note(&mut touched, &stratum);
                 }
             }
@@ -198,8 +241,10 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
         index.generation += 1;
         // The older copy first; once it is durable, the other one too, so
         // that a copy decaying later falls back to the same state.
-        let encoded_index = index.encode();
         for slot in [store.next_slot, 1 - store.next_slot] {
+            let encoded_index = store
+                .encode_index(&index, slot as u64)
+                .context(|| "sealing the index header".to_string())?;
             store
                 .index_file
                 .write_all_at(&encoded_index, slot as u64 * INDEX_SLOT_SIZE)
@@ -277,12 +322,16 @@ impl<'a> GrainBatch<'a> {
             return Ok(false);
         }
         let start = self.arena.len();
-        let header = GrainHeader {
-            sequence,
-            length: data.len() as u32,
-            crc: grain_crc(sequence, data),
-        };
-        self.arena.extend_from_slice(&header.encode());
+        if stratum.layout() == Layout::Plain {
+            let header = GrainHeader {
+                sequence,
+                length: data.len() as u32,
+                crc: grain_crc(sequence, data),
+            };
+            self.arena.extend_from_slice(&header.encode());
+        }
+        // Sealed: `data` is the image, copied as it is (the writer sealed
+        // it, bound to this grain and sequence).
         self.arena.extend_from_slice(data);
         // The rest of the blob's last grain is its own: padding it keeps
         // the next blob adjacent.
@@ -342,4 +391,25 @@ fn note(touched: &mut Vec<Arc<Stratum>>, stratum: &Arc<Stratum>) {
     if !touched.iter().any(|s| Arc::ptr_eq(s, stratum)) {
         touched.push(stratum.clone());
     }
+}
+
+/// The bytes of index header copy `slot` holding `index`: format version
+/// 1, or sealed (version 2) with the store's id and key checks.
+pub(crate) fn encode_index(
+    sealer: Option<&Sealer>,
+    index: &IndexHeader,
+    slot: u64,
+) -> io::Result<Vec<u8>> {
+    let Some(sealer) = sealer else {
+        return Ok(index.encode());
+    };
+    let body = SealedIndex {
+        header: index.clone(),
+        store_id: sealer.store_id(),
+        key_checks: sealer.key_checks(),
+    }
+    .encode_body();
+    let mut bytes = sealer.seal_index(slot, body)?;
+    bytes.resize(INDEX_SLOT_SIZE as usize, 0);
+    Ok(bytes)
 }

@@ -12,11 +12,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use okaywal::encryption::KeyId;
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 
 use crate::commit_record::{CommitLogDamage, CommitRecord, SequenceId};
 use crate::error::{Context, Error, Result};
 use crate::files::open_existing;
+use crate::sealing::{Sealer, Unsealed, SEALED_FRAME_HEAD};
 
 /// Commit log files are rotated at this size so trimming can delete them.
 const ROTATE_BYTES: u64 = 1 << 20;
@@ -32,6 +34,19 @@ pub(crate) struct LogContents {
     pub records: Vec<CommitRecord>,
     /// One entry per file in which damage was found, in file order.
     pub damage: Vec<CommitLogDamage>,
+    /// Sealed: the key ids of every frame read.
+    pub key_ids: BTreeSet<KeyId>,
+}
+
+/// The readable frames of one file, for resealing: each frame's offset and
+/// record bytes, and where damage starts (the rest of the file is copied
+/// as it is).
+#[derive(Debug, Default)]
+struct Frames {
+    frames: Vec<(u64, Vec<u8>)>,
+    damaged_from: Option<u64>,
+    /// How many bytes of the file can be read.
+    readable: u64,
 }
 
 /// The commit log files of a database, appended to only by the
@@ -58,10 +73,18 @@ pub(crate) struct CommitLogFiles {
     /// appended to them: records after a damaged frame could not be reached
     /// by a reader, so the next append starts a new file.
     damaged: BTreeSet<u64>,
+    /// The store's sealing context, if it is encrypted: frames are sealed.
+    sealer: Option<Arc<Sealer>>,
 }
 
 pub(crate) fn file_path(directory: &Path, first: u64) -> PathBuf {
     directory.join(format!("commits-{first}"))
+}
+
+/// The name of the file a commit log file is resealed into before it
+/// replaces it (`Database::rekey`); a leftover one is removed at open.
+pub(crate) fn reseal_file_name(first: u64) -> String {
+    format!("rekey-commits-{first}")
 }
 
 pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
@@ -97,6 +120,7 @@ impl CommitLogFiles {
         current: u64,
         end: u64,
         writable: bool,
+        sealer: Option<Arc<Sealer>>,
     ) -> Result<Self> {
         let mut files = BTreeMap::new();
         for first in names.iter().filter_map(|n| parse_file_name(n)) {
@@ -128,7 +152,17 @@ impl CommitLogFiles {
             pending_at: (0, 0),
             created: false,
             damaged: BTreeSet::new(),
+            sealer,
         })
+    }
+
+    /// Bytes of a frame before its record.
+    fn frame_head(&self) -> usize {
+        if self.sealer.is_some() {
+            SEALED_FRAME_HEAD
+        } else {
+            FRAME_HEADER
+        }
     }
 
     /// The file being appended to and its valid length (0, 0 if none).
@@ -187,11 +221,18 @@ impl CommitLogFiles {
                 payload.len()
             ),
         })?;
-        self.pending.extend_from_slice(&len.to_le_bytes());
-        self.pending
-            .extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-        self.pending.extend_from_slice(payload);
-        self.current = Some((first, end + (FRAME_HEADER + payload.len()) as u64));
+        match &self.sealer {
+            Some(sealer) => sealer
+                .seal_frame(first, end, payload, &mut self.pending)
+                .context(|| format!("sealing the commit record of sequence {sequence}"))?,
+            None => {
+                self.pending.extend_from_slice(&len.to_le_bytes());
+                self.pending
+                    .extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+                self.pending.extend_from_slice(payload);
+            }
+        }
+        self.current = Some((first, end + (self.frame_head() + payload.len()) as u64));
         Ok(())
     }
 
@@ -298,6 +339,8 @@ impl CommitLogFiles {
                 since,
                 last_written,
                 &mut contents.records,
+                &mut contents.key_ids,
+                None,
             )? {
                 self.damaged.insert(first);
                 contents.damage.push(damage);
@@ -309,6 +352,7 @@ impl CommitLogFiles {
     /// Reads the records of the file `first` into `records`; returns where
     /// and how it is damaged, if it is. `next_first` is the next file's
     /// first sequence, if there is a next file.
+    #[allow(clippy::too_many_arguments)]
     fn read_file(
         &self,
         first: u64,
@@ -316,7 +360,10 @@ impl CommitLogFiles {
         since: u64,
         last_written: u64,
         records: &mut Vec<CommitRecord>,
+        key_ids: &mut BTreeSet<KeyId>,
+        mut frames: Option<&mut Frames>,
     ) -> Result<Option<CommitLogDamage>> {
+        let frame_head = self.frame_head();
         let file = &self.files[&first];
         let path = file_path(&self.directory, first);
         let file_len = file
@@ -349,9 +396,15 @@ impl CommitLogFiles {
             Some(next) => next.saturating_sub(1),
             None => last_written.max(first),
         };
+        if let Some(frames) = frames.as_deref_mut() {
+            frames.readable = readable;
+        }
         let mut previous: Option<u64> = None;
         let mut offset = 0;
         while offset < limit {
+            if let Some(frames) = frames.as_deref_mut() {
+                frames.damaged_from = Some(offset);
+            }
             let damage = |what: String| -> Result<Option<CommitLogDamage>> {
                 let lowest = previous.map_or(first, |p| p.saturating_add(1));
                 Ok(Some(CommitLogDamage {
@@ -368,19 +421,33 @@ impl CommitLogFiles {
                      and the frame here needs {needed}"
                 )
             };
-            if limit - offset < FRAME_HEADER as u64 {
+            if limit - offset < frame_head as u64 {
                 return damage(format!(
                     "{} bytes are left, too few for a frame header",
                     limit - offset
                 ));
             }
-            if offset + FRAME_HEADER as u64 > readable {
-                return damage(short(FRAME_HEADER as u64));
+            if offset + frame_head as u64 > readable {
+                return damage(short(frame_head as u64));
             }
-            let frame = reader.bytes(offset, FRAME_HEADER)?;
-            let len = u32::from_le_bytes(frame[..4].try_into().expect("4"));
-            let crc = u32::from_le_bytes(frame[4..].try_into().expect("4"));
-            let frame_len = FRAME_HEADER as u64 + u64::from(len);
+            let frame = reader.bytes(offset, frame_head)?.to_vec();
+            let what = format!("{} offset {offset}", path.display());
+            let (len, crc) = match &self.sealer {
+                Some(sealer) => match sealer.open_frame_len(first, offset, &frame, &what) {
+                    Ok((len, _)) => (len, None),
+                    Err(Unsealed::Damaged) => {
+                        return damage("authentication failed".into());
+                    }
+                    Err(Unsealed::Key(source)) => {
+                        return Err(Error::from_io(format!("reading {what}"), source))
+                    }
+                },
+                None => (
+                    u32::from_le_bytes(frame[..4].try_into().expect("4")),
+                    Some(u32::from_le_bytes(frame[4..].try_into().expect("4"))),
+                ),
+            };
+            let frame_len = frame_head as u64 + u64::from(len);
             if frame_len > limit - offset {
                 return damage(format!(
                     "its length {len} runs past the end of the file's records at byte {limit}"
@@ -389,11 +456,33 @@ impl CommitLogFiles {
             if offset + frame_len > readable {
                 return damage(short(frame_len));
             }
-            let payload = reader.bytes(offset + FRAME_HEADER as u64, len as usize)?;
-            if crc32fast::hash(payload) != crc {
-                return damage("checksum mismatch".into());
+            let mut payload = reader
+                .bytes(offset + frame_head as u64, len as usize)?
+                .to_vec();
+            match (&self.sealer, crc) {
+                (Some(sealer), _) => {
+                    match sealer.open_frame_record(first, offset, &frame, &mut payload, &what) {
+                        Ok(_) => {
+                            if let Some((a, b)) = Sealer::frame_key_ids(&frame) {
+                                key_ids.extend([a, b]);
+                            }
+                        }
+                        Err(Unsealed::Damaged) => {
+                            return damage("authentication failed".into());
+                        }
+                        Err(Unsealed::Key(source)) => {
+                            return Err(Error::from_io(format!("reading {what}"), source))
+                        }
+                    }
+                }
+                (None, Some(crc)) => {
+                    if crc32fast::hash(&payload) != crc {
+                        return damage("checksum mismatch".into());
+                    }
+                }
+                (None, None) => {}
             }
-            let record = match CommitRecord::decode(payload) {
+            let record = match CommitRecord::decode(&payload) {
                 Ok(record) => record,
                 Err(what) => return damage(what),
             };
@@ -414,10 +503,80 @@ impl CommitLogFiles {
             if sequence >= since {
                 records.push(record);
             }
+            if let Some(frames) = frames.as_deref_mut() {
+                frames.frames.push((offset, payload));
+            }
             previous = Some(sequence);
             offset += frame_len;
         }
+        if let Some(frames) = frames {
+            frames.damaged_from = None;
+        }
         Ok(None)
+    }
+
+    /// Rewrites every commit log file that holds a frame sealed under a key
+    /// other than `current`, with each readable frame sealed again (at the
+    /// same offset: a frame's length does not depend on the key) and the
+    /// bytes from a damaged frame on copied as they are. Each file is
+    /// written whole under another name, synced, and renamed over the old
+    /// one, then the directory is synced: a crash leaves the old file or
+    /// the new one, both readable. Returns how many files were rewritten.
+    pub fn reseal(&mut self, current: KeyId) -> Result<usize> {
+        let Some(sealer) = self.sealer.clone() else {
+            return Ok(0);
+        };
+        self.sync()?;
+        let firsts: Vec<u64> = self.files.keys().copied().collect();
+        let mut rewritten = 0;
+        for (at, &first) in firsts.iter().enumerate() {
+            let next_first = firsts.get(at + 1).copied();
+            let mut frames = Frames::default();
+            let mut key_ids = BTreeSet::new();
+            self.read_file(
+                first,
+                next_first,
+                u64::MAX,
+                u64::MAX,
+                &mut Vec::new(),
+                &mut key_ids,
+                Some(&mut frames),
+            )?;
+            if key_ids.iter().all(|id| *id == current) {
+                continue;
+            }
+            let path = file_path(&self.directory, first);
+            let mut bytes = Vec::new();
+            for (offset, payload) in &frames.frames {
+                sealer
+                    .seal_frame(first, *offset, payload, &mut bytes)
+                    .context(|| format!("resealing {}", path.display()))?;
+            }
+            if let Some(from) = frames.damaged_from {
+                let tail = frames.readable.saturating_sub(from) as usize;
+                let mut rest = vec![0; tail];
+                read_exact(&*self.files[&first], &mut rest, from, &path)?;
+                bytes.extend_from_slice(&rest);
+            }
+            let temporary = self.directory.join(reseal_file_name(first));
+            let file = self
+                .fs
+                .open(&temporary, OpenMode::Create)
+                .context(|| format!("creating {}", temporary.display()))?;
+            file.set_len(0)
+                .and_then(|()| file.write_all_at(&bytes, 0))
+                .and_then(|()| file.sync_data())
+                .and_then(|()| self.fs.rename(&temporary, &path))
+                .and_then(|()| self.fs.sync_dir(&self.directory))
+                .context(|| format!("replacing {} with its resealed copy", path.display()))?;
+            let reopened = self
+                .fs
+                .open(&path, OpenMode::ReadWrite)
+                .context(|| format!("opening {}", path.display()))?;
+            self.files.insert(first, reopened);
+            rewritten += 1;
+        }
+        Ok(rewritten)
     }
 }
 
@@ -534,7 +693,7 @@ mod tests {
         // one at the next append, cut to its valid length.
         let names = fs.list_files(dir).unwrap();
         let mut reopened =
-            CommitLogFiles::open(dir, fs.clone(), &names, current, end, true).unwrap();
+            CommitLogFiles::open(dir, fs.clone(), &names, current, end, true, None).unwrap();
         assert_eq!(reopened.read(0, 3000).unwrap().damage, contents.damage);
         let last_file = fs
             .open(&file_path(dir, current), OpenMode::ReadWrite)
@@ -593,7 +752,8 @@ mod tests {
             let names = fs.list_files(dir).unwrap();
             let claimed_end = len as u64 + next() % 20;
             let mut log =
-                CommitLogFiles::open(dir, fs.clone(), &names, first, claimed_end, true).unwrap();
+                CommitLogFiles::open(dir, fs.clone(), &names, first, claimed_end, true, None)
+                    .unwrap();
             let contents = log.read(0, first + 5).unwrap();
             for damage in &contents.damage {
                 assert!(damage.first <= damage.last, "{damage}");
@@ -625,7 +785,7 @@ mod tests {
         assert_eq!(remaining.last().unwrap().sequence.0, 3000);
         let (current, end) = log.position();
         let names = fs.list_files(dir).unwrap();
-        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true).unwrap();
+        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true, None).unwrap();
         assert_eq!(undamaged(&mut reopened, 0), remaining);
     }
 
@@ -641,7 +801,7 @@ mod tests {
         let fs: Arc<dyn FileSystem> = Arc::new(okaywal::fs::MemoryFileSystem::new());
         let dir = Path::new("/db");
         fs.create_dir_all(dir).unwrap();
-        let log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0, true).unwrap();
+        let log = CommitLogFiles::open(dir, fs.clone(), &[], 0, 0, true, None).unwrap();
         (fs, dir, log)
     }
 
@@ -700,7 +860,7 @@ mod tests {
         log.sync().unwrap();
         let (current, end) = log.position();
         let names = fs.list_files(dir).unwrap();
-        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true).unwrap();
+        let mut reopened = CommitLogFiles::open(dir, fs, &names, current, end, true, None).unwrap();
         assert_eq!(undamaged(&mut reopened, 0), vec![first, second]);
     }
 

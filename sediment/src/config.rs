@@ -3,10 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use okaywal::encryption::KeyProvider;
 use okaywal::fs::{FileSystem, StdFileSystem};
 
 use crate::error::{Error, Result};
-use crate::format::MAX_FORMAT_BLOB_BYTES;
+use crate::format::{MAX_FORMAT_BLOB_BYTES, MAX_SEALED_BLOB_BYTES};
+use crate::sealing::SharedProvider;
 
 /// Default largest blob: 256 MiB.
 pub const DEFAULT_MAX_BLOB_BYTES: u64 = 256 << 20;
@@ -51,6 +53,8 @@ pub struct Config {
     pub(crate) direct_write_bytes: u64,
     pub(crate) cache_bytes: u64,
     pub(crate) read_only: bool,
+    /// Set by [`Config::encryption`].
+    encryption: Option<SharedProvider>,
 }
 
 impl Config {
@@ -73,7 +77,47 @@ impl Config {
             direct_write_bytes: DEFAULT_DIRECT_WRITE_BYTES,
             cache_bytes: DEFAULT_CACHE_BYTES,
             read_only: false,
+            encryption: None,
         }
+    }
+
+    /// Encrypts the store at rest with keys from `key_provider` (a
+    /// [`StaticKey`](okaywal::encryption::StaticKey), a
+    /// [`Keyring`](okaywal::encryption::Keyring), or an application's own
+    /// [`KeyProvider`] over a KMS).
+    ///
+    /// Everything sediment writes into its files is then ciphertext,
+    /// authenticated with XChaCha20-Poly1305 and bound to its place:
+    /// blobs, stratum headers and bitmaps, the index and the commit log
+    /// (`FORMAT.md`, format version 2, lists what stays plaintext: format
+    /// versions, key ids, nonces and tags). The WAL is an encrypted okaywal
+    /// log with the same provider
+    /// ([`okaywal::Configuration::encryption`]). Bytes changed, moved to another
+    /// place, or an old copy of a grain that was freed and reused, read as
+    /// damage ([`Error::ChecksumMismatch`](crate::Error::ChecksumMismatch),
+    /// [`Error::Corrupt`](crate::Error::Corrupt)), never as data.
+    ///
+    /// A store is encrypted or not from its creation on: opening an
+    /// encrypted store without a key, or a plain one with a key, fails
+    /// with [`Error::Key`](crate::Error::Key), as does opening with a
+    /// missing or wrong key (the error names the key id the store wants),
+    /// and nothing is changed.
+    ///
+    /// New data is sealed with the provider's current key; older keys are
+    /// asked for by id when old data is read. After rotating the key,
+    /// [`Database::rekey`](crate::Database::rekey) rewrites what the old
+    /// keys sealed, so that they can be retired.
+    #[must_use]
+    pub fn encryption(mut self, key_provider: impl KeyProvider) -> Self {
+        let shared = SharedProvider(Arc::new(key_provider));
+        self.encryption = Some(shared);
+        self
+    }
+
+    /// The key provider set with [`Config::encryption`], if any.
+    #[must_use]
+    pub fn key_provider(&self) -> Option<Arc<dyn KeyProvider>> {
+        self.encryption.as_ref().map(|shared| shared.0.clone())
     }
 
     /// Opens the store read-only: not a byte is written. No header copy is
@@ -227,9 +271,13 @@ impl Config {
         self.read_only
     }
 
-    /// The WAL's configuration, taken out of the database's.
+    /// The WAL's configuration, taken out of the database's, with the
+    /// store's key provider.
     pub(crate) fn into_wal_configuration(self) -> okaywal::Configuration {
-        self.wal
+        match self.encryption {
+            Some(provider) => wal_encryption(self.wal, provider),
+            None => self.wal,
+        }
     }
 
     /// Fails with [`Error::InvalidConfig`] naming the first setting that
@@ -239,6 +287,13 @@ impl Config {
             return Err(Error::InvalidConfig(format!(
                 "max_blob_bytes is {}, above {MAX_FORMAT_BLOB_BYTES} bytes (1 GiB - 16), the \
                  largest blob the format holds",
+                self.max_blob_bytes
+            )));
+        }
+        if self.encryption.is_some() && self.max_blob_bytes > MAX_SEALED_BLOB_BYTES {
+            return Err(Error::InvalidConfig(format!(
+                "max_blob_bytes is {}, above {MAX_SEALED_BLOB_BYTES} bytes, the largest blob an \
+                 encrypted store holds (its chunks' seals take the rest of 1 GiB)",
                 self.max_blob_bytes
             )));
         }
@@ -260,4 +315,12 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The WAL of an encrypted store: okaywal seals its records (chunks,
+/// commit records, entry ids) with the same provider. Blobs that travel
+/// through the WAL are also sealed before they enter it (they are the
+/// grains' images), so they are bound to their grains as well.
+fn wal_encryption(wal: okaywal::Configuration, provider: SharedProvider) -> okaywal::Configuration {
+    wal.encryption(provider)
 }

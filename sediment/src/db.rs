@@ -105,6 +105,7 @@ impl Shared {
         reclamation: Reclamation,
         store: Store,
         lock: LockGuard,
+        sealer: Option<Arc<crate::sealing::Sealer>>,
     ) -> Self {
         let directory = config.directory().to_path_buf();
         let fs = config.file_system_in_use().clone();
@@ -114,6 +115,7 @@ impl Shared {
                 fs.clone(),
                 config.blob_size_limit(),
                 strata,
+                sealer,
             ),
             directory,
             fs,

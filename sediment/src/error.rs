@@ -3,6 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use okaywal::encryption::KeyError;
+
 use crate::commit_record::CommitLogDamage;
 use crate::grain_id::GrainId;
 use crate::verify_report::VerifyReport;
@@ -101,6 +103,22 @@ pub enum Error {
     /// `verify` found problems; the report lists each with its location.
     #[error("verification found problems:\n{0}")]
     Verification(VerifyReport),
+    /// The store is encrypted and the key it needs is missing or wrong, or
+    /// a key was given for a store that is not encrypted (or none for one
+    /// that is): see [`Config::encryption`](crate::Config::encryption).
+    /// `source` is an `io::Error` of kind
+    /// [`PermissionDenied`](io::ErrorKind::PermissionDenied) whose inner
+    /// error is an [`okaywal::encryption::KeyError`] naming the key id the
+    /// file wants ([`Error::key_error`] finds it); its message names the
+    /// file. Nothing was read as data and nothing was changed.
+    #[error("{context}: {source}")]
+    Key {
+        /// What sediment was doing.
+        context: String,
+        /// The `PermissionDenied` error carrying the `KeyError`.
+        #[source]
+        source: io::Error,
+    },
     /// An I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -114,9 +132,29 @@ pub enum Error {
 
 impl From<io::Error> for Error {
     fn from(source: io::Error) -> Self {
-        Error::Io {
-            context: "I/O error".into(),
-            source,
+        Error::from_io("I/O error".into(), source)
+    }
+}
+
+impl Error {
+    /// An I/O error while doing `context`: [`Error::Key`] if it carries a
+    /// [`KeyError`], [`Error::Io`] otherwise.
+    pub(crate) fn from_io(context: String, source: io::Error) -> Self {
+        if KeyError::of(&source).is_some() {
+            Error::Key { context, source }
+        } else {
+            Error::Io { context, source }
+        }
+    }
+
+    /// The key error behind this error, if it is one: the key id a file
+    /// wants and whether the key is missing or wrong (or a key was given
+    /// for a plain store, or none for an encrypted one).
+    #[must_use]
+    pub fn key_error(&self) -> Option<&KeyError> {
+        match self {
+            Error::Key { source, .. } | Error::Io { source, .. } => KeyError::of(source),
+            _ => None,
         }
     }
 }
@@ -128,10 +166,7 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for io::Result<T> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T, Error> {
-        self.map_err(|source| Error::Io {
-            context: what(),
-            source,
-        })
+        self.map_err(|source| Error::from_io(what(), source))
     }
 }
 

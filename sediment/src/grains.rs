@@ -6,9 +6,10 @@ use crate::allocator::{bit, StratumBits};
 use crate::commit_record::SequenceId;
 use crate::db::Database;
 use crate::error::{Error, Result};
-use crate::format::{placement, GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};
+use crate::format::{GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};
 use crate::grain_id::GrainId;
 use crate::reclamation::Described;
+use crate::sealing::Unsealed;
 use crate::stratum::Stratum;
 
 /// One live blob, as listed by [`Database::grains`].
@@ -172,7 +173,25 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
             } => (epoch, archived, last_committed),
             Described::Nowhere => return Ok(None),
         };
-        let header = read_header(stratum, id);
+        let header = match stratum.sealer() {
+            Some(sealer) => match crate::read::open_sealed_head(stratum, sealer, id) {
+                Ok(Ok((header, _))) => Ok(Some(header)),
+                // Damaged, or an old image: not this blob's header.
+                Ok(Err(Unsealed::Damaged)) => Ok(None),
+                Ok(Err(Unsealed::Key(source))) => Err(Error::from_io(
+                    format!("reading the header of grain {id}"),
+                    source,
+                )),
+                Err(source) => Err(Error::from_io(
+                    format!(
+                        "reading the header of grain {id} from {}",
+                        stratum.path().display()
+                    ),
+                    source,
+                )),
+            },
+            None => read_header(stratum, id),
+        };
         if stratum.reuse_epoch() != epoch {
             // Freed since, and its grains may hold another blob by now.
             continue;
@@ -186,7 +205,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
         let header = header?.ok_or_else(mismatch)?;
         // A header that this exact extent could not hold, or naming a
         // sequence that never committed, is damaged.
-        if placement(u64::from(header.length)) != Some((id.basin(), id.count()))
+        if stratum.layout().placement(u64::from(header.length)) != Some((id.basin(), id.count()))
             || header.sequence == 0
             || header.sequence > last_committed
         {

@@ -77,6 +77,15 @@
 //! stored twice) and `commits-{sequence}` files (the commit log). `FORMAT.md`
 //! in the crate describes every byte.
 //!
+//! # Encryption at rest
+//!
+//! [`Config::encryption`] seals everything the store writes (blobs, stratum
+//! headers, the index, the commit log and the WAL) with keys from an
+//! [`okaywal::encryption::KeyProvider`]; damage and tampering read as
+//! damage, a missing or wrong key fails the open with [`Error::Key`], and
+//! [`Database::rekey`] moves everything to the current key after a
+//! rotation. `FORMAT.md` describes the encrypted layout (format version 2).
+//!
 //! # Space and memory
 //!
 //! Grains freed by a committed `checkpoint_to` are handed to the next
@@ -85,7 +94,8 @@
 //! compaction. Memory is bounded by configuration:
 //! the WAL's write buffer and a cache of recently read small blobs
 //! ([`Config::cache_bytes`], [`DEFAULT_CACHE_BYTES`]), plus the in-memory
-//! allocation bitmaps (five bits per grain of every stratum).
+//! allocation bitmaps (five bits per grain of every stratum; an encrypted
+//! store adds two 32-bit stamps per grain).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -109,6 +119,8 @@ mod manager;
 mod open;
 mod read;
 mod reclamation;
+mod rekey;
+mod sealing;
 mod stats;
 mod strata;
 mod stratum;
@@ -128,6 +140,7 @@ pub use format::MAX_FORMAT_BLOB_BYTES;
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
 pub use read::GrainReader;
+pub use rekey::RekeyReport;
 pub use stats::{BasinStats, Stats};
 pub use transaction::Transaction;
 pub use verify_report::{Problem, VerifyReport};

@@ -29,7 +29,7 @@ impl Manager {
 
 fn to_io(err: Error) -> io::Error {
     match err {
-        Error::Io { context, source } => {
+        Error::Io { context, source } | Error::Key { context, source } => {
             io::Error::new(source.kind(), format!("{context}: {source}"))
         }
         other => io::Error::other(other.to_string()),

@@ -6,17 +6,22 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use okaywal::encryption::{KeyError, KeyProvider};
 use okaywal::fs::{FileHandle, FileSystem, OpenMode};
 
-use crate::checkpoint::Store;
+use crate::checkpoint::{encode_index, Store};
 use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
 use crate::db::{Database, Shared, Wal};
 use crate::error::{Context, Error, Result};
 use crate::files::open_existing;
-use crate::format::{newest, IndexHeader, BASINS, INDEX_SLOT_SIZE};
+use crate::format::{
+    newest, open_envelope, version_of, HeaderError, IndexHeader, Layout, SealedIndex, BASINS,
+    INDEX_MAGIC_BYTES, INDEX_SLOT_SIZE, SEALED_FORMAT_VERSION, SEALED_INDEX_BODY,
+};
 use crate::manager::Manager;
 use crate::reclamation::Reclamation;
+use crate::sealing::{Sealer, Unsealed};
 use crate::stratum::{self, Stratum};
 
 /// The name of the index file.
@@ -43,13 +48,59 @@ impl Config {
     }
 }
 
+/// The index as [`open_index`] opened it.
+struct OpenedIndex {
+    file: Arc<dyn FileHandle>,
+    header: IndexHeader,
+    /// The copy the next checkpoint overwrites first.
+    next_slot: usize,
+    /// The store's sealing context, if it is encrypted.
+    sealer: Option<Arc<Sealer>>,
+}
+
+/// One index header copy as read.
+enum IndexCopy {
+    Plain(IndexHeader),
+    /// Format version 2 with the right magic and CRC; not opened yet.
+    Sealed(crate::format::Envelope),
+    Invalid(HeaderError),
+}
+
+impl IndexCopy {
+    fn read(bytes: &[u8]) -> Self {
+        if version_of(bytes, INDEX_MAGIC_BYTES) == Some(SEALED_FORMAT_VERSION) {
+            match open_envelope(bytes, INDEX_MAGIC_BYTES, SEALED_INDEX_BODY) {
+                Ok(envelope) => IndexCopy::Sealed(envelope),
+                Err(error) => IndexCopy::Invalid(error),
+            }
+        } else {
+            match IndexHeader::decode(bytes) {
+                Ok(header) => IndexCopy::Plain(header),
+                Err(error) => IndexCopy::Invalid(error),
+            }
+        }
+    }
+}
+
+/// A key error about `path`, as [`Error::Key`].
+fn key_error(error: KeyError, path: &Path) -> Error {
+    Error::Key {
+        context: format!(
+            "opening the store in {}",
+            path.parent().unwrap_or(path).display()
+        ),
+        source: error.into_io(path.display()),
+    }
+}
+
 /// What [`Database::open`] found before the WAL replays.
 fn open_index(
     fs: &dyn FileSystem,
     directory: &Path,
     names: &[String],
     writable: bool,
-) -> Result<(Arc<dyn FileHandle>, IndexHeader, usize)> {
+    provider: Option<&Arc<dyn KeyProvider>>,
+) -> Result<OpenedIndex> {
     let path = directory.join(INDEX_FILE);
     let strata = names
         .iter()
@@ -93,25 +144,98 @@ fn open_index(
             let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
             file.read_exact_at(&mut bytes, start)
                 .context(|| format!("reading {}", path.display()))?;
-            copies.push(IndexHeader::decode(&bytes));
+            copies.push(IndexCopy::read(&bytes));
         }
-        let second = copies.pop().expect("two");
-        let first = copies.pop().expect("two");
+        let sealed = copies.iter().any(|c| matches!(c, IndexCopy::Sealed(_)));
+        let plain = copies.iter().any(|c| matches!(c, IndexCopy::Plain(_)));
+        // Whether the store is encrypted is settled before anything is
+        // changed: a key for a plain store, or none for an encrypted one,
+        // is refused.
+        let decoded: Vec<Result<SealedIndex, HeaderError>> = match (provider, sealed) {
+            (None, true) => return Err(key_error(KeyError::NotConfigured, &path)),
+            (Some(_), false) if plain => return Err(key_error(KeyError::NotEncrypted, &path)),
+            (Some(provider), true) => {
+                let mut decoded = Vec::new();
+                for (slot, copy) in copies.into_iter().enumerate() {
+                    decoded.push(match copy {
+                        IndexCopy::Sealed(envelope) => {
+                            match Sealer::open_index(
+                                provider,
+                                &envelope,
+                                slot as u64,
+                                &path.display(),
+                            ) {
+                                Ok((body, _)) => SealedIndex::decode_body(&body),
+                                Err(Unsealed::Damaged) => Err(HeaderError::NotAuthentic),
+                                Err(Unsealed::Key(source)) => {
+                                    return Err(Error::from_io(
+                                        format!("opening the store in {}", directory.display()),
+                                        source,
+                                    ))
+                                }
+                            }
+                        }
+                        IndexCopy::Plain(_) => Err(HeaderError::UnknownVersion(1)),
+                        IndexCopy::Invalid(error) => Err(error),
+                    });
+                }
+                decoded
+            }
+            _ => copies
+                .into_iter()
+                .map(|copy| match copy {
+                    IndexCopy::Plain(header) => Ok(SealedIndex {
+                        header,
+                        store_id: [0; 16],
+                        key_checks: Vec::new(),
+                    }),
+                    IndexCopy::Sealed(_) => Err(HeaderError::UnknownVersion(SEALED_FORMAT_VERSION)),
+                    IndexCopy::Invalid(error) => Err(error),
+                })
+                .collect(),
+        };
+        let mut decoded = decoded.into_iter();
+        let first = decoded.next().unwrap_or(Err(HeaderError::Truncated));
+        let second = decoded.next().unwrap_or(Err(HeaderError::Truncated));
         let copies = [first.clone(), second.clone()];
-        let (slot, header) =
-            newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
+        let (slot, opened) =
+            newest(first, second, |h| h.header.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both index header copies are invalid ({a}; {b})"),
             })?;
-        if writable && copies[1 - slot].as_ref() != Ok(&header) {
+        let sealer = match provider {
+            Some(provider) => {
+                // Every key the store's files may be sealed with must be
+                // there and right before anything is read or changed.
+                Sealer::verify_key_checks(provider, &opened.key_checks, &path.display())
+                    .context(|| format!("opening the store in {}", directory.display()))?;
+                Some(Arc::new(
+                    Sealer::new(provider.clone(), opened.store_id, &opened.key_checks)
+                        .context(|| format!("opening the store in {}", directory.display()))?,
+                ))
+            }
+            None => None,
+        };
+        let header = opened.header;
+        let same = copies[1 - slot]
+            .as_ref()
+            .is_ok_and(|other| other.header == header && other.store_id == opened.store_id);
+        if writable && !same {
             // A checkpoint leaves both copies alike, so the other one was
             // being written when a crash hit, or has decayed since: make it
             // a copy of the good one again.
-            file.write_all_at(&header.encode(), (1 - slot as u64) * INDEX_SLOT_SIZE)
+            let other = 1 - slot as u64;
+            encode_index(sealer.as_deref(), &header, other)
+                .and_then(|bytes| file.write_all_at(&bytes, other * INDEX_SLOT_SIZE))
                 .and_then(|()| file.sync_data())
                 .context(|| format!("repairing a header copy of {}", path.display()))?;
         }
-        Ok((file, header, 1 - slot))
+        Ok(OpenedIndex {
+            file,
+            header,
+            next_slot: 1 - slot,
+            sealer,
+        })
     } else {
         // The index is created, synced and named in the directory before any
         // stratum or commit log file exists, so finding those without it is
@@ -133,11 +257,25 @@ fn open_index(
             generation: 1,
             ..IndexHeader::default()
         };
-        file.write_all_at(&header.encode(), 0)
+        let sealer = match provider {
+            Some(provider) => Some(Arc::new(
+                Sealer::new_store_id()
+                    .and_then(|id| Sealer::new(provider.clone(), id, &[]))
+                    .context(|| format!("creating {}", path.display()))?,
+            )),
+            None => None,
+        };
+        encode_index(sealer.as_deref(), &header, 0)
+            .and_then(|bytes| file.write_all_at(&bytes, 0))
             .and_then(|()| file.sync_data())
             .and_then(|()| fs.sync_dir(directory))
             .context(|| format!("initializing {}", path.display()))?;
-        Ok((file, header, 1))
+        Ok(OpenedIndex {
+            file,
+            header,
+            next_slot: 1,
+            sealer,
+        })
     }
 }
 
@@ -154,7 +292,8 @@ fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
         let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
         file.read_exact_at(&mut bytes, start)
             .context(|| format!("reading {}", path.display()))?;
-        if IndexHeader::decode(&bytes).is_ok() {
+        // A sealed copy whose checksum is right counts, whatever the key.
+        if !matches!(IndexCopy::read(&bytes), IndexCopy::Invalid(_)) {
             return Ok(true);
         }
     }
@@ -169,6 +308,7 @@ fn open_strata(
     names: &[String],
     known: &[u32; BASINS],
     writable: bool,
+    sealer: Option<&Arc<Sealer>>,
 ) -> Result<Vec<Vec<Arc<Stratum>>>> {
     let mut numbers: Vec<Vec<u32>> = vec![Vec::new(); BASINS];
     for (basin, number) in names.iter().filter_map(|n| stratum::parse_file_name(n)) {
@@ -190,7 +330,7 @@ fn open_strata(
             }
             let is_known = number < known[usize::from(basin)];
             strata.push(Arc::new(open_stratum(
-                fs, directory, basin, number, is_known, writable,
+                fs, directory, basin, number, is_known, writable, sealer,
             )?));
         }
         let listed = known[basin];
@@ -215,8 +355,9 @@ fn open_stratum(
     number: u32,
     known: bool,
     writable: bool,
+    sealer: Option<&Arc<Sealer>>,
 ) -> Result<Stratum> {
-    match Stratum::open(fs, directory, basin, number, writable) {
+    match Stratum::open(fs, directory, basin, number, writable, sealer) {
         Err(Error::Corrupt { path, what }) if !known => {
             // A stratum whose creation was cut short before its header was
             // synced holds no grains yet; one with grains is really damaged.
@@ -226,11 +367,16 @@ fn open_stratum(
                 .open(&path, OpenMode::Read)
                 .and_then(|f| f.len())
                 .context(|| format!("reading {}", path.display()))?;
-            if len <= 2 * crate::format::stratum_slot_size(basin) {
+            let layout = if sealer.is_some() {
+                Layout::Sealed
+            } else {
+                Layout::Plain
+            };
+            if len <= 2 * layout.slot_size(basin) {
                 if writable {
-                    Stratum::create(fs, directory, basin, number)
+                    Stratum::create(fs, directory, basin, number, sealer)
                 } else {
-                    Stratum::unfinished(fs, directory, basin, number)
+                    Stratum::unfinished(fs, directory, basin, number, sealer)
                 }
             } else {
                 Err(Error::Corrupt { path, what })
@@ -284,9 +430,25 @@ impl Database {
         let names = fs
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;
-        let (index_file, index, next_slot) = open_index(&*fs, &directory, &names, writable)?;
+        let provider = config.key_provider();
+        let OpenedIndex {
+            file: index_file,
+            header: index,
+            next_slot,
+            sealer,
+        } = open_index(&*fs, &directory, &names, writable, provider.as_ref())?;
+        if writable && sealer.is_some() {
+            crate::rekey::remove_leftovers(&*fs, &directory, &names)?;
+        }
         let wal_floor = index.wal_checkpointed_entry;
-        let strata = open_strata(&*fs, &directory, &names, &index.strata, writable)?;
+        let strata = open_strata(
+            &*fs,
+            &directory,
+            &names,
+            &index.strata,
+            writable,
+            sealer.as_ref(),
+        )?;
         let mut commit_log = CommitLogFiles::open(
             &directory,
             fs.clone(),
@@ -294,6 +456,7 @@ impl Database {
             index.commit_log_file,
             index.commit_log_end,
             writable,
+            sealer.clone(),
         )?;
 
         // The commit log is read for the grains archived since the last
@@ -316,8 +479,9 @@ impl Database {
             &config,
             strata,
             reclamation,
-            Store::new(index_file, index, next_slot, commit_log),
+            Store::new(index_file, index, next_slot, commit_log, sealer.clone()),
             lock,
+            sealer,
         ));
         // `Config::open` checked that the WAL's directory and file system
         // are the database's.
@@ -340,6 +504,11 @@ impl Database {
         let db = Self::from_parts(shared, wal);
         if let Some(through) = hidden_through {
             db.forget_unprovable_archives(through);
+        }
+        if writable {
+            // A rekey that a crash cut short finishes its last batch now
+            // that the WAL replay says which blobs are live.
+            crate::rekey::finish_interrupted(&db)?;
         }
         Ok(db)
     }

@@ -9,12 +9,18 @@ use std::sync::Arc;
 use okaywal::fs::FileHandle;
 use okaywal::ChunkReader;
 
+use okaywal::encryption::{KeyId, SEAL_BYTES};
+
 use crate::commit_record::SequenceId;
 use crate::db::Database;
 use crate::error::{Context, Error, Result};
-use crate::format::{placement, GrainHeader, GRAIN_HEADER_SIZE};
+use crate::format::{
+    fit, placement, sealed_chunk_span, sealed_image_len, GrainHeader, GRAIN_HEADER_SIZE,
+    SEALED_IMAGE_HEAD,
+};
 use crate::grain_id::GrainId;
 use crate::reclamation::{Location, Pending};
+use crate::sealing::{Sealer, Unsealed};
 use crate::stratum::Stratum;
 use crate::wal_entry::skip_data_prefix;
 
@@ -71,7 +77,8 @@ impl Database {
                     Ok(mut chunk) => {
                         skip_data_prefix(&mut chunk)
                             .context(|| format!("reading grain {id} from the WAL"))?;
-                        return Ok(Some(GrainReader::wal(id, chunk, pending)));
+                        let sealer = self.shared().strata().sealer();
+                        return GrainReader::wal(id, chunk, pending, sealer).map(Some);
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(e).context(|| format!("reading grain {id} from the WAL")),
@@ -115,31 +122,215 @@ enum Source {
         /// The first bytes of the blob, read with the header.
         head: Vec<u8>,
     },
+    /// A sealed blob's image, opened chunk by chunk.
+    Sealed(Box<Sealed>),
+}
+
+/// Where a sealed blob's image is read from, and how far it was opened.
+#[derive(Debug)]
+struct Sealed {
+    sealer: Arc<Sealer>,
+    origin: Origin,
+    header: GrainHeader,
+    next_chunk: u64,
+    /// The chunk read last: its seal, then its plaintext.
+    piece: Vec<u8>,
+    /// The plaintext of `piece` not handed out yet starts here.
+    at: usize,
+}
+
+#[derive(Debug)]
+enum Origin {
+    /// The image follows in a WAL chunk.
+    Wal(ChunkReader),
+    /// The image starts at `offset` of the stratum.
+    Stratum(Arc<Stratum>, u64),
+}
+
+/// Reads a piece of a sealed image at `at` of `stratum` into `buf` and
+/// opens it with `open`. A piece that fails to open while a rewrite of the
+/// file ran (see `Stratum::rewrite_blob`) may have been read half old,
+/// half new: it is read again. A file too short for the piece is damage.
+pub(crate) fn read_stable<T>(
+    stratum: &Stratum,
+    at: u64,
+    buf: &mut [u8],
+    mut open: impl FnMut(&mut [u8]) -> Result<T, Unsealed>,
+) -> io::Result<Result<T, Unsealed>> {
+    let mut attempt = 0;
+    loop {
+        let before = stratum.rewrites();
+        let complete = match stratum.file().read_exact_at(buf, at) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
+            Err(e) => return Err(e),
+        };
+        let result = if complete {
+            open(buf)
+        } else {
+            Err(Unsealed::Damaged)
+        };
+        let moved = before % 2 == 1 || stratum.rewrites() != before;
+        match result {
+            Err(Unsealed::Damaged) if moved && attempt < 10_000 => {
+                attempt += 1;
+                std::thread::yield_now();
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+impl Sealed {
+    /// Reads and opens the next chunk into `piece`.
+    fn next(&mut self, id: GrainId, location: &(PathBuf, u64)) -> io::Result<()> {
+        let len = u64::from(self.header.length);
+        let chunk = self.next_chunk;
+        let (offset, plain) = sealed_chunk_span(len, chunk);
+        self.piece.resize(SEAL_BYTES + plain, 0);
+        let what = format!("{} offset {}", location.0.display(), location.1);
+        let (sealer, header) = (&self.sealer, &self.header);
+        let opened = match &mut self.origin {
+            Origin::Wal(chunk_reader) => {
+                chunk_reader.read_exact(&mut self.piece)?;
+                sealer.open_image_chunk(id, header, chunk, &mut self.piece, &what)
+            }
+            Origin::Stratum(stratum, start) => {
+                read_stable(stratum, *start + offset, &mut self.piece, |piece| {
+                    sealer.open_image_chunk(id, header, chunk, piece, &what)
+                })?
+            }
+        };
+        match opened {
+            Ok(_) => {
+                self.next_chunk += 1;
+                self.at = SEAL_BYTES;
+                Ok(())
+            }
+            Err(Unsealed::Damaged) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "grain {id}: chunk {chunk} failed authentication ({what}): damaged or \
+                     not from this place"
+                ),
+            )),
+            Err(Unsealed::Key(error)) => Err(error),
+        }
+    }
+}
+
+/// The error for a sealed head that did not open: damage as
+/// [`Error::ChecksumMismatch`], a key error as [`Error::Key`].
+fn unsealed_error(error: Unsealed, mismatch: impl FnOnce() -> Error, id: GrainId) -> Error {
+    match error {
+        Unsealed::Damaged => mismatch(),
+        Unsealed::Key(source) => Error::from_io(format!("reading grain {id}"), source),
+    }
 }
 
 impl GrainReader {
-    fn wal(id: GrainId, chunk: ChunkReader, pending: Pending) -> Self {
+    fn wal(
+        id: GrainId,
+        mut chunk: ChunkReader,
+        pending: Pending,
+        sealer: Option<&Arc<Sealer>>,
+    ) -> Result<Self> {
         let mut hasher = crc32fast::Hasher::new();
         hasher.update(&pending.sequence.to_le_bytes());
         hasher.update(&pending.length.to_le_bytes());
         let position = chunk.position();
-        Self {
+        let location = (
+            PathBuf::from(format!("wal-{}", position.file_id)),
+            position.offset,
+        );
+        let source = match sealer {
+            None => Source::Wal(chunk),
+            Some(sealer) => {
+                let mismatch = || Error::ChecksumMismatch {
+                    grain: id,
+                    path: location.0.clone(),
+                    offset: location.1,
+                };
+                let mut head = [0_u8; SEALED_IMAGE_HEAD as usize];
+                chunk
+                    .read_exact(&mut head)
+                    .context(|| format!("reading grain {id} from the WAL"))?;
+                let what = format!("WAL {position}");
+                let (header, _) = sealer
+                    .open_image_head(id, &mut head, &what)
+                    .map_err(|e| unsealed_error(e, mismatch, id))?;
+                // The image must be the one the commit record lists.
+                if (header.sequence, header.length, header.crc)
+                    != (pending.sequence, pending.length, pending.crc)
+                {
+                    return Err(mismatch());
+                }
+                Source::Sealed(Box::new(Sealed {
+                    sealer: sealer.clone(),
+                    origin: Origin::Wal(chunk),
+                    header,
+                    next_chunk: 0,
+                    piece: Vec::new(),
+                    at: 0,
+                }))
+            }
+        };
+        Ok(Self {
             id,
-            source: Source::Wal(chunk),
+            source,
             length: pending.length,
             remaining: pending.length,
             sequence: pending.sequence,
             expected_crc: pending.crc,
             hasher,
-            location: (
-                PathBuf::from(format!("wal-{}", position.file_id)),
-                position.offset,
-            ),
-        }
+            location,
+        })
     }
 
-    fn stratum(id: GrainId, stratum: &Stratum) -> Result<Self> {
+    /// Opens the sealed blob `id` of `stratum` (whose image starts at
+    /// `offset`): its head is read and checked now.
+    fn sealed_stratum(
+        id: GrainId,
+        stratum: &Arc<Stratum>,
+        sealer: &Arc<Sealer>,
+        offset: u64,
+    ) -> Result<Self> {
+        let location = (stratum.path().to_path_buf(), offset);
+        let mismatch = || Error::ChecksumMismatch {
+            grain: id,
+            path: stratum.path().to_path_buf(),
+            offset,
+        };
+        let (header, _) = open_sealed_head(stratum, sealer, id)
+            .context(|| format!("reading grain {id} from {}", stratum.path().display()))?
+            .map_err(|e| unsealed_error(e, mismatch, id))?;
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&header.sequence.to_le_bytes());
+        hasher.update(&header.length.to_le_bytes());
+        Ok(Self {
+            id,
+            source: Source::Sealed(Box::new(Sealed {
+                sealer: sealer.clone(),
+                origin: Origin::Stratum(stratum.clone(), offset),
+                header,
+                next_chunk: 0,
+                piece: Vec::new(),
+                at: 0,
+            })),
+            length: header.length,
+            remaining: header.length,
+            sequence: header.sequence,
+            expected_crc: header.crc,
+            hasher,
+            location,
+        })
+    }
+
+    fn stratum(id: GrainId, stratum: &Arc<Stratum>) -> Result<Self> {
         let offset = stratum.offset_of(id.index());
+        if let Some(sealer) = stratum.sealer() {
+            return Self::sealed_stratum(id, stratum, sealer, offset);
+        }
         let capacity = u64::from(id.count()) * stratum.grain_size();
         // One read covers the header and, for small blobs, all the data.
         let first_read = capacity.min(64 * 1024) as usize;
@@ -211,7 +402,7 @@ impl GrainReader {
     }
 
     /// Turns a read error into the crate's error type, recognising CRC
-    /// mismatches.
+    /// mismatches (and failed authentication) and key errors.
     pub(crate) fn error(&self, err: io::Error) -> Error {
         if err.kind() == io::ErrorKind::InvalidData {
             Error::ChecksumMismatch {
@@ -220,10 +411,7 @@ impl GrainReader {
                 offset: self.location.1,
             }
         } else {
-            Error::Io {
-                context: format!("reading grain {}", self.id),
-                source: err,
-            }
+            Error::from_io(format!("reading grain {}", self.id), err)
         }
     }
 }
@@ -255,6 +443,15 @@ impl Read for GrainReader {
         let wanted = buf.len().min(self.remaining as usize);
         let n = match &mut self.source {
             Source::Wal(chunk) => chunk.read(&mut buf[..wanted])?,
+            Source::Sealed(sealed) => {
+                if sealed.at >= sealed.piece.len() {
+                    sealed.next(self.id, &self.location)?;
+                }
+                let n = wanted.min(sealed.piece.len() - sealed.at);
+                buf[..n].copy_from_slice(&sealed.piece[sealed.at..sealed.at + n]);
+                sealed.at += n;
+                n
+            }
             Source::Stratum { file, next, head } => {
                 if head.is_empty() {
                     let n = file.read_at(&mut buf[..wanted], *next)?;
@@ -281,4 +478,31 @@ impl Read for GrainReader {
         }
         Ok(n)
     }
+}
+
+/// Reads and opens the head of the sealed blob `id` of `stratum`: its grain
+/// header, checked against the extent (the length must need exactly its
+/// grains) and against the stratum's stamp (an old image of a grain that
+/// was freed and reused carries another sequence), and its key id.
+pub(crate) fn open_sealed_head(
+    stratum: &Stratum,
+    sealer: &Sealer,
+    id: GrainId,
+) -> io::Result<Result<(GrainHeader, KeyId), Unsealed>> {
+    let offset = stratum.offset_of(id.index());
+    let what = format!("{} offset {offset}", stratum.path().display());
+    let mut head = [0_u8; SEALED_IMAGE_HEAD as usize];
+    let opened = read_stable(stratum, offset, &mut head, |piece| {
+        sealer.open_image_head(id, piece, &what)
+    })?;
+    Ok(opened.and_then(|(header, key_id)| {
+        let extent = sealed_image_len(u64::from(header.length)).and_then(fit);
+        let stamp = stratum.stamp(id.index());
+        if extent != Some((id.basin(), id.count()))
+            || stamp != Some(crate::stratum::stamp_of(header.sequence))
+        {
+            return Err(Unsealed::Damaged);
+        }
+        Ok((header, key_id))
+    }))
 }

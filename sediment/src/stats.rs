@@ -20,7 +20,8 @@ pub struct BasinStats {
     pub grains_archived: u64,
     /// Grains that can be allocated now.
     pub grains_free: u64,
-    /// Bytes of the stratum files.
+    /// Bytes of the stratum files (and, in an encrypted store, of their
+    /// stamps files).
     pub bytes_on_disk: u64,
 }
 
@@ -90,7 +91,7 @@ pub(crate) fn collect(db: &Database) -> Result<Stats> {
             });
             stats.grains_used += used;
             stats.grains_free += u64::from(stratum_capacity(number) - busy);
-            stats.bytes_on_disk += stratum.file_len()?;
+            stats.bytes_on_disk += stratum.bytes_on_disk()?;
         }
         basins.push(stats);
     }

@@ -12,8 +12,9 @@ use okaywal::fs::FileSystem;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
-use crate::format::{placement, stratum_capacity};
+use crate::format::{stratum_capacity, Layout};
 use crate::grain_id::GrainId;
+use crate::sealing::Sealer;
 use crate::stratum::Stratum;
 
 /// The strata of one basin (one grain size).
@@ -31,16 +32,20 @@ pub(crate) struct Strata {
     fs: Arc<dyn FileSystem>,
     max_blob_bytes: u64,
     basins: Vec<Basin>,
+    /// The store's sealing context, if it is encrypted.
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl Strata {
     /// The strata found at open, per basin in order; new strata are created
-    /// in `directory` on `fs`, for blobs of at most `max_blob_bytes`.
+    /// in `directory` on `fs` (sealed if `sealer` is given), for blobs of at
+    /// most `max_blob_bytes`.
     pub fn new(
         directory: PathBuf,
         fs: Arc<dyn FileSystem>,
         max_blob_bytes: u64,
         basins: Vec<Vec<Arc<Stratum>>>,
+        sealer: Option<Arc<Sealer>>,
     ) -> Self {
         let basins = basins
             .into_iter()
@@ -54,7 +59,22 @@ impl Strata {
             fs,
             max_blob_bytes,
             basins,
+            sealer,
         }
+    }
+
+    /// How blobs are laid out in this store's grains.
+    pub fn layout(&self) -> Layout {
+        if self.sealer.is_some() {
+            Layout::Sealed
+        } else {
+            Layout::Plain
+        }
+    }
+
+    /// The store's sealing context, if it is encrypted.
+    pub fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.as_ref()
     }
 
     /// The directory holding the stratum files.
@@ -113,7 +133,7 @@ impl Strata {
                 maximum: self.max_blob_bytes,
             });
         }
-        let (basin_number, count) = placement(len).ok_or(Error::TooLarge {
+        let (basin_number, count) = self.layout().placement(len).ok_or(Error::TooLarge {
             length: len,
             maximum: self.max_blob_bytes,
         })?;
@@ -141,6 +161,7 @@ impl Strata {
                             &self.directory,
                             basin_number,
                             number,
+                            self.sealer.as_ref(),
                         )?);
                         let index = stratum
                             .reserve(count)

@@ -8,6 +8,14 @@
 //! protocol the log uses for its own segments, in the kind that does not
 //! gather: one sync at a time, shared by every caller that arrived while
 //! the previous one ran.
+//!
+//! The header copies' bytes, plain or sealed, and a sealed stratum's
+//! stamps are `sealed`'s.
+
+mod sealed;
+
+use sealed::read_copy;
+pub(crate) use sealed::{stamp_of, CopyError, CopyState};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,10 +28,9 @@ use parking_lot::{Mutex, RwLock};
 use crate::allocator::StratumBits;
 use crate::error::{Context, Error, Result};
 use crate::files::open_existing;
-use crate::format::{
-    grain_offset, grain_size, newest, stratum_capacity, stratum_slot_size, HeaderError,
-    StratumHeader,
-};
+use crate::format::{grain_size, newest, stratum_capacity, HeaderError, Layout, StratumHeader};
+use crate::sealing::Sealer;
+use sealed::Stamps;
 
 /// The file name of stratum `number` of `basin`.
 pub(crate) fn file_name(basin: u8, number: u32) -> String {
@@ -68,24 +75,71 @@ pub(crate) struct Stratum {
     syncs_finished: AtomicU64,
     /// Why a sync of this file failed, if one did.
     sync_failure: Mutex<Option<String>>,
+    /// The store's sealing context if it is encrypted (format version 2).
+    sealer: Option<Arc<Sealer>>,
+    /// Sealed: the sequence (low 32 bits) that wrote each blob.
+    stamps: Option<Stamps>,
+    /// Odd while grains of this file are rewritten in place (only
+    /// `Database::rekey` does that); a reader whose sealed piece fails to
+    /// open while it moved reads it again.
+    rewrites: AtomicU64,
 }
 
 impl Stratum {
     /// Creates a new, empty stratum file and makes it durable (file and
     /// directory entry) before any grain in it is handed out.
-    pub fn create(fs: &dyn FileSystem, directory: &Path, basin: u8, number: u32) -> Result<Self> {
+    pub fn create(
+        fs: &dyn FileSystem,
+        directory: &Path,
+        basin: u8,
+        number: u32,
+        sealer: Option<&Arc<Sealer>>,
+    ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
         let file = fs
             .open(&path, OpenMode::Create)
             .context(|| format!("creating stratum {}", path.display()))?;
         let mut header = StratumHeader::empty(basin, number);
         header.generation = 1;
+        let stamps = match sealer {
+            Some(_) => {
+                let (stamps_path, stamps_file) =
+                    Stamps::open_file(fs, directory, basin, number, true)
+                        .and_then(|(path, file)| {
+                            if let Some(file) = &file {
+                                file.set_len(0)?;
+                            }
+                            Ok((path, file))
+                        })
+                        .context(|| format!("creating the stamps of stratum {}", path.display()))?;
+                Some(Stamps::new(
+                    basin,
+                    Vec::new(),
+                    [Vec::new(), Vec::new()],
+                    (stamps_path, stamps_file),
+                ))
+            }
+            None => None,
+        };
         file.set_len(0)
-            .and_then(|()| file.write_all_at(&header.encode(), 0))
+            .and_then(|()| match (sealer, &stamps) {
+                (Some(sealer), Some(stamps)) => {
+                    sealed::write_copy(&*file, sealer, &header, 0, stamps, false)
+                }
+                _ => file.write_all_at(&header.encode(), 0),
+            })
             .and_then(|()| file.sync_data())
             .and_then(|()| fs.sync_dir(directory))
             .context(|| format!("initializing stratum {}", path.display()))?;
-        Ok(Self::from_parts(basin, number, path, file, header, 0))
+        Ok(Self::from_parts(
+            basin,
+            number,
+            path,
+            file,
+            header,
+            0,
+            (sealer.cloned(), stamps),
+        ))
     }
 
     /// Opens an existing stratum, trusting the newer valid header copy.
@@ -97,31 +151,91 @@ impl Stratum {
         basin: u8,
         number: u32,
         writable: bool,
+        sealer: Option<&Arc<Sealer>>,
     ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
         let file = open_existing(fs, &path, writable)
             .context(|| format!("opening stratum {}", path.display()))?;
-        let (first, second) = read_headers(&*file, basin, number)
+        let stamps_file = match sealer {
+            Some(_) => Some(
+                Stamps::open_file(fs, directory, basin, number, false)
+                    .context(|| format!("opening the stamps of stratum {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let sealed = sealer.map(|sealer| {
+            let file = stamps_file.as_ref().and_then(|(_, file)| file.as_deref());
+            (&**sealer, file)
+        });
+        let [first, second] = read_copies(&*file, sealed, basin, number, &path)
             .context(|| format!("reading stratum {}", path.display()))?;
+        // A key that is missing or wrong is never taken for damage.
+        let first =
+            header_result(first).context(|| format!("opening stratum {}", path.display()))?;
+        let second =
+            header_result(second).context(|| format!("opening stratum {}", path.display()))?;
         let copies = [first.clone(), second.clone()];
-        let (slot, header) =
-            newest(first, second, |h| h.generation).map_err(|(a, b)| Error::Corrupt {
+        let (slot, state) =
+            newest(first, second, |c| c.header.generation).map_err(|(a, b)| Error::Corrupt {
                 path: path.clone(),
                 what: format!("both stratum header copies are invalid ({a}; {b})"),
             })?;
-        if writable && copies[1 - slot].as_ref() != Ok(&header) {
+        let stamps = match stamps_file {
+            Some(read_only) => {
+                // The keys are settled: a writable store may now create a
+                // stamps file that is missing.
+                let stamps_file = if writable {
+                    Stamps::open_file(fs, directory, basin, number, true)
+                        .context(|| format!("opening the stamps of stratum {}", path.display()))?
+                } else {
+                    read_only
+                };
+                let other = copies[1 - slot]
+                    .as_ref()
+                    .map(|c| c.versions.clone())
+                    .unwrap_or_default();
+                let mut versions = [Vec::new(), Vec::new()];
+                versions[slot] = state.versions.clone();
+                versions[1 - slot] = other;
+                Some(Stamps::new(
+                    basin,
+                    state.stamps.clone(),
+                    versions,
+                    stamps_file,
+                ))
+            }
+            None => None,
+        };
+        let same = copies[1 - slot]
+            .as_ref()
+            .is_ok_and(|other| other.same_state(&state));
+        if writable && !same {
             // A checkpoint leaves both copies alike (see `mirror_header`),
             // so the other one was being written when a crash hit, or has
             // decayed since: make it a copy of the good one again, so that
             // damage to either one later loses nothing.
-            file.write_all_at(
-                &header.encode(),
-                (1 - slot as u64) * stratum_slot_size(basin),
-            )
+            let other = 1 - slot as u64;
+            match (sealer, &stamps) {
+                (Some(sealer), Some(stamps)) => {
+                    sealed::write_copy(&*file, sealer, &state.header, other, stamps, true)
+                }
+                _ => file.write_all_at(
+                    &state.header.encode(),
+                    other * Layout::Plain.slot_size(basin),
+                ),
+            }
             .and_then(|()| file.sync_data())
             .context(|| format!("repairing a header copy of {}", path.display()))?;
         }
-        Ok(Self::from_parts(basin, number, path, file, header, slot))
+        Ok(Self::from_parts(
+            basin,
+            number,
+            path,
+            file,
+            state.header,
+            slot,
+            (sealer.cloned(), stamps),
+        ))
     }
 
     /// A stratum whose creation a crash cut short, opened read-only: it
@@ -131,13 +245,32 @@ impl Stratum {
         directory: &Path,
         basin: u8,
         number: u32,
+        sealer: Option<&Arc<Sealer>>,
     ) -> Result<Self> {
         let path = directory.join(file_name(basin, number));
         let file = fs
             .open(&path, OpenMode::Read)
             .context(|| format!("opening stratum {}", path.display()))?;
         let header = StratumHeader::empty(basin, number);
-        Ok(Self::from_parts(basin, number, path, file, header, 0))
+        let stamps = match sealer {
+            Some(_) => Some(Stamps::new(
+                basin,
+                Vec::new(),
+                [Vec::new(), Vec::new()],
+                Stamps::open_file(fs, directory, basin, number, false)
+                    .context(|| format!("opening the stamps of stratum {}", path.display()))?,
+            )),
+            None => None,
+        };
+        Ok(Self::from_parts(
+            basin,
+            number,
+            path,
+            file,
+            header,
+            0,
+            (sealer.cloned(), stamps),
+        ))
     }
 
     fn from_parts(
@@ -147,6 +280,7 @@ impl Stratum {
         file: Arc<dyn FileHandle>,
         header: StratumHeader,
         newest_slot: usize,
+        (sealer, stamps): (Option<Arc<Sealer>>, Option<Stamps>),
     ) -> Self {
         let generation = header.generation;
         Self {
@@ -166,6 +300,9 @@ impl Stratum {
             syncs_started: AtomicU64::new(0),
             syncs_finished: AtomicU64::new(0),
             sync_failure: Mutex::new(None),
+            sealer,
+            stamps,
+            rewrites: AtomicU64::new(0),
         }
     }
 
@@ -198,16 +335,6 @@ impl Stratum {
     /// end of the file).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
         self.file.read_at(buf, offset)
-    }
-
-    /// Reads and decodes both header copies, as they are on disk.
-    pub fn read_headers(
-        &self,
-    ) -> std::io::Result<(
-        Result<StratumHeader, HeaderError>,
-        Result<StratumHeader, HeaderError>,
-    )> {
-        read_headers(&*self.file, self.basin, self.number)
     }
 
     /// Writes `bytes` (grain headers and data) at `offset`, not synced:
@@ -286,9 +413,15 @@ impl Stratum {
         self.bits.read().is_live_blob(start, count)
     }
 
-    /// A committed blob's grains became live; `replayed` (at open, where
-    /// nothing reserved them) also marks them busy.
-    pub fn blob_committed(&self, start: u32, count: u32, replayed: bool) {
+    /// A committed blob's grains (written by `sequence`) became live;
+    /// `replayed` (at open, where nothing reserved them) also marks them
+    /// busy.
+    pub fn blob_committed(&self, start: u32, count: u32, replayed: bool, sequence: u64) {
+        // The stamp before the bits: a reader that finds the blob live
+        // finds its stamp.
+        if let Some(stamps) = &self.stamps {
+            stamps.set_live(start, sequence);
+        }
         let mut bits = self.bits.write();
         if replayed {
             bits.mark_busy(start, count);
@@ -329,9 +462,13 @@ impl Stratum {
         f(&self.bits.read())
     }
 
-    /// The WAL checkpoint records a blob in (`live`) or out of the durable
-    /// bitmaps; the header must be written again.
-    pub fn set_durable(&self, start: u32, count: u32, live: bool) {
+    /// The WAL checkpoint records a blob (written by `sequence`) in
+    /// (`live`) or out of the durable bitmaps; the header must be written
+    /// again.
+    pub fn set_durable(&self, start: u32, count: u32, live: bool, sequence: u64) {
+        if let (true, Some(stamps)) = (live, &self.stamps) {
+            stamps.set_durable(start, sequence);
+        }
         self.bits.write().set_durable(start, count, live);
         self.dirty.store(true, Ordering::Release);
     }
@@ -353,7 +490,72 @@ impl Stratum {
 
     /// Byte offset of grain `index`.
     pub fn offset_of(&self, index: u32) -> u64 {
-        grain_offset(self.basin, index)
+        self.layout().grain_offset(self.basin, index)
+    }
+
+    /// How this stratum's blobs and headers are laid out.
+    pub fn layout(&self) -> Layout {
+        if self.sealer.is_some() {
+            Layout::Sealed
+        } else {
+            Layout::Plain
+        }
+    }
+
+    /// The store's sealing context, if it is encrypted.
+    pub fn sealer(&self) -> Option<&Arc<Sealer>> {
+        self.sealer.as_ref()
+    }
+
+    /// The stamp (low 32 bits of the writing sequence) of the blob
+    /// committed at grain `index`, in a sealed stratum.
+    pub fn stamp(&self, index: u32) -> Option<u32> {
+        self.stamps.as_ref().map(|stamps| stamps.live(index))
+    }
+
+    /// The checkpointed stamps of `indexes`, in a sealed stratum (for
+    /// `verify`).
+    pub fn durable_stamps(&self, indexes: &std::collections::HashSet<u32>) -> Vec<(u32, u32)> {
+        self.stamps
+            .as_ref()
+            .map(|stamps| stamps.durable_of(indexes))
+            .unwrap_or_default()
+    }
+
+    /// The count of in-place rewrites begun and ended: odd while one runs.
+    pub fn rewrites(&self) -> u64 {
+        self.rewrites.load(Ordering::Acquire)
+    }
+
+    /// Rewrites, in place, the bytes of the blob at grain `start` (of
+    /// `count` grains) written by `sequence`, if it is still that blob:
+    /// `pieces` are (offset in the blob's image, bytes). Returns whether
+    /// it wrote. Frees and reuse wait meanwhile (they take the bitmaps'
+    /// write lock), so the blob cannot change under the write.
+    pub fn rewrite_blob(
+        &self,
+        start: u32,
+        count: u32,
+        sequence: u64,
+        pieces: &[(u64, &[u8])],
+    ) -> std::io::Result<bool> {
+        let bits = self.bits.read();
+        let still = bits.is_live_blob(start, count)
+            && self
+                .stamps
+                .as_ref()
+                .is_some_and(|stamps| stamps.live(start) == sealed::stamp_of(sequence));
+        if !still {
+            return Ok(false);
+        }
+        self.rewrites.fetch_add(1, Ordering::AcqRel);
+        let base = self.offset_of(start);
+        let result = pieces
+            .iter()
+            .try_for_each(|(at, bytes)| self.file.write_all_at(bytes, base + at));
+        self.rewrites.fetch_add(1, Ordering::AcqRel);
+        drop(bits);
+        result.map(|()| true)
     }
 
     /// Bytes per grain.
@@ -387,8 +589,27 @@ impl Stratum {
         self.write_header_copy(slot.0, slot.1 - 1)
     }
 
+    /// Writes both header copies again, every stamp page included, under
+    /// the current key (`Database::rekey`), syncing after each; runs where
+    /// checkpoints cannot (with the store locked).
+    pub fn rewrite_headers(&self) -> Result<()> {
+        let mut slot = self.header.lock();
+        for (copy, generation) in [(slot.0, slot.1), (1 - slot.0, slot.1)] {
+            self.write_header_copy_with(copy, generation, true)?;
+            self.sync()?;
+        }
+        *slot = (1 - slot.0, slot.1 + 1);
+        Ok(())
+    }
+
     /// Writes the durable bitmaps, as `generation`, into copy `slot`.
     fn write_header_copy(&self, slot: usize, generation: u64) -> Result<()> {
+        self.write_header_copy_with(slot, generation, false)
+    }
+
+    /// Writes the durable bitmaps, as `generation`, into copy `slot`; a
+    /// sealed copy writes its changed stamp pages (every one, if `full`).
+    fn write_header_copy_with(&self, slot: usize, generation: u64, full: bool) -> Result<()> {
         let (allocated, starts) = {
             let bits = self.bits.read();
             (bits.durable_allocated.clone(), bits.durable_starts.clone())
@@ -400,35 +621,64 @@ impl Stratum {
             allocated,
             starts,
         };
-        let offset = slot as u64 * stratum_slot_size(self.basin);
-        self.file
-            .write_all_at(&header.encode(), offset)
-            .context(|| format!("writing header of {}", self.path.display()))
+        match (&self.sealer, &self.stamps) {
+            (Some(sealer), Some(stamps)) => {
+                sealed::write_copy(&*self.file, sealer, &header, slot as u64, stamps, full)
+            }
+            _ => self.file.write_all_at(
+                &header.encode(),
+                slot as u64 * Layout::Plain.slot_size(self.basin),
+            ),
+        }
+        .context(|| format!("writing header of {}", self.path.display()))
+    }
+
+    /// Reads both header copies as they are on disk now (for `verify`).
+    pub fn read_copies(&self) -> std::io::Result<[std::result::Result<CopyState, CopyError>; 2]> {
+        let sealed = self.sealer.as_deref().map(|sealer| {
+            let file = self.stamps.as_ref().and_then(|stamps| stamps.file());
+            (sealer, file)
+        });
+        read_copies(&*self.file, sealed, self.basin, self.number, &self.path)
+    }
+
+    /// Bytes of the stratum file, and of its stamps file if it has one.
+    pub fn bytes_on_disk(&self) -> std::io::Result<u64> {
+        let stamps = match self.stamps.as_ref().and_then(|stamps| stamps.file()) {
+            Some(file) => file.len()?,
+            None => 0,
+        };
+        Ok(self.file_len()? + stamps)
     }
 }
 
-/// Reads and decodes both header copies.
-fn read_headers(
+/// Reads and decodes both header copies of a stratum file (sealed if
+/// `sealed` gives the sealer and the stamps file); `path` names it in key
+/// errors.
+pub(crate) fn read_copies(
     file: &dyn FileHandle,
+    sealed: Option<(&Sealer, Option<&dyn FileHandle>)>,
     basin: u8,
     number: u32,
-) -> std::io::Result<(
-    Result<StratumHeader, HeaderError>,
-    Result<StratumHeader, HeaderError>,
-)> {
-    let slot = stratum_slot_size(basin);
-    let len = file.len()?;
-    let mut copies = Vec::with_capacity(2);
-    for index in 0..2 {
-        let start = index * slot;
-        let available = len.saturating_sub(start).min(slot) as usize;
-        let mut bytes = vec![0; available];
-        file.read_exact_at(&mut bytes, start)?;
-        copies.push(StratumHeader::decode(&bytes, basin, number));
+    path: &Path,
+) -> std::io::Result<[std::result::Result<CopyState, CopyError>; 2]> {
+    let what = path.display();
+    Ok([
+        read_copy(file, sealed, basin, number, 0, &what)?,
+        read_copy(file, sealed, basin, number, 1, &what)?,
+    ])
+}
+
+/// A copy as [`newest`] takes it: a key error is returned, not taken for
+/// damage.
+fn header_result(
+    copy: std::result::Result<CopyState, CopyError>,
+) -> std::io::Result<std::result::Result<CopyState, HeaderError>> {
+    match copy {
+        Ok(state) => Ok(Ok(state)),
+        Err(CopyError::Header(error)) => Ok(Err(error)),
+        Err(CopyError::Key(error)) => Err(error),
     }
-    let second = copies.pop().expect("two copies");
-    let first = copies.pop().expect("two copies");
-    Ok((first, second))
 }
 
 #[cfg(test)]
@@ -450,90 +700,114 @@ mod tests {
         }
     }
 
-    #[test]
-    fn header_copies_are_made_alike_and_either_one_is_enough() {
-        let fs = okaywal::fs::MemoryFileSystem::new();
-        let dir = Path::new("/db");
-        fs.create_dir_all(dir).unwrap();
-        let path = dir.join(file_name(2, 0));
-        let stratum = Stratum::create(&fs, dir, 2, 0).unwrap();
-        stratum.bits.write().set_durable(3, 2, true);
-        stratum.write_header().unwrap();
-        stratum.bits.write().set_durable(10, 1, true);
-        stratum.write_header().unwrap();
-        let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
-        // Without a mirror, the copies are one state apart, as after a
-        // crash between the two writes of a checkpoint.
-        let (first, second) = read_headers(&*file, 2, 0).unwrap();
-        assert_ne!(first.unwrap(), second.unwrap());
-        // Opening keeps the newest state and catches the other copy up.
-        let reopened = Stratum::open(&fs, dir, 2, 0, true).unwrap();
-        assert_eq!(reopened.bits.read().durable_blobs(), vec![(3, 2), (10, 1)]);
-        let (first, second) = read_headers(&*file, 2, 0).unwrap();
-        assert_eq!(first.unwrap(), second.unwrap());
-        // A checkpoint writes one copy, then mirrors it into the other.
-        reopened.bits.write().set_durable(20, 4, true);
-        reopened.write_header().unwrap();
-        reopened.mirror_header().unwrap();
-        let (first, second) = read_headers(&*file, 2, 0).unwrap();
-        assert_eq!(first.unwrap(), second.unwrap());
-        let all = vec![(3, 2), (10, 1), (20, 4)];
-        // Damage to either copy alone loses nothing, and is repaired.
-        for slot in 0..2 {
-            file.write_all_at(&[0xFF; 8], slot * stratum_slot_size(2) + 40)
-                .unwrap();
-            let opened = Stratum::open(&fs, dir, 2, 0, true).unwrap();
-            assert_eq!(opened.bits.read().durable_blobs(), all, "slot {slot}");
-            let (first, second) = read_headers(&*file, 2, 0).unwrap();
-            assert_eq!(first.unwrap(), second.unwrap(), "slot {slot}");
+    /// Both copies as read; panics on a key error.
+    fn copies(stratum: &Stratum) -> [std::result::Result<CopyState, HeaderError>; 2] {
+        stratum.read_copies().unwrap().map(|copy| match copy {
+            Ok(state) => Ok(state),
+            Err(CopyError::Header(error)) => Err(error),
+            Err(CopyError::Key(error)) => panic!("{error}"),
+        })
+    }
+
+    fn alike(stratum: &Stratum) -> bool {
+        match copies(stratum) {
+            [Ok(a), Ok(b)] => a.same_state(&b),
+            _ => false,
         }
-        file.write_all_at(&[0xFF; 8], 40).unwrap();
-        file.write_all_at(&[0xFF; 8], stratum_slot_size(2) + 40)
-            .unwrap();
-        assert!(matches!(
-            Stratum::open(&fs, dir, 2, 0, true),
-            Err(Error::Corrupt { .. })
-        ));
     }
 
     #[test]
-    fn a_failed_sync_fails_every_later_one() {
-        use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
-        let fs = CrashFileSystem::new();
+    fn header_copies_are_made_alike_and_either_one_is_enough() {
+        let key = okaywal::encryption::StaticKey::new([3; 32]);
+        let sealer = Arc::new(Sealer::new(Arc::new(key), [1; 16], &[]).unwrap());
+        for sealer in [None, Some(&sealer)] {
+            let fs = okaywal::fs::MemoryFileSystem::new();
+            let dir = Path::new("/db");
+            fs.create_dir_all(dir).unwrap();
+            let path = dir.join(file_name(2, 0));
+            let stratum = Stratum::create(&fs, dir, 2, 0, sealer).unwrap();
+            let layout = stratum.layout();
+            stratum.set_durable(3, 2, true, 7);
+            stratum.write_header().unwrap();
+            stratum.set_durable(1500, 1, true, 8);
+            stratum.write_header().unwrap();
+            let file = fs.open(&path, OpenMode::ReadWrite).unwrap();
+            // Without a mirror, the copies are one state apart, as after a
+            // crash between the two writes of a checkpoint.
+            assert!(!alike(&stratum), "{layout:?}");
+            // Opening keeps the newest state and catches the other copy up.
+            let reopened = Stratum::open(&fs, dir, 2, 0, true, sealer).unwrap();
+            assert_eq!(
+                reopened.bits.read().durable_blobs(),
+                vec![(3, 2), (1500, 1)]
+            );
+            assert!(alike(&reopened), "{layout:?}");
+            if sealer.is_some() {
+                assert_eq!(
+                    (reopened.stamp(3), reopened.stamp(1500)),
+                    (Some(7), Some(8))
+                );
+            }
+            // A checkpoint writes one copy, then mirrors it into the other.
+            reopened.set_durable(20, 4, true, 9);
+            reopened.write_header().unwrap();
+            reopened.mirror_header().unwrap();
+            assert!(alike(&reopened), "{layout:?}");
+            let all = vec![(3, 2), (20, 4), (1500, 1)];
+            // Damage to either copy alone (its first part, or a sealed
+            // copy's stamp page) loses nothing, and is repaired.
+            let stamps_path = dir.join(sealed::stamps_file_name(2, 0));
+            let mut spots = vec![(path.clone(), 40, layout.slot_size(2))];
+            if layout == Layout::Sealed {
+                let pages = u64::from(crate::format::stamp_pages(2)) * 4096;
+                spots.push((stamps_path, 100, pages));
+            }
+            for (damaged, at, copy_size) in spots {
+                let damaged = fs.open(&damaged, OpenMode::ReadWrite).unwrap();
+                for slot in 0..2 {
+                    damaged
+                        .write_all_at(&[0xFF; 8], slot * copy_size + at)
+                        .unwrap();
+                    let opened = Stratum::open(&fs, dir, 2, 0, true, sealer).unwrap();
+                    assert_eq!(opened.bits.read().durable_blobs(), all, "slot {slot}");
+                    assert!(alike(&opened), "slot {slot}, {layout:?}");
+                }
+            }
+            file.write_all_at(&[0xFF; 8], 40).unwrap();
+            file.write_all_at(&[0xFF; 8], layout.slot_size(2) + 40)
+                .unwrap();
+            assert!(matches!(
+                Stratum::open(&fs, dir, 2, 0, true, sealer),
+                Err(Error::Corrupt { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_sealed_header_under_a_wrong_key_is_a_key_error_and_left_alone() {
+        let fs = okaywal::fs::MemoryFileSystem::new();
         let dir = Path::new("/db");
         fs.create_dir_all(dir).unwrap();
-        let stratum = Stratum::create(&fs, dir, 0, 0).unwrap();
-        // Callers at once share syncs and all succeed.
-        let before = fs.operation_count(Operation::Sync);
-        std::thread::scope(|scope| {
-            for _ in 0..4 {
-                scope.spawn(|| {
-                    for _ in 0..10 {
-                        stratum.sync().unwrap();
-                    }
-                });
-            }
-        });
-        let syncs = fs.operation_count(Operation::Sync) - before;
-        assert!((1..=40).contains(&syncs), "{syncs} syncs");
-
-        let next = fs.operation_count(Operation::Sync);
-        fs.inject(
-            Operation::Sync,
-            next,
-            FaultKind::Error(std::io::ErrorKind::Other),
+        let key = okaywal::encryption::StaticKey::new([3; 32]);
+        let sealer = Arc::new(Sealer::new(Arc::new(key), [1; 16], &[]).unwrap());
+        let stratum = Stratum::create(&fs, dir, 2, 0, Some(&sealer)).unwrap();
+        stratum.set_durable(3, 2, true, 7);
+        stratum.write_header().unwrap();
+        let file = fs.open(&dir.join(file_name(2, 0)), OpenMode::Read).unwrap();
+        let mut before = vec![0; file.len().unwrap() as usize];
+        file.read_exact_at(&mut before, 0).unwrap();
+        let wrong = okaywal::encryption::StaticKey::new([4; 32]);
+        let wrong = Arc::new(Sealer::new(Arc::new(wrong), [1; 16], &[]).unwrap());
+        let error = Stratum::open(&fs, dir, 2, 0, true, Some(&wrong)).unwrap_err();
+        assert!(
+            matches!(
+                error.key_error(),
+                Some(okaywal::encryption::KeyError::Wrong(id)) if id.get() == 1
+            ),
+            "{error}"
         );
-        let own = stratum.sync().unwrap_err().to_string();
-        assert!(own.starts_with("syncing /db/stratum-0-0"), "{own}");
-        assert!(!own.contains("an fdatasync of this file failed"), "{own}");
-        for _ in 0..2 {
-            let later = stratum.sync().unwrap_err().to_string();
-            assert!(later.starts_with("syncing /db/stratum-0-0"), "{later}");
-            assert!(
-                later.contains("an fdatasync of this file failed"),
-                "{later}"
-            );
-        }
-        assert_eq!(fs.operation_count(Operation::Sync), next + 1);
+        let mut after = vec![0; file.len().unwrap() as usize];
+        file.read_exact_at(&mut after, 0).unwrap();
+        assert!(before == after, "nothing was repaired");
     }
 }

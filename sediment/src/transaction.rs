@@ -122,25 +122,42 @@ impl<'db> Transaction<'db> {
             self.for_cache.push((id, Arc::from(data), stratum.clone()));
         }
         let crc = grain_crc(sequence, data);
+        let header = GrainHeader {
+            sequence,
+            length: length as u32,
+            crc,
+        };
+        // An encrypted store seals the blob here, on the writer's thread
+        // and outside every lock: the image (bound to the grain and the
+        // sequence) is what the grains hold, whichever way it goes.
+        let sealer = shared.strata().sealer().cloned();
         if length >= shared.direct_write_bytes() {
             // Large blobs go straight into their (unreferenced, reserved)
             // grains; commit syncs the stratum before the WAL entry that
             // makes them visible.
-            let header = GrainHeader {
-                sequence,
-                length: length as u32,
-                crc,
-            };
             let offset = stratum.offset_of(id.index());
-            stratum
-                .write_grains(&header.encode(), offset)
-                .and_then(|()| stratum.write_grains(data, offset + GRAIN_HEADER_SIZE as u64))
-                .context(|| format!("writing grain {id} to {}", stratum.path().display()))?;
+            match &sealer {
+                Some(sealer) => sealer.seal_image(id, &header, data, |at, piece| {
+                    stratum.write_grains(piece, offset + at)
+                }),
+                None => stratum
+                    .write_grains(&header.encode(), offset)
+                    .and_then(|()| stratum.write_grains(data, offset + GRAIN_HEADER_SIZE as u64)),
+            }
+            .context(|| format!("writing grain {id} to {}", stratum.path().display()))?;
             if !self.direct.iter().any(|s| Arc::ptr_eq(s, &stratum)) {
                 self.direct.push(stratum);
             }
         } else {
-            encode_data_chunk(&mut self.scratch, id, data);
+            match &sealer {
+                Some(sealer) => {
+                    let image = sealer
+                        .image(id, &header, data)
+                        .context(|| format!("sealing grain {id}"))?;
+                    encode_data_chunk(&mut self.scratch, id, &image);
+                }
+                None => encode_data_chunk(&mut self.scratch, id, data),
+            }
             let scratch = std::mem::take(&mut self.scratch);
             let written = self.entry().write_chunk(&scratch);
             self.scratch = scratch;

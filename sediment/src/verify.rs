@@ -1,21 +1,25 @@
 //! Checking every header, allocation, grain and commit record.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
+
+use okaywal::encryption::KeyId;
 
 use crate::allocator::blobs;
 use crate::commit_record::{CommitLogDamage, CommitRecord};
 use crate::db::Database;
 use crate::error::{Context, Result};
 use crate::format::{
-    grain_crc, newest, placement, GrainHeader, HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE,
-    INDEX_SLOT_SIZE, MAX_GRAINS_PER_BLOB,
+    fit, grain_crc, newest, open_envelope, placement, sealed_image_len, version_of, GrainHeader,
+    HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE, INDEX_MAGIC_BYTES, INDEX_SLOT_SIZE,
+    MAX_GRAINS_PER_BLOB, SEALED_FORMAT_VERSION, SEALED_INDEX_BODY,
 };
 use crate::grain_id::GrainId;
 use crate::open::INDEX_FILE;
-use crate::stratum::Stratum;
+use crate::sealing::{Sealer, Unsealed};
+use crate::stratum::{stamp_of, CopyError, Stratum};
 use crate::verify_report::{Problem, VerifyReport};
 use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
 
@@ -36,13 +40,19 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         description,
     };
 
+    let sealer = shared.strata().sealer().cloned();
+    let mut key_ids: BTreeSet<KeyId> = BTreeSet::new();
     let index_path = shared.directory().join(INDEX_FILE);
     for slot in 0..2_u64 {
         let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
         let read = store.read_index_copy(slot, &mut bytes);
         let zero = bytes.iter().all(|b| *b == 0);
-        match read.map(|()| IndexHeader::decode(&bytes)) {
-            Ok(Ok(_)) => {}
+        let decode = |bytes: &[u8]| match &sealer {
+            Some(sealer) => decode_sealed_index(sealer, bytes, slot, &index_path),
+            None => IndexHeader::decode(bytes).map(|_| None),
+        };
+        match read.map(|()| decode(&bytes)) {
+            Ok(Ok(key_id)) => key_ids.extend(key_id),
             Ok(Err(e)) if !damaged(&e, zero) => {}
             Ok(Err(e)) => report.problems.push(problem(
                 format!("{} (header copy {slot})", index_path.display()),
@@ -69,6 +79,7 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let log_problems = match store.read_commit_log(0) {
         Ok(contents) => {
             report.commit_records_checked = contents.records.len() as u64;
+            key_ids.extend(contents.key_ids.iter().copied());
             expected = Expected::collect(db, &strata, contents.records, &contents.damage);
             report.commit_log_damage = contents.damage;
             report
@@ -98,8 +109,8 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     for stratum in &strata {
         report.strata_checked += 1;
         let location = stratum.path().display().to_string();
-        let headers = stratum.read_headers();
-        let (first, second) = match headers {
+        let headers = stratum.read_copies();
+        let [first, second] = match headers {
             Ok(pair) => pair,
             Err(e) => {
                 report
@@ -108,6 +119,16 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 continue;
             }
         };
+        let [first, second] = [first, second].map(|copy| match copy {
+            Ok(state) => {
+                key_ids.extend(state.key_ids.iter().copied());
+                Ok(state)
+            }
+            Err(CopyError::Header(error)) => Err(error),
+            // Open checked every key; a provider that changed since is
+            // reported with the copy.
+            Err(CopyError::Key(error)) => Err(HeaderError::Inconsistent(error.to_string())),
+        });
         for (copy, decoded) in [(0, &first), (1, &second)] {
             if let Err(e) = decoded {
                 // Never-written copies read as short or zeroed.
@@ -128,11 +149,13 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
         // Grains freed (and maybe reused) after this are not damage.
         let epoch = snapshot.epoch;
         let bits = &snapshot.bits;
-        match newest(first, second, |h| h.generation) {
-            Ok((_, header)) => {
+        match newest(first, second, |c| c.header.generation) {
+            Ok((_, state)) => {
+                let header = &state.header;
                 if !stratum.is_dirty()
                     && (header.allocated != bits.durable_allocated
-                        || header.starts != bits.durable_starts)
+                        || header.starts != bits.durable_starts
+                        || !stamps_agree(stratum, &state.stamps, bits))
                 {
                     report.problems.push(problem(
                         location.clone(),
@@ -202,9 +225,27 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
             let result = db.wal().read_at(p.position).and_then(|mut chunk| {
                 let mut bytes = Vec::new();
                 chunk.read_to_end(&mut bytes)?;
-                Ok(chunk.crc_is_valid()?
-                    && data_of_chunk(&bytes)
-                        .is_some_and(|data| grain_crc(p.sequence, data) == p.crc))
+                if !chunk.crc_is_valid()? {
+                    return Ok(false);
+                }
+                let Some(data) = data_of_chunk(&bytes) else {
+                    return Ok(false);
+                };
+                let Some(sealer) = &sealer else {
+                    return Ok(grain_crc(p.sequence, data) == p.crc);
+                };
+                // The chunk holds the blob's image.
+                let what = format!("WAL {}", p.position);
+                Ok(match sealer.open_image(id, data, &what) {
+                    Ok((header, plain, ids)) => {
+                        key_ids.extend(ids);
+                        (header.sequence, header.length, header.crc)
+                            == (p.sequence, p.length, p.crc)
+                            && grain_crc(p.sequence, &plain) == p.crc
+                    }
+                    Err(Unsealed::Damaged) => false,
+                    Err(Unsealed::Key(error)) => return Err(error),
+                })
             });
             match result {
                 // Damage is reported once: the record is compared with
@@ -250,8 +291,26 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
             }
         }
         let mut found = VerifyReport::default();
-        check_grain(&bytes[..filled], id, &location, &mut found);
-        let header = GrainHeader::decode(&bytes[..filled]);
+        let header = match &sealer {
+            Some(sealer) => {
+                let header = check_sealed_grain(
+                    sealer,
+                    &stratum,
+                    &bytes[..filled],
+                    id,
+                    &location,
+                    &mut found,
+                );
+                if let Some((_, ids)) = &header {
+                    key_ids.extend(ids.iter().copied());
+                }
+                header.map(|(header, _)| header)
+            }
+            None => {
+                check_grain(&bytes[..filled], id, &location, &mut found);
+                GrainHeader::decode(&bytes[..filled])
+            }
+        };
         if let (true, Some(header)) = (found.problems.is_empty(), header) {
             found.problems.extend(expected.mismatch(
                 &stratum,
@@ -269,6 +328,10 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     }
     progress(total, total);
     report.problems.extend(log_problems);
+    if sealer.is_some() {
+        key_ids.extend(wal_key_ids(db));
+    }
+    report.key_ids_in_use = key_ids.into_iter().collect();
     expected.check_allocated(db, &mut report);
     drop(store);
     if db.is_read_only() {
@@ -284,8 +347,13 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
 /// read-only, whose WAL files no writer can change meanwhile.
 fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
     let shared = db.shared();
-    let inspection = okaywal::Configuration::default_for(shared.directory())
-        .shared_file_system(shared.fs().clone())
+    let mut configuration = okaywal::Configuration::default_for(shared.directory())
+        .shared_file_system(shared.fs().clone());
+    if let Some(sealer) = shared.strata().sealer() {
+        configuration =
+            configuration.encryption(crate::sealing::SharedProvider(sealer.provider().clone()));
+    }
+    let inspection = configuration
         .inspect()
         .context(|| "inspecting the write-ahead log".to_string())?;
     let location = |path: &Path, offset: Option<u64>| match offset {
@@ -541,4 +609,133 @@ fn check_grain(bytes: &[u8], id: GrainId, location: &str, report: &mut VerifyRep
             header.sequence, header.length
         ));
     }
+}
+
+/// Opens a sealed index header copy: the key id of its body.
+fn decode_sealed_index(
+    sealer: &Sealer,
+    bytes: &[u8],
+    slot: u64,
+    path: &Path,
+) -> Result<Option<KeyId>, HeaderError> {
+    if version_of(bytes, INDEX_MAGIC_BYTES) != Some(SEALED_FORMAT_VERSION) {
+        // Zeros, or not a sealed copy at all.
+        return IndexHeader::decode(bytes).and(Err(HeaderError::UnknownVersion(1)));
+    }
+    let envelope = open_envelope(bytes, INDEX_MAGIC_BYTES, SEALED_INDEX_BODY)?;
+    match Sealer::open_index(sealer.provider(), &envelope, slot, &path.display()) {
+        Ok((body, key_id)) => {
+            crate::format::SealedIndex::decode_body(&body)?;
+            Ok(Some(key_id))
+        }
+        Err(Unsealed::Damaged) => Err(HeaderError::NotAuthentic),
+        Err(Unsealed::Key(error)) => Err(HeaderError::Inconsistent(error.to_string())),
+    }
+}
+
+/// Whether a header copy's stamps agree with the checkpointed ones at the
+/// start of every checkpointed blob.
+fn stamps_agree(stratum: &Stratum, stamps: &[u32], bits: &crate::allocator::StratumBits) -> bool {
+    if stratum.sealer().is_none() {
+        return true;
+    }
+    let starts: HashSet<u32> = blobs(&bits.durable_allocated, &bits.durable_starts, bits.capacity)
+        .into_iter()
+        .map(|(start, _)| start)
+        .collect();
+    stratum
+        .durable_stamps(&starts)
+        .into_iter()
+        .all(|(index, stamp)| stamps.get(index as usize) == Some(&stamp))
+}
+
+/// Checks a sealed blob's bytes (its image and whatever follows in its
+/// grains): every piece opens at this grain, the length fits the extent,
+/// the sequence is the stratum's stamp and the CRC matches. Returns its
+/// header and key ids if it opened.
+fn check_sealed_grain(
+    sealer: &Sealer,
+    stratum: &Stratum,
+    bytes: &[u8],
+    id: GrainId,
+    location: &str,
+    report: &mut VerifyReport,
+) -> Option<(GrainHeader, BTreeSet<KeyId>)> {
+    let mut fail = |what: String| {
+        report.problems.push(Problem {
+            location: location.to_string(),
+            grain: Some(id),
+            description: what,
+        });
+    };
+    match sealer.open_image(id, bytes, &location) {
+        Ok((header, data, key_ids)) => {
+            let extent = sealed_image_len(u64::from(header.length)).and_then(fit);
+            if extent != Some((id.basin(), id.count())) {
+                fail(format!(
+                    "stored length {} does not fit this {}-grain extent",
+                    header.length,
+                    id.count()
+                ));
+            } else if stratum.stamp(id.index()) != Some(stamp_of(header.sequence)) {
+                fail(format!(
+                    "holds the blob of sequence {}, not the one the stratum's stamps record: \
+                     an old copy",
+                    header.sequence
+                ));
+            } else if grain_crc(header.sequence, &data) != header.crc {
+                fail(format!(
+                    "checksum mismatch (sequence {}, length {})",
+                    header.sequence, header.length
+                ));
+            } else {
+                return Some((header, key_ids));
+            }
+            None
+        }
+        Err(Unsealed::Damaged) => {
+            fail("failed authentication (damaged, or not from this place)".into());
+            None
+        }
+        Err(Unsealed::Key(error)) => {
+            fail(format!("cannot be opened: {error}"));
+            None
+        }
+    }
+}
+
+/// The key ids of the WAL's live segments (`wal-{id}`), from the key
+/// check in each one's header (`okaywal/FORMAT.md`, "Segment header" of an
+/// encrypted log: the key id at offset 16, the CRC of bytes 0..508 at 508).
+/// A segment renamed or recycled meanwhile, or whose header does not
+/// verify, is skipped: okaywal's open judges those.
+fn wal_key_ids(db: &Database) -> BTreeSet<KeyId> {
+    let shared = db.shared();
+    let mut ids = BTreeSet::new();
+    let Ok(names) = shared.fs().list_files(shared.directory()) else {
+        return ids;
+    };
+    for name in names {
+        let live = name
+            .strip_prefix("wal-")
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+        if !live {
+            continue;
+        }
+        let path = shared.directory().join(&name);
+        let mut header = [0_u8; 512];
+        let read = shared
+            .fs()
+            .open(&path, okaywal::fs::OpenMode::Read)
+            .and_then(|file| file.read_exact_at(&mut header, 0));
+        if read.is_err() || &header[..7] != b"OKAYWAL" || header[7] != 2 {
+            continue;
+        }
+        let crc = u32::from_le_bytes(header[508..].try_into().expect("4 bytes"));
+        if crc32fast::hash(&header[..508]) == crc {
+            let id = u32::from_le_bytes(header[16..20].try_into().expect("4 bytes"));
+            ids.insert(KeyId::new(id));
+        }
+    }
+    ids
 }

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use okaywal::encryption::KeyId;
+
 use crate::commit_record::CommitLogDamage;
 use crate::grain_id::GrainId;
 
@@ -40,6 +42,13 @@ pub struct VerifyReport {
     /// Each damaged stretch of the commit log (also listed in `problems`):
     /// where it is and which sequences' records cannot be read.
     pub commit_log_damage: Vec<CommitLogDamage>,
+    /// In an encrypted store, the ids of the keys that sealed what
+    /// `verify` read (grains, stratum headers and their stamp pages, the
+    /// index, commit records, blobs still in the WAL, and the WAL's
+    /// segments), in order: the keys the store still needs. Empty for a plain store. After a
+    /// [`Database::rekey`](crate::Database::rekey) it is the current key
+    /// alone.
+    pub key_ids_in_use: Vec<KeyId>,
 }
 
 impl VerifyReport {
@@ -62,6 +71,15 @@ impl fmt::Display for VerifyReport {
             self.strata_checked,
             self.commit_records_checked,
             self.problems.len()
-        )
+        )?;
+        if !self.key_ids_in_use.is_empty() {
+            let ids: Vec<String> = self
+                .key_ids_in_use
+                .iter()
+                .map(|id| id.get().to_string())
+                .collect();
+            write!(f, "; key ids in use: {}", ids.join(", "))?;
+        }
+        Ok(())
     }
 }

@@ -12,6 +12,9 @@
 //!   there belongs to a transaction that was attempted;
 //! - the embedded header is the last acknowledged one or a later attempt;
 //! - new sequences are above every earlier one; `verify` is clean.
+//!
+//! Every crash point runs on a plain store; a third of them (and half the
+//! jittered runs) run on an encrypted one too.
 
 mod common;
 
@@ -19,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::crash::{checked, with_timeout, CrashPoint, HUNG};
-use common::{blob, seed, Rng, Watchdog};
+use common::{blob, seed, Mode, Rng, Watchdog};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::format::grain_crc;
 use sediment::{CommitRecord, Config, Database, Error, GrainId, SequenceId};
@@ -28,8 +31,8 @@ const THREADS: u64 = 3;
 const TRANSACTIONS: u64 = 15;
 const DIR: &str = "/crash-db";
 
-fn open(fs: &CrashFileSystem) -> sediment::Result<Database> {
-    Config::for_directory(DIR)
+fn open(fs: &CrashFileSystem, mode: Mode) -> sediment::Result<Database> {
+    mode.apply(Config::for_directory(DIR))
         .file_system(fs.clone())
         .wal(|wal| {
             wal.checkpoint_after_bytes(24 << 10)
@@ -140,8 +143,8 @@ fn worker(db: &Database, thread: u64, seed: u64) -> Vec<Attempt> {
 
 /// Opens the database on `fs`, runs the workload and drops the database
 /// (without a shutdown). Returns every attempt; none if the open failed.
-fn run_workload(fs: &CrashFileSystem, seed: u64) -> Vec<Attempt> {
-    let Ok(db) = open(fs) else {
+fn run_workload(fs: &CrashFileSystem, seed: u64, mode: Mode) -> Vec<Attempt> {
+    let Ok(db) = open(fs, mode) else {
         return Vec::new();
     };
     let attempts = std::thread::scope(|scope| {
@@ -493,21 +496,25 @@ fn explain(db: &Database, attempts: &[Attempt], error: &Error) -> String {
     out
 }
 
-/// Runs the workload with a power cut at `point`, reboots and checks.
-/// Returns whether the fault fired, or what went wrong.
-/// With `jitter`, the disk delays operations at random (seeded by it)
-/// during the workload.
-fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Result<bool, String> {
+/// Runs the workload on a store of `mode` with a power cut at `point`,
+/// reboots and checks. Returns whether the fault fired, or what went
+/// wrong. With `jitter`, the disk delays operations at random (seeded by
+/// it) during the workload.
+fn crash_at(
+    (point, mode): (CrashPoint, Mode),
+    workload_seed: u64,
+    jitter: Option<u64>,
+) -> Result<bool, String> {
     let fs = CrashFileSystem::new();
     if let Some(jitter) = jitter {
         fs.jitter(jitter, Duration::from_micros(150));
     }
     fs.inject(point.operation, point.nth, FaultKind::PowerOff);
-    let attempts = run_workload(&fs, workload_seed);
+    let attempts = run_workload(&fs, workload_seed, mode);
     let fired = fs.is_powered_off();
     fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
-    let db = open(&fs).map_err(|e| format!("reopening failed: {e}"))?;
+    let db = open(&fs, mode).map_err(|e| format!("reopening failed: {e}"))?;
     let checked = checked(|| check(&db, &attempts));
     let acked = attempts.iter().filter(|a| a.acked().is_some()).count();
     checked.map_err(|e| {
@@ -518,7 +525,7 @@ fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Resul
     })?;
     drop(db);
     // A second, clean reopen still sees a healthy database.
-    let db = open(&fs).map_err(|e| format!("second reopen failed: {e}"))?;
+    let db = open(&fs, mode).map_err(|e| format!("second reopen failed: {e}"))?;
     if let Err(e) = db.verify() {
         return Err(format!(
             "{}: verify after the second reopen: {e}",
@@ -528,15 +535,21 @@ fn crash_at(point: CrashPoint, workload_seed: u64, jitter: Option<u64>) -> Resul
     Ok(fired)
 }
 
-/// `SEDIMENT_CRASH_POINT=op:nth:policy[:seed],...` (op: sync, write,
-/// syncdir, create, rename, remove, setlen; policy: clean, torn, hole,
-/// random) replays only the listed crash points.
-fn only_points() -> Option<Vec<CrashPoint>> {
+/// `SEDIMENT_CRASH_POINT=op:nth:policy[:seed][:encrypted],...` (op: sync,
+/// write, syncdir, create, rename, remove, setlen; policy: clean, torn,
+/// hole, random) replays only the listed crash points.
+fn only_points() -> Option<Vec<(CrashPoint, Mode)>> {
     let text = std::env::var("SEDIMENT_CRASH_POINT").ok()?;
     Some(
         text.split(',')
             .map(|point| {
-                let parts: Vec<&str> = point.trim().split(':').collect();
+                let mut parts: Vec<&str> = point.trim().split(':').collect();
+                let mode = if parts.last() == Some(&"encrypted") {
+                    parts.pop();
+                    Mode::Encrypted
+                } else {
+                    Mode::Plain
+                };
                 let operation = match parts[0].to_ascii_lowercase().as_str() {
                     "sync" => Operation::Sync,
                     "write" => Operation::Write,
@@ -555,11 +568,14 @@ fn only_points() -> Option<Vec<CrashPoint>> {
                     "random" => PowerLoss::Random(parts[3].parse().expect("seed")),
                     other => panic!("unknown policy {other}"),
                 };
-                CrashPoint {
-                    operation,
-                    nth,
-                    policy,
-                }
+                (
+                    CrashPoint {
+                        operation,
+                        nth,
+                        policy,
+                    },
+                    mode,
+                )
             })
             .collect(),
     )
@@ -568,7 +584,7 @@ fn only_points() -> Option<Vec<CrashPoint>> {
 /// `crash_at` on its own thread: a run that does not finish in time is
 /// reported (and its thread abandoned) instead of hanging the test.
 fn crash_at_with_timeout(
-    point: CrashPoint,
+    point: (CrashPoint, Mode),
     workload_seed: u64,
     jitter: Option<u64>,
 ) -> Result<bool, String> {
@@ -586,7 +602,7 @@ fn power_cut_at_every_sync_and_write() {
     // A run without faults: how many operations of each kind it makes, and
     // a check that the workload itself behaves.
     let fs = CrashFileSystem::new();
-    let attempts = run_workload(&fs, workload_seed);
+    let attempts = run_workload(&fs, workload_seed, Mode::Plain);
     assert_eq!(attempts.len() as u64, THREADS * TRANSACTIONS);
     assert!(attempts.iter().all(|a| a.acked().is_some()), "{attempts:?}");
     let syncs = fs.operation_count(Operation::Sync);
@@ -602,7 +618,7 @@ fn power_cut_at_every_sync_and_write() {
     .map(|op| (op, fs.operation_count(op)))
     .collect();
     fs.power_loss(PowerLoss::Clean);
-    let db = open(&fs).unwrap();
+    let db = open(&fs, Mode::Plain).unwrap();
     // The checker is not vacuous: wrong expectations are caught.
     let mut wrong_bytes = attempts.clone();
     let acked = wrong_bytes
@@ -638,12 +654,22 @@ fn power_cut_at_every_sync_and_write() {
     );
 
     let mut points = Vec::new();
+    // Every third point (from a random start) on an encrypted store too.
+    let encrypted_from = rng.below(3);
+    let mut made = 0_u64;
     let mut point = |operation, nth, policy| {
-        points.push(CrashPoint {
-            operation,
-            nth,
-            policy,
-        });
+        for mode in Mode::BOTH {
+            if mode == Mode::Encrypted && made % 3 != encrypted_from {
+                continue;
+            }
+            let point = CrashPoint {
+                operation,
+                nth,
+                policy,
+            };
+            points.push((point, mode));
+        }
+        made += 1;
     };
     // Every sync with every policy (counts vary a little between runs of a
     // multi-threaded workload: go a bit past the fault-free count).
@@ -797,7 +823,7 @@ fn power_cut_with_jittered_io() {
         let workload_seed = rng.next_u64();
         let jitter = rng.next_u64();
         // A fault-free run makes about 60 syncs and 70 writes.
-        let point = CrashPoint::random(&mut rng, 64, 76);
+        let point = (CrashPoint::random(&mut rng, 64, 76), Mode::BOTH[runs % 2]);
         runs += 1;
         match crash_at_with_timeout(point, workload_seed, Some(jitter)) {
             Ok(true) => fired += 1,

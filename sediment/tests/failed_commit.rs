@@ -1,7 +1,7 @@
 //! A commit whose WAL sync fails has an unknown outcome: its records may
 //! be in the WAL file, and the next open may replay it. Nothing the
 //! process does after the failure may make such a transaction read back
-//! wrong bytes.
+//! wrong bytes. Each test runs on a plain store and on an encrypted one.
 
 mod common;
 
@@ -9,21 +9,29 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{HeldStratumSync, HookedFs, ReleaseOnDrop};
+use common::{HeldStratumSync, HookedFs, Mode, ReleaseOnDrop};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation};
 use sediment::{Config, Database, Error};
 use testkit::disk::quiesce;
 
 const DIR: &str = "/db";
 
-fn open(fs: &CrashFileSystem) -> sediment::Result<Database> {
-    Config::for_directory(DIR).file_system(fs.clone()).open()
+fn open(fs: &CrashFileSystem, mode: Mode) -> sediment::Result<Database> {
+    mode.apply(Config::for_directory(DIR))
+        .file_system(fs.clone())
+        .open()
 }
 
 #[test]
 fn a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes() {
+    for mode in Mode::BOTH {
+        a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes_in(mode);
+    }
+}
+
+fn a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes_in(mode: Mode) {
     let fs = CrashFileSystem::new();
-    let db = open(&fs).unwrap();
+    let db = open(&fs, mode).unwrap();
     // Large enough to be written straight into its grains, not the WAL.
     let first = vec![0x11_u8; 100_000];
     let second = vec![0x22_u8; 100_000];
@@ -59,7 +67,7 @@ fn a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes() {
     drop(db);
 
     // Restarted; the page cache still holds what was written.
-    let db = open(&fs).unwrap();
+    let db = open(&fs, mode).unwrap();
     match db.get(id) {
         Ok(None) => {}
         Ok(Some(bytes)) => assert!(bytes == first, "{id} reads back bytes it never held"),
@@ -76,9 +84,16 @@ fn a_blob_whose_commit_failed_never_reads_back_another_transactions_bytes() {
 /// if its own sync then reports success.
 #[test]
 fn a_commit_is_refused_once_a_sync_of_its_stratum_failed() {
+    for mode in Mode::BOTH {
+        a_commit_is_refused_once_a_sync_of_its_stratum_failed_in(mode);
+    }
+}
+
+fn a_commit_is_refused_once_a_sync_of_its_stratum_failed_in(mode: Mode) {
     let fs = CrashFileSystem::new();
     let hooks = Arc::new(HeldStratumSync::default());
-    let db = Config::for_directory(DIR)
+    let db = mode
+        .apply(Config::for_directory(DIR))
         .file_system(HookedFs {
             inner: fs.clone(),
             hooks: hooks.clone(),
@@ -112,7 +127,7 @@ fn a_commit_is_refused_once_a_sync_of_its_stratum_failed() {
     assert!(db.begin_transaction().and_then(|tx| tx.commit()).is_err());
     drop(db);
 
-    let db = open(&fs).unwrap();
+    let db = open(&fs, mode).unwrap();
     match db.get(id) {
         Ok(None) => {}
         Ok(Some(bytes)) => assert!(bytes == [0x22; 100_000], "{id} reads back other bytes"),
@@ -127,11 +142,17 @@ fn a_commit_is_refused_once_a_sync_of_its_stratum_failed() {
 /// not a generic error) and mentions its message, whatever reports it.
 #[test]
 fn later_errors_keep_the_kind_and_message_of_the_first_failure() {
+    for mode in Mode::BOTH {
+        later_errors_keep_the_kind_and_message_of_the_first_failure_in(mode);
+    }
+}
+
+fn later_errors_keep_the_kind_and_message_of_the_first_failure_in(mode: Mode) {
     // A blob through the WAL (its WAL sync fails) and one written straight
     // into its grains (the stratum's sync fails).
     for size in [100, 100_000] {
         let fs = CrashFileSystem::new();
-        let db = open(&fs).unwrap();
+        let db = open(&fs, mode).unwrap();
         let mut warm_up = db.begin_transaction().unwrap();
         warm_up.write(b"names the WAL segment").unwrap();
         warm_up.commit().unwrap();

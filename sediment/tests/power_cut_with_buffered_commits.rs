@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::crash::{checked, with_timeout, CrashPoint, HUNG};
-use common::{blob, seed, Rng, Watchdog};
+use common::{blob, seed, Mode, Rng, Watchdog};
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::{CommitRecord, Config, Database, Error, GrainId, SequenceId};
 
@@ -38,15 +38,31 @@ const TRANSACTIONS: u64 = 14;
 const DIR: &str = "/buffered-crash-db";
 
 /// How a run opens the store: the sweep runs without background syncs,
-/// so that its operation counts repeat; jittered runs may add them.
+/// so that its operation counts repeat; jittered runs may add them. Every
+/// other workload of the sweep, and every other jittered run, is on an
+/// encrypted store.
 #[derive(Debug, Clone, Copy, Default)]
 struct Bounds {
     max_unsynced: Option<Duration>,
     max_unsynced_bytes: Option<u64>,
+    mode: Mode,
+}
+
+impl Bounds {
+    /// The store as reopened after the cut: the same mode, no background
+    /// syncs.
+    fn reopened(self) -> Self {
+        Self {
+            mode: self.mode,
+            ..Self::default()
+        }
+    }
 }
 
 fn open(fs: &CrashFileSystem, bounds: Bounds) -> sediment::Result<Database> {
-    let mut config = Config::for_directory(DIR)
+    let mut config = bounds
+        .mode
+        .apply(Config::for_directory(DIR))
         .file_system(fs.clone())
         .wal(|wal| {
             wal.checkpoint_after_bytes(24 << 10)
@@ -500,7 +516,7 @@ fn crash_at(
     let fired = fs.is_powered_off();
     fs.jitter(0, Duration::ZERO);
     fs.power_loss(point.policy);
-    let db = open(&fs, Bounds::default()).map_err(|e| format!("reopening failed: {e}"))?;
+    let db = open(&fs, bounds.reopened()).map_err(|e| format!("reopening failed: {e}"))?;
     let checked = checked(|| check(&db, &outcome));
     let acked = outcome
         .attempts
@@ -514,7 +530,7 @@ fn crash_at(
         )
     })?;
     drop(db);
-    let db = open(&fs, Bounds::default()).map_err(|e| format!("second reopen failed: {e}"))?;
+    let db = open(&fs, bounds.reopened()).map_err(|e| format!("second reopen failed: {e}"))?;
     db.verify()
         .map_err(|e| format!("verify after the second reopen: {e}"))?;
     Ok(fired)
@@ -555,15 +571,22 @@ fn power_cut_at_every_sync_and_write_of_mixed_buffered_and_durable_commits() {
     let started = Instant::now();
     let (mut total, mut fired) = (0, 0);
     let mut failures = Vec::new();
-    for _ in 0..workloads {
+    for workload in 0..workloads {
         let workload_seed = rng.next_u64();
-        let points = crash_points(workload_seed, &mut rng);
+        let bounds = Bounds {
+            mode: Mode::BOTH[workload as usize % 2],
+            ..Bounds::default()
+        };
+        let points = crash_points(workload_seed, &mut rng, bounds);
         total += points.len();
         for point in &points {
-            match crash_at_with_timeout(*point, workload_seed, None, Bounds::default()) {
+            match crash_at_with_timeout(*point, workload_seed, None, bounds) {
                 Ok(true) => fired += 1,
                 Ok(false) => {}
-                Err(e) => failures.push(format!("{point:?}, workload seed {workload_seed}: {e}")),
+                Err(e) => failures.push(format!(
+                    "{point:?}, {:?}, workload seed {workload_seed}: {e}",
+                    bounds.mode
+                )),
             }
             if failures.iter().any(|f| f.contains(HUNG)) {
                 break;
@@ -584,9 +607,9 @@ fn power_cut_at_every_sync_and_write_of_mixed_buffered_and_durable_commits() {
 /// sweep needs, and that the checker accepts it after a clean cut at the
 /// end and rejects wrong expectations), and returns a crash point for
 /// every sync and every write it made, with several power-loss policies.
-fn crash_points(workload_seed: u64, rng: &mut Rng) -> Vec<CrashPoint> {
+fn crash_points(workload_seed: u64, rng: &mut Rng, bounds: Bounds) -> Vec<CrashPoint> {
     let fs = CrashFileSystem::new();
-    let outcome = run_workload(&fs, workload_seed, Bounds::default());
+    let outcome = run_workload(&fs, workload_seed, bounds);
     assert_eq!(outcome.attempts.len() as u64, THREADS * TRANSACTIONS);
     assert!(outcome.attempts.iter().all(|a| a.acked().is_some()));
     let buffered = outcome.attempts.iter().filter(|a| a.buffered).count();
@@ -606,7 +629,7 @@ fn crash_points(workload_seed: u64, rng: &mut Rng) -> Vec<CrashPoint> {
     let syncs = fs.operation_count(Operation::Sync);
     let writes = fs.operation_count(Operation::Write);
     fs.power_loss(PowerLoss::Clean);
-    let db = open(&fs, Bounds::default()).unwrap();
+    let db = open(&fs, bounds.reopened()).unwrap();
     let problems = non_vacuous(&db, &outcome);
     assert!(problems.is_empty(), "{problems:?}");
     check(&db, &outcome).unwrap();
@@ -735,6 +758,7 @@ fn power_cut_with_jittered_io_and_background_syncs() {
                 .percent(50)
                 .then(|| Duration::from_millis(rng.between(1, 5))),
             max_unsynced_bytes: rng.percent(30).then(|| rng.between(2_000, 20_000)),
+            mode: Mode::BOTH[runs % 2],
         };
         let point = CrashPoint::random(&mut rng, 50, 90);
         runs += 1;

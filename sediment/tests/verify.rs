@@ -1,25 +1,54 @@
 //! `verify` passes on healthy databases and pinpoints damage; damaged
 //! grains give `ChecksumMismatch`, never wrong bytes; a damaged copy of a
-//! doubly stored header falls back to the other copy.
+//! doubly stored header falls back to the other copy. The tests of grains
+//! run on a plain store and on an encrypted one.
 
 mod common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use common::{assert_blob, blob};
+use common::{assert_blob, blob, Mode};
 use sediment::format::{
     grain_crc, grain_offset, grain_size, stratum_slot_size, GrainHeader, IndexHeader,
     StratumHeader, GRAIN_HEADER_SIZE, INDEX_SLOT_SIZE,
 };
-use sediment::{Database, Error, GrainId, VerifyReport};
+use sediment::{Config, Database, Error, GrainId, VerifyReport};
 
-/// The stratum file and byte offset of a grain, from the documented layout.
+/// The stratum file and byte offset of a grain, from the documented layout
+/// (the same in a plain store and an encrypted one).
 fn grain_location(dir: &Path, id: GrainId) -> (PathBuf, u64) {
     let path = dir.join(format!("stratum-{}-{}", id.basin(), id.stratum()));
     let offset = 2 * stratum_slot_size(id.basin()) + u64::from(id.index()) * grain_size(id.basin());
     assert_eq!(offset, grain_offset(id.basin(), id.index()));
     (path, offset)
+}
+
+/// A byte of a stored blob: of its grain header (sequence 0..8, length
+/// 8..12, CRC 12..16), of its data, or (encrypted) of its header's seal.
+#[derive(Debug, Clone, Copy)]
+enum Spot {
+    Header(u64),
+    Data(u64),
+    Seal(u64),
+}
+
+/// Where `spot` is stored, from the start of the blob's first grain: after
+/// the 16-byte header in a plain store; in an encrypted one the header's
+/// ciphertext follows its 44-byte seal, and each 64 KiB chunk of data its
+/// own seal.
+fn stored_at(mode: Mode, spot: Spot) -> u64 {
+    match (mode, spot) {
+        (Mode::Plain, Spot::Header(at)) => at,
+        (Mode::Plain, Spot::Data(at)) => GRAIN_HEADER_SIZE as u64 + at,
+        (Mode::Encrypted, Spot::Header(at)) => 44 + at,
+        (Mode::Encrypted, Spot::Data(at)) => 60 + 44 * (at / 65_536 + 1) + at,
+        (_, Spot::Seal(at)) => at,
+    }
+}
+
+fn recover(mode: Mode, dir: &Path) -> Database {
+    mode.apply(Config::for_directory(dir)).open().unwrap()
 }
 
 fn flip_byte(path: &Path, offset: u64) {
@@ -51,8 +80,14 @@ fn report_of(result: sediment::Result<VerifyReport>) -> VerifyReport {
 
 #[test]
 fn healthy_databases_verify_clean() {
+    for mode in Mode::BOTH {
+        healthy_databases_verify_clean_in(mode);
+    }
+}
+
+fn healthy_databases_verify_clean_in(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let report = db.verify().unwrap();
     assert!(report.is_ok());
     assert_eq!(
@@ -82,7 +117,7 @@ fn healthy_databases_verify_clean() {
     blobs.remove(2);
     db.verify().unwrap();
     drop(db);
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let report = db.verify().unwrap();
     // Freed grains stay in the durable (checkpointed) bitmaps until the
     // next WAL checkpoint.
@@ -98,7 +133,7 @@ fn healthy_databases_verify_clean() {
         assert_blob(&db, *id, data, "healthy after reopen");
     }
     db.shutdown().unwrap();
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     db.verify().unwrap();
     db.shutdown().unwrap();
 }
@@ -109,15 +144,22 @@ fn healthy_databases_verify_clean() {
 /// undamaged blobs still read back.
 #[test]
 fn flipped_bytes_in_grains_are_found_and_never_returned() {
+    for mode in Mode::BOTH {
+        flipped_bytes_in_grains_are_found_and_never_returned_in(mode);
+    }
+}
+
+fn flipped_bytes_in_grains_are_found_and_never_returned_in(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let sizes = [0, 1, 100, 1000, 5000, 40_000, 200_000, 3000, 17];
     let blobs = write_blobs(&db, &sizes, 100);
     db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
 
-    // Check the documented layout against the file before damaging it.
-    for (id, data) in &blobs {
+    // Check the documented layout against the file before damaging it
+    // (an encrypted store's bytes are checked by the damage below).
+    for (id, data) in blobs.iter().filter(|_| mode == Mode::Plain) {
         let (path, offset) = grain_location(dir.path(), *id);
         let bytes = std::fs::read(&path).unwrap();
         let start = offset as usize;
@@ -136,24 +178,31 @@ fn flipped_bytes_in_grains_are_found_and_never_returned() {
 
     // (blob index, byte within the grain) to damage.
     // (The empty blob at index 0 has its own test below.)
-    let damage = [
-        (1, GRAIN_HEADER_SIZE),           // the only data byte
-        (2, GRAIN_HEADER_SIZE + 50),      // data
-        (3, 3),                           // sequence
-        (4, 9),                           // length
-        (5, 13),                          // CRC
-        (6, GRAIN_HEADER_SIZE + 150_000), // large blob, far in
-        (7, GRAIN_HEADER_SIZE + 2999),    // last data byte
+    let mut damage = vec![
+        (1, Spot::Data(0)),       // the only data byte
+        (2, Spot::Data(50)),      // data
+        (3, Spot::Header(3)),     // sequence
+        (4, Spot::Header(9)),     // length
+        (5, Spot::Header(13)),    // CRC
+        (6, Spot::Data(150_000)), // large blob, far in
+        (7, Spot::Data(2999)),    // last data byte
     ];
+    if mode == Mode::Encrypted {
+        damage.push((8, Spot::Seal(1))); // the key id of the header's seal
+    }
+    let damage: Vec<(usize, u64)> = damage
+        .into_iter()
+        .map(|(which, spot)| (which, stored_at(mode, spot)))
+        .collect();
     let mut damaged = Vec::new();
-    for (which, at) in damage {
+    for &(which, at) in &damage {
         let (id, _) = &blobs[which];
         let (path, offset) = grain_location(dir.path(), *id);
-        flip_byte(&path, offset + at as u64);
+        flip_byte(&path, offset + at);
         damaged.push((*id, path, offset));
     }
 
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     for (id, path, offset) in &damaged {
         match db.get(*id) {
             Err(Error::ChecksumMismatch {
@@ -226,19 +275,25 @@ fn flipped_bytes_in_grains_are_found_and_never_returned() {
 /// Damage to it must be reported by `get` as it is by `verify`.
 #[test]
 fn a_damaged_header_of_an_empty_blob_is_detected_by_get() {
+    for mode in Mode::BOTH {
+        a_damaged_header_of_an_empty_blob_is_detected_by_get_in(mode);
+    }
+}
+
+fn a_damaged_header_of_an_empty_blob_is_detected_by_get_in(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let blobs = write_blobs(&db, &[0, 0, 10], 50);
     db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
     // Damage the CRC of the first empty blob and the sequence of the second.
     let (crc_damaged, sequence_damaged) = (blobs[0].0, blobs[1].0);
     let (path, offset) = grain_location(dir.path(), crc_damaged);
-    flip_byte(&path, offset + 12);
+    flip_byte(&path, offset + stored_at(mode, Spot::Header(12)));
     let (path, offset) = grain_location(dir.path(), sequence_damaged);
-    flip_byte(&path, offset + 2);
+    flip_byte(&path, offset + stored_at(mode, Spot::Header(2)));
 
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let report = report_of(db.verify());
     assert!(report.problems.iter().any(|p| p.grain == Some(crc_damaged)));
     assert!(report
@@ -260,8 +315,14 @@ fn a_damaged_header_of_an_empty_blob_is_detected_by_get() {
 
 #[test]
 fn a_truncated_stratum_gives_errors_not_data() {
+    for mode in Mode::BOTH {
+        a_truncated_stratum_gives_errors_not_data_in(mode);
+    }
+}
+
+fn a_truncated_stratum_gives_errors_not_data_in(mode: Mode) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     let blobs = write_blobs(&db, &[3000, 3000, 3000], 7);
     db.checkpoint_wal().unwrap();
     db.shutdown().unwrap();
@@ -275,7 +336,7 @@ fn a_truncated_stratum_gives_errors_not_data() {
     file.set_len(offset + 1000).unwrap();
     drop(file);
 
-    let db = Database::recover(dir.path()).unwrap();
+    let db = recover(mode, dir.path());
     assert!(
         db.get(last).is_err(),
         "a blob cut short must not be returned"

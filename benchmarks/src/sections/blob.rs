@@ -240,6 +240,17 @@ fn buffered_note(table: &mut Table, systems: &[&str]) {
             blob::BUFFERED_SYNC_EVERY
         ));
     }
+    encrypted_note(table, systems);
+}
+
+/// Says what `sediment-encrypted` is, if it ran.
+fn encrypted_note(table: &mut Table, systems: &[&str]) {
+    if systems.contains(&"sediment-encrypted") {
+        table.note(
+            "sediment-encrypted: sediment with Config::encryption (XChaCha20-Poly1305 over \
+             grains, headers, index, commit log and WAL; a fresh nonce per seal)",
+        );
+    }
 }
 
 /// (a): 1 thread, one 16-byte blob per transaction.
@@ -839,6 +850,7 @@ fn gets_and_space(
             values: ratios,
         });
     }
+    encrypted_note(&mut gets, systems);
     gets.note(format!(
         "every store first holds {} blobs of 100 B–4 KiB; then {} blobs of 1 KiB are loaded \
          by {BLOB_THREADS} threads in transactions of {} (load MiB/s); gets pick keys \

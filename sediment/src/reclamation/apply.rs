@@ -51,7 +51,7 @@ impl Reclamation {
                         grain.id
                     ),
                 })?;
-                stratum.blob_committed(grain.id.index(), grain.id.count(), replay);
+                stratum.blob_committed(grain.id.index(), grain.id.count(), replay, sequence);
                 if let (false, Some(position)) = (in_strata, positions.get(&grain.id)) {
                     pending.insert(
                         grain.id,

@@ -19,6 +19,7 @@ fn empty() -> (Reclamation, Strata, BlobCache) {
         fs,
         1 << 20,
         vec![Vec::new(); crate::format::BASINS],
+        None,
     );
     let reclamation = Reclamation::recovered(&IndexHeader::default(), Vec::new());
     (reclamation, strata, BlobCache::new(0))

@@ -316,3 +316,38 @@ impl<H: FileHooks> okaywal::fs::FileHandle for HookedFile<H> {
 
 #[allow(unused_imports)]
 pub use testkit::sediment_runs::second_run_without_a_checkpoint;
+
+/// Whether a parameterised suite runs on a plain store or an encrypted
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Plain,
+    Encrypted,
+}
+
+impl Mode {
+    /// Both, for suites that run with encryption off and on.
+    pub const BOTH: [Mode; 2] = [Mode::Plain, Mode::Encrypted];
+
+    /// `config` for this mode: unchanged, or encrypted with [`test_key`].
+    pub fn apply(self, config: Config) -> Config {
+        match self {
+            Mode::Plain => config,
+            Mode::Encrypted => config.encryption(test_key()),
+        }
+    }
+
+    /// How blobs and headers are laid out on disk in this mode.
+    pub fn layout(self) -> sediment::format::Layout {
+        match self {
+            Mode::Plain => sediment::format::Layout::Plain,
+            Mode::Encrypted => sediment::format::Layout::Sealed,
+        }
+    }
+}
+
+/// The key of the encrypted runs (key id 1).
+pub fn test_key() -> okaywal::encryption::StaticKey {
+    okaywal::encryption::StaticKey::new([0x5E; 32])
+}
