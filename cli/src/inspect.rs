@@ -446,7 +446,7 @@ pub fn verify(
         .collect();
     // Read-only, and past WAL damage: the check reports the damage (and
     // the blobs it took) instead of stopping at it, and writes nothing.
-    let config = keys::store_config(db_path)?
+    let config = keys::store_config(db_path)
         .read_only(true)
         .wal(|wal| wal.recovery_mode(okaywal::RecoveryMode::SkipCorrupted));
     let opened = busy("opening the store", || config.open());

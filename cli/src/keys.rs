@@ -34,13 +34,11 @@ pub fn key() -> Option<&'static StaticKey> {
 
 /// The configuration every command opens the store at `path` with: the
 /// defaults, and the key if one was given.
-pub fn store_config(path: &Path) -> Result<sediment::Config, CliError> {
+pub fn store_config(path: &Path) -> sediment::Config {
     let config = sediment::Config::for_directory(path);
     match key() {
-        Some(_) => Err(CliError::input(
-            "--key-file: this build of sediment cannot open encrypted stores",
-        )),
-        None => Ok(config),
+        Some(key) => config.encryption(key.clone()),
+        None => config,
     }
 }
 
@@ -73,24 +71,26 @@ pub fn key_problem(error: &(dyn std::error::Error + 'static)) -> Option<String> 
 }
 
 fn describe(key_error: &KeyError, error: &dyn std::fmt::Display) -> String {
-    let given = if key().is_some() {
-        "--key-file gives key id 1"
-    } else {
-        "no --key-file was given"
-    };
-    let what = match key_error {
+    // The error reads "{file}: {key error}": name the file on its own.
+    let text = error.to_string();
+    let what = text
+        .strip_suffix(&format!(": {key_error}"))
+        .unwrap_or("the data");
+    match key_error {
         KeyError::Wrong(id) => format!(
-            "wrong key: the key in --key-file is not the one {id} was, which the data is encrypted with"
+            "wrong key: {what} is encrypted with {id}, and the key in --key-file is a different key"
         ),
+        KeyError::Missing(id) if key().is_some() => {
+            format!("missing key: {what} is encrypted with {id}, and --key-file gives key id 1")
+        }
         KeyError::Missing(id) => {
-            format!("missing key: the data is encrypted with {id}, and {given}")
+            format!("missing key: {what} is encrypted with {id}; give its key with --key-file")
         }
         KeyError::NotConfigured => {
-            "missing key: the data is encrypted; give its key with --key-file".to_string()
+            format!("missing key: {what} is encrypted; give its key with --key-file")
         }
         KeyError::NotEncrypted => {
-            "the data is not encrypted: run without --key-file".to_string()
+            format!("{what} is not encrypted: run without --key-file")
         }
-    };
-    format!("{what} ({error})")
+    }
 }

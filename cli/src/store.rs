@@ -88,14 +88,14 @@ pub fn open(path: &Path, create: Create) -> Result<Database, CliError> {
 /// ([`Database::open_read_only`]): not a byte of it is written.
 pub fn open_read_only(path: &Path) -> Result<Database, CliError> {
     prepare(path, Create::Never)?;
-    let config = keys::store_config(path)?.read_only(true);
+    let config = keys::store_config(path).read_only(true);
     busy("opening the store", || config.open()).map_err(CliError::from)
 }
 
 /// Opens the store at `path` (checked with [`prepare`]), with the key of
 /// `--key-file` if one was given.
 pub fn recover(path: &Path) -> Result<Database, CliError> {
-    let config = keys::store_config(path)?;
+    let config = keys::store_config(path);
     busy("opening the store", || config.open()).map_err(CliError::from)
 }
 

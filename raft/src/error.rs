@@ -71,6 +71,7 @@ impl Error {
             Error::Key(source) | Error::Io { source, .. } => {
                 okaywal::encryption::KeyError::of(source)
             }
+            Error::Sediment(error) => error.key_error(),
             _ => None,
         }
     }

@@ -213,12 +213,26 @@ impl StateMachine {
 
     /// Opens (creating or recovering) the state machine as `config` says.
     pub fn open_with(config: StateMachineConfig) -> Result<Self> {
-        let db = sediment::Config::for_directory(&config.directory)
+        let mut db_config = sediment::Config::for_directory(&config.directory)
             .shared_file_system(config.file_system.clone())
             .max_blob_bytes(sediment::MAX_FORMAT_BLOB_BYTES)
             .max_unsynced(SYNC_INTERVAL)
-            .max_unsynced_bytes(SYNC_BYTES)
-            .open()?;
+            .max_unsynced_bytes(SYNC_BYTES);
+        if let Some(keys) = &config.encryption {
+            // Seals take some of a blob's grains.
+            db_config = db_config
+                .max_blob_bytes(sediment::MAX_SEALED_BLOB_BYTES)
+                .encryption(keys.clone());
+        }
+        let db = db_config.open().map_err(|e| match e.key_error() {
+            Some(_) => match e {
+                sediment::Error::Key { source, .. } | sediment::Error::Io { source, .. } => {
+                    Error::Key(source)
+                }
+                other => Error::Sediment(other),
+            },
+            None => Error::Sediment(e),
+        })?;
         let mut state = SmState {
             sequence: db.last_committed().0,
             ..SmState::default()
