@@ -58,7 +58,7 @@ pub struct NodeConfig {
     /// real disk by default; a simulated one in crash tests).
     pub file_system: Arc<dyn FileSystem>,
     /// Where snapshot files go, if not `directory/state/snapshots`. They
-    /// are always on the real disk (openraft streams them as tokio files),
+    /// are always on the real disk (openraft streams them from files),
     /// so a node on a simulated file system needs a real directory here.
     pub snapshot_directory: Option<PathBuf>,
     /// Serve HTTPS with this certificate and key, and reach peers over

@@ -70,7 +70,7 @@ pub struct StateMachineConfig {
     /// The sediment store's directory.
     pub directory: PathBuf,
     /// Where snapshot files go (always on the real disk: openraft streams
-    /// them as tokio files).
+    /// them from files, through [`SnapshotData`]).
     pub snapshot_directory: PathBuf,
     /// The file system the sediment store runs on.
     pub file_system: Arc<dyn FileSystem>,
