@@ -60,8 +60,12 @@ impl CliError {
         }
     }
 
-    /// An I/O error on `path` while doing `what` (e.g. "reading").
+    /// An I/O error on `path` while doing `what` (e.g. "reading"); a key
+    /// problem is told as one (exit code 2).
     pub fn io(what: &str, path: &Path, err: &io::Error) -> Self {
+        if let Some(message) = crate::keys::key_problem(err) {
+            return Self::input(message);
+        }
         let message = format!("{what} {}: {}", path.display(), describe_io(err));
         match err.kind() {
             io::ErrorKind::NotFound
@@ -98,6 +102,10 @@ pub fn is_corruption(err: &sediment::Error) -> bool {
 impl From<sediment::Error> for CliError {
     fn from(err: sediment::Error) -> Self {
         use sediment::Error;
+        // A wrong or missing key is the user's input, never damage.
+        if let Some(message) = crate::keys::key_problem(&err) {
+            return Self::input(message);
+        }
         match &err {
             Error::InvalidGrainId(_)
             | Error::AlreadyArchived(_)

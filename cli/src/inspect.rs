@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::{describe_io, is_corruption, one_line, CliError};
 use crate::headers;
+use crate::keys;
 use crate::progress::{busy, count_bar};
 use crate::store::{self, parse_sequence, run_then_shutdown, Create};
 use crate::wal::{self, HeaderInfo, WalName};
@@ -445,12 +446,10 @@ pub fn verify(
         .collect();
     // Read-only, and past WAL damage: the check reports the damage (and
     // the blobs it took) instead of stopping at it, and writes nothing.
-    let opened = busy("opening the store", || {
-        sediment::Config::for_directory(db_path)
-            .read_only(true)
-            .wal(|wal| wal.recovery_mode(okaywal::RecoveryMode::SkipCorrupted))
-            .open()
-    });
+    let config = keys::store_config(db_path)
+        .read_only(true)
+        .wal(|wal| wal.recovery_mode(okaywal::RecoveryMode::SkipCorrupted));
+    let opened = busy("opening the store", || config.open());
     let db = match opened {
         Ok(db) => db,
         Err(err) if is_corruption(&err) => {

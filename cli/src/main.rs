@@ -14,6 +14,9 @@
 //! sediment wal-dump DIR              read-only dump of an okaywal directory
 //! ```
 //!
+//! Every subcommand takes `--key-file PATH` for an encrypted store or WAL
+//! (see [`keys`]).
+//!
 //! Exit codes: 0 success, 1 `verify` found problems, 2 bad input (usage,
 //! missing directory, not a store, malformed or free grain id, sequence in
 //! the future, `get -o` into the store directory), 3 other failures
@@ -27,6 +30,7 @@ mod blobs;
 mod error;
 mod headers;
 mod inspect;
+mod keys;
 mod ls;
 mod progress;
 mod store;
@@ -55,6 +59,12 @@ in decimal or 0x hex is accepted too.";
 #[derive(Debug, Parser)]
 #[command(name = "sediment", version, after_help = EXIT_CODES)]
 struct Cli {
+    /// The key of an encrypted store or WAL: a file holding the 32-byte
+    /// key, as 32 raw bytes or 64 hexadecimal characters (key id 1).
+    /// `put` into a new store creates it encrypted. A wrong or missing key
+    /// is an error naming the key id the files want (exit code 2).
+    #[arg(long, global = true, value_name = "PATH")]
+    key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -199,6 +209,9 @@ enum Command {
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
+    if let Some(path) = &cli.key_file {
+        keys::load(path)?;
+    }
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = match &cli.command {

@@ -7,6 +7,7 @@ use std::path::Path;
 use sediment::{Database, GrainId};
 
 use crate::error::{one_line, CliError};
+use crate::keys;
 use crate::progress::busy;
 
 /// What is at a store path before anything is opened.
@@ -80,19 +81,22 @@ pub fn require_dir(path: &Path) -> Result<(), CliError> {
 /// allows it.
 pub fn open(path: &Path, create: Create) -> Result<Database, CliError> {
     prepare(path, create)?;
-    recover(path).map_err(CliError::from)
+    recover(path)
 }
 
 /// Checks what is at `path` and opens the store read-only
 /// ([`Database::open_read_only`]): not a byte of it is written.
 pub fn open_read_only(path: &Path) -> Result<Database, CliError> {
     prepare(path, Create::Never)?;
-    busy("opening the store", || Database::open_read_only(path)).map_err(CliError::from)
+    let config = keys::store_config(path).read_only(true);
+    busy("opening the store", || config.open()).map_err(CliError::from)
 }
 
-/// Opens the store at `path` (checked with [`prepare`]).
-pub fn recover(path: &Path) -> sediment::Result<Database> {
-    busy("opening the store", || Database::recover(path))
+/// Opens the store at `path` (checked with [`prepare`]), with the key of
+/// `--key-file` if one was given.
+pub fn recover(path: &Path) -> Result<Database, CliError> {
+    let config = keys::store_config(path);
+    busy("opening the store", || config.open()).map_err(CliError::from)
 }
 
 /// Checks what is at `path` before it is opened as a store, creating the

@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use indicatif::ProgressBar;
-use okaywal::{Configuration, HeaderStatus, TornRecord};
+use okaywal::{HeaderStatus, TornRecord};
 use serde::Serialize;
 
 /// What a `wal-*` file name says it is (okaywal's parser).
@@ -258,7 +258,7 @@ pub fn scan_segment(
 ) -> io::Result<SegmentDump> {
     let base = progress.position();
     let directory = file.path.parent().unwrap_or(Path::new("."));
-    let listing = Configuration::default_for(directory).inspect_segment(id)?;
+    let listing = crate::keys::wal_config(directory).inspect_segment(id)?;
     let len = listing.len;
     let mut dump = SegmentDump {
         file: file.name.clone(),

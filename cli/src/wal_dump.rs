@@ -56,11 +56,14 @@ pub fn wal_dump(
         match file.kind {
             WalName::Segment(id) => {
                 let segment = wal::scan_segment(file, id, records, &bar).map_err(|e| {
-                    CliError::failure(format!(
-                        "reading {}: {}",
-                        file.path.display(),
-                        describe_io(&e)
-                    ))
+                    match crate::keys::key_problem(&e) {
+                        Some(message) => CliError::input(message),
+                        None => CliError::failure(format!(
+                            "reading {}: {}",
+                            file.path.display(),
+                            describe_io(&e)
+                        )),
+                    }
                 })?;
                 dump.segments.push(segment);
             }

@@ -25,6 +25,13 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// The node's encryption key does not fit its files: a wrong key, a
+    /// key id the provider does not have, a key given for files that are
+    /// not encrypted, or none given for files that are. The `io::Error`
+    /// (kind `PermissionDenied`) names the file and carries an
+    /// [`okaywal::encryption::KeyError`]; its message names the key id.
+    #[error("encryption key: {0}")]
+    Key(io::Error),
     /// A request was not valid (bad key, value too large, bad JSON).
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -57,12 +64,25 @@ impl Error {
         }
     }
 
+    /// The key problem behind this error, if it is one ([`Error::Key`]).
+    #[must_use]
+    pub fn key_error(&self) -> Option<&okaywal::encryption::KeyError> {
+        match self {
+            Error::Key(source) | Error::Io { source, .. } => {
+                okaywal::encryption::KeyError::of(source)
+            }
+            Error::Sediment(error) => error.key_error(),
+            _ => None,
+        }
+    }
+
     /// Converts to an `io::Error`, keeping an underlying one as is.
     pub fn into_io(self) -> io::Error {
         match self {
             Error::Io { context, source } => {
                 io::Error::new(source.kind(), format!("{context}: {source}"))
             }
+            Error::Key(source) => source,
             other => io::Error::other(other),
         }
     }

@@ -39,12 +39,22 @@
 //!   follower acknowledges an entry only through openraft's AppendEntries
 //!   and only once it is durable (`FORMAT.md`, "Pre-staged entries").
 //!
+//! # Encryption at rest
+//!
+//! A node given a key provider ([`node::NodeConfig::key_provider`],
+//! `sediment-raft node --key-file`) encrypts its WAL and its sediment store
+//! with their own encryption and seals every file of its own (the log's
+//! metadata and archives, snapshot files) bound to its place, so that a
+//! wrong key is refused at start and damage or moved bytes are detected
+//! ([`encryption`]).
+//!
 //! `FORMAT.md` in the crate describes every file a node writes.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod batch;
+pub mod encryption;
 mod error;
 pub mod journal;
 pub mod limits;
@@ -54,9 +64,11 @@ pub mod membership;
 pub mod metrics;
 pub mod network;
 pub mod node;
+pub mod sealed_snapshot;
 pub mod security;
 pub mod server;
 pub mod snapshot;
+pub mod snapshot_data;
 pub mod stage;
 pub mod state_machine;
 pub mod types;

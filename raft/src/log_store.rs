@@ -18,6 +18,10 @@
 //! whose entries were all purged or truncated are deleted then, so the space
 //! of purged entries comes back at the next checkpoint.
 //!
+//! With a key provider ([`LogStoreConfig::encryption`]) the metadata and
+//! archive files are sealed (see [`crate::encryption`] and `FORMAT.md`),
+//! and so is the WAL.
+//!
 //! In-memory state changes *before* its WAL record is written: a checkpoint
 //! that runs in between then records a state at least as new as every record
 //! of the segment it recycles, and records replayed after it are idempotent.
@@ -44,16 +48,20 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use okaywal::encryption::{Cipher, KeyError, KeyProvider};
 use okaywal::fs::{FileHandle, FileSystem, OpenMode, StdFileSystem};
 use okaywal::{EntryId, LogManager, LogPosition, ReadChunkResult, SegmentReader, WriteAheadLog};
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use parking_lot::{Condvar, Mutex};
 
+use crate::encryption::{classify, key_error, SharedKeys};
 use crate::error::{Error, Result};
 use crate::log_format::{
-    encode_entry_header, ArchiveHeader, ArchiveRange, LogMeta, WalRecord, ARCHIVE_HEADER,
-    ENTRY_HEADER,
+    encode_entry_header, is_sealed_archive_header, open_archive_record, seal_archive_record,
+    sealed_archive_header, sealed_record_header, verify_sealed_archive_header, ArchiveHeader,
+    ArchiveRange, LogMeta, MetaForm, WalRecord, ARCHIVE_HEADER, ENTRY_HEADER,
+    SEALED_ARCHIVE_HEADER, SEALED_RECORD_HEADER,
 };
 use crate::metrics::{Histogram, StageCounters};
 use crate::types::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
@@ -72,6 +80,9 @@ pub struct LogStoreConfig {
     pub file_system: Arc<dyn FileSystem>,
     /// WAL segment size: entries move to archive files at this interval.
     pub segment_bytes: u64,
+    /// The keys that seal the metadata and archive files (and the WAL);
+    /// `None`: plain files.
+    pub encryption: Option<SharedKeys>,
     /// The id of the node whose log this is. With it, openraft reads a
     /// saved vote that is committed and names this node as not committed
     /// ([`LogStore::vote_at_start`]), and the store can stage its appends
@@ -86,8 +97,18 @@ impl LogStoreConfig {
             directory: directory.as_ref().to_path_buf(),
             file_system: Arc::new(StdFileSystem),
             segment_bytes: 8 << 20,
+            encryption: None,
             node_id: None,
         }
+    }
+
+    /// Seals the log's files with the keys of `keys` (see
+    /// [`crate::encryption`]). A log written without a key does not open
+    /// with one, nor the other way round.
+    #[must_use]
+    pub fn encryption(mut self, keys: impl KeyProvider) -> Self {
+        self.encryption = Some(SharedKeys::new(keys));
+        self
     }
 
     /// Runs the store on `file_system` (for crash tests).
@@ -117,7 +138,9 @@ impl LogStoreConfig {
 enum Location {
     /// A chunk in a live WAL segment.
     Wal(LogPosition),
-    /// In an archive file: the encoded entry at `offset`, `len` bytes.
+    /// In an archive file: the encoded entry at `offset`, `len` bytes (in
+    /// a sealed archive: the record at `offset`, with `len` bytes of
+    /// sealed payload, and no CRC).
     Archive {
         file: u64,
         offset: u64,
@@ -166,8 +189,17 @@ struct State {
     committed: Option<LogId>,
     purged: Option<LogId>,
     checkpointed_through: u64,
-    archives: BTreeMap<u64, Arc<dyn FileHandle>>,
+    archives: BTreeMap<u64, Arc<ArchiveFile>>,
     counters: Arc<StageCounters>,
+}
+
+/// An open archive file.
+#[derive(Debug)]
+struct ArchiveFile {
+    handle: Arc<dyn FileHandle>,
+    /// A sealed archive's header (bound into its records); empty for a
+    /// plain one.
+    header: Vec<u8>,
 }
 
 impl State {
@@ -213,6 +245,8 @@ impl State {
                 self.drop_staged_from(since);
                 self.entries.split_off(&since);
             }
+            // Checked against the metadata during recovery.
+            WalRecord::Checkpointed(_) => {}
             WalRecord::Purge(log_id) => {
                 if self.purged.is_some_and(|p| p.index >= log_id.index) {
                     return;
@@ -255,6 +289,8 @@ struct Core {
     directory: PathBuf,
     fs: Arc<dyn FileSystem>,
     state: Mutex<State>,
+    /// Seals the metadata and archives; `None` for a plain log.
+    cipher: Option<Cipher>,
 }
 
 /// Called once an append is durable (or with why it cannot be).
@@ -349,7 +385,7 @@ impl SyncQueue {
 }
 
 /// An entry to read: its log id, location and archive handle.
-type Wanted = (LogId, Location, Option<Arc<dyn FileHandle>>);
+type Wanted = (LogId, Location, Option<Arc<ArchiveFile>>);
 
 #[derive(Debug)]
 struct Inner {
@@ -407,17 +443,34 @@ impl Core {
         self.directory.join(name)
     }
 
+    /// Reads the metadata file, if there is one, in the form the store's
+    /// key (or its absence) expects.
+    fn read_meta(&self) -> Result<LogMeta> {
+        let fs = &*self.fs;
+        let meta_path = self.path(META);
+        let shown = meta_path.display().to_string();
+        if !fs
+            .exists(&meta_path)
+            .map_err(|e| Error::io(format!("looking for {shown}"), e))?
+        {
+            return Ok(LogMeta::default());
+        }
+        let bytes =
+            read_file(fs, &meta_path).map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        match (&self.cipher, MetaForm::of(&bytes)) {
+            (None, MetaForm::Sealed) => Err(key_error(KeyError::NotConfigured, &shown)),
+            (Some(_), MetaForm::Plain) => Err(key_error(KeyError::NotEncrypted, &shown)),
+            (Some(cipher), MetaForm::Sealed) => {
+                LogMeta::open_sealed(&bytes, cipher, &shown).map_err(|e| classify(&shown, e))
+            }
+            (_, _) => LogMeta::decode(&bytes).map_err(|e| corrupt(shown, e)),
+        }
+    }
+
     /// Loads the metadata and archive files into the state.
     fn load(&self) -> Result<()> {
         let fs = &*self.fs;
-        let meta_path = self.path(META);
-        let meta = if fs.exists(&meta_path)? {
-            let bytes = read_file(fs, &meta_path)
-                .map_err(|e| Error::io(format!("reading {}", meta_path.display()), e))?;
-            LogMeta::decode(&bytes).map_err(|e| corrupt(meta_path.display().to_string(), e))?
-        } else {
-            LogMeta::default()
-        };
+        let meta = self.read_meta()?;
         let mut state = self.state.lock();
         state.vote = meta.vote;
         state.committed = meta.committed;
@@ -427,25 +480,52 @@ impl Core {
         for range in &meta.archives {
             listed.insert(archive_name(range.file));
             let path = self.path(&archive_name(range.file));
+            let shown = path.display().to_string();
             let file = fs
                 .open(&path, OpenMode::Read)
-                .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-            let len = file.len()?;
-            let mut offset = 0;
-            let mut header = [0_u8; ARCHIVE_HEADER];
-            while offset + ARCHIVE_HEADER as u64 <= len {
-                file.read_exact_at(&mut header, offset)?;
-                let decoded = ArchiveHeader::decode(&header)
+                .map_err(|e| Error::io(format!("opening {shown}"), e))?;
+            let len = file
+                .len()
+                .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+            let (mut offset, header, record_header) = match &self.cipher {
+                None => (0, Vec::new(), ARCHIVE_HEADER),
+                Some(cipher) => {
+                    let mut header = vec![0_u8; SEALED_ARCHIVE_HEADER];
+                    if len < header.len() as u64 {
+                        return Err(corrupt(shown, "not a sealed archive file"));
+                    }
+                    file.read_exact_at(&mut header, 0)
+                        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+                    verify_sealed_archive_header(cipher, &header, &shown)
+                        .map_err(|e| classify(&shown, e))?;
+                    (SEALED_ARCHIVE_HEADER as u64, header, SEALED_RECORD_HEADER)
+                }
+            };
+            let mut found = 0_u64;
+            let mut bytes = vec![0_u8; record_header];
+            while offset + record_header as u64 <= len {
+                file.read_exact_at(&mut bytes, offset)
+                    .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+                let decoded = if self.cipher.is_some() {
+                    sealed_record_header(&bytes).map(|(len, log_id)| ArchiveHeader {
+                        len,
+                        crc: 0,
+                        log_id,
+                    })
+                } else {
+                    ArchiveHeader::decode(&bytes)
+                };
+                let decoded = decoded
                     .and_then(|h| {
                         validate::check_log_id(&h.log_id, &format!("the entry at offset {offset}"))
                             .map(|()| h)
                     })
-                    .map_err(|e| corrupt(path.display().to_string(), e))?;
+                    .map_err(|e| corrupt(shown.clone(), e))?;
                 let index = decoded.log_id.index;
-                let payload_at = offset + ARCHIVE_HEADER as u64;
+                let payload_at = offset + record_header as u64;
                 if payload_at + u64::from(decoded.len) > len {
                     return Err(corrupt(
-                        path.display().to_string(),
+                        shown,
                         format!("entry {index} at offset {offset} runs past the end"),
                     ));
                 }
@@ -453,13 +533,20 @@ impl Core {
                     && index <= range.last
                     && state.purged.map_or(true, |p| index > p.index)
                 {
+                    found += 1;
                     state.entries.insert(
                         index,
                         (
                             decoded.log_id,
                             Location::Archive {
                                 file: range.file,
-                                offset: payload_at,
+                                // A sealed record is read whole, with its
+                                // header.
+                                offset: if self.cipher.is_some() {
+                                    offset
+                                } else {
+                                    payload_at
+                                },
                                 len: decoded.len,
                                 crc: decoded.crc,
                             },
@@ -468,16 +555,81 @@ impl Core {
                 }
                 offset = payload_at + u64::from(decoded.len);
             }
-            state.archives.insert(range.file, file);
+            // Sealed records' headers are authenticated only when a record
+            // is read: here every index the metadata lists for the file must
+            // have been found in it, so that a changed header cannot hide
+            // an entry.
+            if self.cipher.is_some() {
+                let first = state
+                    .purged
+                    .map_or(range.first, |p| range.first.max(p.index + 1));
+                let wanted = (range.last + 1).saturating_sub(first);
+                if found != wanted {
+                    return Err(corrupt(
+                        shown,
+                        format!(
+                            "holds {found} of the {wanted} entries {first}..={} the metadata lists",
+                            range.last
+                        ),
+                    ));
+                }
+            }
+            state.archives.insert(
+                range.file,
+                Arc::new(ArchiveFile {
+                    handle: file,
+                    header,
+                }),
+            );
         }
         drop(state);
-        // Archives written by a checkpoint that died before its metadata.
+        // Archives written by a checkpoint that died before its metadata
+        // (their entries are still in the WAL). Their key checks are
+        // checked first: a wrong key, or none for sealed ones, must not
+        // delete anything. A sealed log keeps them until its next
+        // checkpoint: until the WAL is replayed, the metadata that does not
+        // list them may be an older file put in place of the current one.
+        let mut unlisted = Vec::new();
         for name in fs.list_files(&self.directory)? {
             if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
-                fs.remove_file(&self.path(&name))?;
+                let path = self.path(&name);
+                self.check_unlisted_archive(&path)?;
+                unlisted.push(path);
+            }
+        }
+        if self.cipher.is_none() {
+            for path in unlisted {
+                fs.remove_file(&path)?;
             }
         }
         Ok(())
+    }
+
+    /// A sealed archive the metadata does not list must still be one of
+    /// this key's, and a plain log must have no sealed one; anything
+    /// shorter than a sealed header is a torn write.
+    fn check_unlisted_archive(&self, path: &Path) -> Result<()> {
+        let shown = path.display().to_string();
+        let file = self
+            .fs
+            .open(path, OpenMode::Read)
+            .map_err(|e| Error::io(format!("opening {shown}"), e))?;
+        let mut header = vec![0_u8; SEALED_ARCHIVE_HEADER];
+        if file.len()? < header.len() as u64 {
+            return Ok(());
+        }
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        if !is_sealed_archive_header(&header) {
+            return Ok(());
+        }
+        match &self.cipher {
+            None => Err(key_error(KeyError::NotConfigured, &shown)),
+            Some(cipher) => match verify_sealed_archive_header(cipher, &header, &shown) {
+                Err(e) if KeyError::of(&e).is_some() => Err(Error::Key(e)),
+                _ => Ok(()),
+            },
+        }
     }
 
     fn write_meta(&self, meta: &LogMeta) -> io::Result<()> {
@@ -485,13 +637,22 @@ impl Core {
         let tmp = self.path(META_TMP);
         let file = fs.open(&tmp, OpenMode::Create)?;
         file.set_len(0)?;
-        file.write_all_at(&meta.encode(), 0)?;
+        let bytes = match &self.cipher {
+            Some(cipher) => meta.seal(cipher)?,
+            None => meta.encode(),
+        };
+        file.write_all_at(&bytes, 0)?;
         file.sync_all()?;
         fs.rename(&tmp, &self.path(META))?;
         fs.sync_dir(&self.directory)
     }
 
-    fn checkpoint(&self, last_id: EntryId, reader: &mut SegmentReader) -> io::Result<()> {
+    fn checkpoint(
+        &self,
+        last_id: EntryId,
+        reader: &mut SegmentReader,
+        wal: &WriteAheadLog,
+    ) -> io::Result<()> {
         let mut candidates = Vec::new();
         while let Some(mut entry) = reader.read_entry()? {
             if entry.id().0 <= self.state.lock().checkpointed_through {
@@ -524,27 +685,53 @@ impl Core {
             let file = self.fs.open(&path, OpenMode::Create)?;
             file.set_len(0)?;
             let mut out = Vec::new();
+            let mut header = Vec::new();
+            if let Some(cipher) = &self.cipher {
+                header = sealed_archive_header(cipher)?;
+                out.extend_from_slice(&header);
+            }
             for (log_id, position, bytes) in &live {
                 let payload = &bytes[ENTRY_HEADER..];
-                let header = ArchiveHeader::for_payload(*log_id, payload);
-                out.extend_from_slice(&header.encode());
-                let offset = out.len() as u64;
-                out.extend_from_slice(payload);
-                moved.push((
-                    *log_id,
-                    *position,
-                    Location::Archive {
-                        file: file_number,
-                        offset,
-                        len: header.len,
-                        crc: header.crc,
-                    },
-                ));
+                let location = match &self.cipher {
+                    Some(cipher) => {
+                        let offset = out.len() as u64;
+                        seal_archive_record(
+                            cipher,
+                            file_number,
+                            &header,
+                            log_id,
+                            payload,
+                            &mut out,
+                        )?;
+                        Location::Archive {
+                            file: file_number,
+                            offset,
+                            len: payload.len() as u32,
+                            crc: 0,
+                        }
+                    }
+                    None => {
+                        let record = ArchiveHeader::for_payload(*log_id, payload);
+                        out.extend_from_slice(&record.encode());
+                        let offset = out.len() as u64;
+                        out.extend_from_slice(payload);
+                        Location::Archive {
+                            file: file_number,
+                            offset,
+                            len: record.len,
+                            crc: record.crc,
+                        }
+                    }
+                };
+                moved.push((*log_id, *position, location));
             }
             file.write_all_at(&out, 0)?;
             file.sync_data()?;
             self.fs.sync_dir(&self.directory)?;
-            handle = Some(file);
+            handle = Some(Arc::new(ArchiveFile {
+                handle: file,
+                header,
+            }));
         }
         let (meta, unused) = {
             let mut state = self.state.lock();
@@ -577,7 +764,44 @@ impl Core {
             // Readers holding the handle keep reading the unlinked file.
             self.fs.remove_file(&self.path(&archive_name(file)))?;
         }
+        if self.cipher.is_some() {
+            self.after_sealed_checkpoint(&meta, wal);
+        }
         Ok(())
+    }
+
+    /// After a sealed log's metadata was written: records in the WAL what
+    /// it covers, so that an older metadata file put in its place is
+    /// refused at the next open (the record stays in the WAL until the
+    /// next checkpoint, which writes newer metadata and a newer record);
+    /// then deletes the archives a checkpoint that died before its
+    /// metadata left (checkpoints run one at a time, so none is being
+    /// written). Both only narrow what a later open has to trust: failures
+    /// are logged, not returned.
+    fn after_sealed_checkpoint(&self, meta: &LogMeta, wal: &WriteAheadLog) {
+        let record = WalRecord::Checkpointed(meta.checkpointed_through).encode();
+        let written = wal.begin_entry().and_then(|mut writer| {
+            writer.write_chunk(&record)?;
+            writer.commit_buffered().map(drop)
+        });
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record a checkpoint in the Raft log's WAL");
+        }
+        let listed: BTreeSet<String> = meta.archives.iter().map(|r| archive_name(r.file)).collect();
+        let names = match self.fs.list_files(&self.directory) {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the Raft log's archives");
+                return;
+            }
+        };
+        for name in names {
+            if name.starts_with(ARCHIVE_PREFIX) && !listed.contains(&name) {
+                if let Err(e) = self.fs.remove_file(&self.path(&name)) {
+                    tracing::warn!(error = %e, file = name, "could not delete an unlisted archive");
+                }
+            }
+        }
     }
 }
 
@@ -613,6 +837,23 @@ impl LogManager for Manager {
             }
         }
         let mut state = self.core.state.lock();
+        for (record, _) in &records {
+            if let WalRecord::Checkpointed(through) = record {
+                if *through > state.checkpointed_through {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: covers the WAL through entry {}, but WAL entry {} records \
+                             metadata written through entry {through}: the metadata file is \
+                             older than the log",
+                            self.core.path(META).display(),
+                            state.checkpointed_through,
+                            entry.id().0
+                        ),
+                    ));
+                }
+            }
+        }
         for (record, position) in records {
             state.apply(record, Some(position));
         }
@@ -623,10 +864,10 @@ impl LogManager for Manager {
         &mut self,
         last_checkpointed_id: EntryId,
         checkpointed_entries: &mut SegmentReader,
-        _wal: &WriteAheadLog,
+        wal: &WriteAheadLog,
     ) -> io::Result<()> {
         self.core
-            .checkpoint(last_checkpointed_id, checkpointed_entries)
+            .checkpoint(last_checkpointed_id, checkpointed_entries, wal)
     }
 }
 
@@ -734,15 +975,26 @@ impl LogStore {
             directory: config.directory.clone(),
             fs: fs.clone(),
             state: Mutex::new(State::default()),
+            cipher: config.encryption.as_ref().map(SharedKeys::cipher),
         });
         core.load()?;
         let wal_dir = config.directory.join("wal");
-        let wal = okaywal::Configuration::default_for(&wal_dir)
+        let mut wal_config = okaywal::Configuration::default_for(&wal_dir)
             .shared_file_system(fs)
             .preallocate_bytes(config.segment_bytes)
-            .checkpoint_after_bytes(config.segment_bytes)
+            .checkpoint_after_bytes(config.segment_bytes);
+        if let Some(keys) = &config.encryption {
+            wal_config = wal_config.encryption(keys.clone());
+        }
+        let wal = wal_config
             .open(Manager { core: core.clone() })
-            .map_err(|e| Error::io(format!("opening the WAL in {}", wal_dir.display()), e))?;
+            .map_err(|e| {
+                if KeyError::of(&e).is_some() {
+                    Error::Key(e)
+                } else {
+                    Error::io(format!("opening the WAL in {}", wal_dir.display()), e)
+                }
+            })?;
         let syncer = Arc::new(SyncQueue::default());
         let sync_wal = wal.clone();
         let syncs = Arc::new(Histogram::default());
@@ -1240,7 +1492,7 @@ impl LogStore {
         &self,
         log_id: LogId,
         mut location: Location,
-        mut handle: Option<Arc<dyn FileHandle>>,
+        mut handle: Option<Arc<ArchiveFile>>,
     ) -> Result<Entry> {
         let (mut log_id, index) = (log_id, log_id.index);
         // A WAL position goes stale when its segment is recycled; by then
@@ -1273,10 +1525,31 @@ impl LogStore {
                             format!("archive {file} is gone"),
                         )
                     })?;
-                    let mut bytes = vec![0; len as usize];
+                    let what = format!("log entry {index} in {}", archive_name(file));
+                    let sealed = self.inner.core.cipher.as_ref();
+                    let extra = if sealed.is_some() {
+                        SEALED_RECORD_HEADER
+                    } else {
+                        0
+                    };
+                    let mut bytes = vec![0; len as usize + extra];
                     handle
+                        .handle
                         .read_exact_at(&mut bytes, offset)
                         .map_err(|e| Error::io(format!("reading log entry {index}"), e))?;
+                    if let Some(cipher) = sealed {
+                        let payload = open_archive_record(
+                            cipher,
+                            file,
+                            &handle.header,
+                            offset,
+                            &log_id,
+                            bytes,
+                            &what,
+                        )
+                        .map_err(|e| classify(&what, e))?;
+                        return decode_entry(&payload, &log_id).map_err(|e| corrupt(what, e));
+                    }
                     if crc32fast::hash(&bytes) != crc {
                         return Err(corrupt(
                             format!("log entry {index} in {}", archive_name(file)),

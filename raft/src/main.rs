@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use okaywal::encryption::StaticKey;
+use sediment_raft::encryption::SharedKeys;
 use sediment_raft::node::{self, NodeConfig, DEFAULT_MAX_CONNECTIONS};
 use sediment_raft::security::{TlsFiles, Token};
 
@@ -114,6 +116,14 @@ enum Command {
         /// ms.
         #[arg(long, default_value_t = 60_000)]
         idle_timeout_ms: u64,
+        /// Encrypt the node's files at rest with the key in this file (32
+        /// raw bytes, or 64 hexadecimal characters), as key id 1. A node
+        /// directory is encrypted from its first start or never: a
+        /// directory written without a key does not start with one, nor
+        /// the other way round, and a wrong key is refused (naming the key
+        /// id) before anything is written.
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<PathBuf>,
     },
 }
 
@@ -155,6 +165,7 @@ fn main() -> ExitCode {
         header_timeout_ms,
         body_timeout_ms,
         idle_timeout_ms,
+        key_file,
     } = cli.command;
     let tls = match (tls_cert, tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {
@@ -166,6 +177,13 @@ fn main() -> ExitCode {
     };
     let token = match token_file.as_deref().map(Token::from_file).transpose() {
         Ok(token) => token,
+        Err(e) => {
+            eprintln!("sediment-raft: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let key_provider = match key_file.as_deref().map(StaticKey::from_file).transpose() {
+        Ok(key) => key.map(SharedKeys::new),
         Err(e) => {
             eprintln!("sediment-raft: {e}");
             return ExitCode::FAILURE;
@@ -195,6 +213,7 @@ fn main() -> ExitCode {
         header_timeout: Duration::from_millis(header_timeout_ms),
         body_timeout: Duration::from_millis(body_timeout_ms),
         idle_timeout: Duration::from_millis(idle_timeout_ms),
+        key_provider,
         ..NodeConfig::new(id, listen, dir)
     };
     match config.check_network_security() {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use okaywal::encryption::KeyProvider;
 use okaywal::fs::{FileSystem, StdFileSystem};
 use openraft::{ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -13,6 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, App};
 use crate::batch::WriteBatcher;
+use crate::encryption::{check_node_directory, SharedKeys};
 use crate::error::{Error, Result};
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::metrics::Counters;
@@ -56,7 +58,7 @@ pub struct NodeConfig {
     /// real disk by default; a simulated one in crash tests).
     pub file_system: Arc<dyn FileSystem>,
     /// Where snapshot files go, if not `directory/state/snapshots`. They
-    /// are always on the real disk (openraft streams them as tokio files),
+    /// are always on the real disk (openraft streams them from files),
     /// so a node on a simulated file system needs a real directory here.
     pub snapshot_directory: Option<PathBuf>,
     /// Serve HTTPS with this certificate and key, and reach peers over
@@ -82,6 +84,13 @@ pub struct NodeConfig {
     pub body_timeout: Duration,
     /// Time a connection may stay open with no request in progress.
     pub idle_timeout: Duration,
+    /// Encrypt the node's files at rest with these keys: the Raft log's
+    /// metadata and archives, snapshot files (see [`crate::encryption`]).
+    /// A node directory is encrypted or not from its first start: a
+    /// directory written without a key does not start with one, nor the
+    /// other way round, and a wrong key is refused before anything is
+    /// written. `None`: plain files.
+    pub key_provider: Option<SharedKeys>,
 }
 
 impl NodeConfig {
@@ -108,7 +117,18 @@ impl NodeConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            key_provider: None,
         }
+    }
+
+    /// The same with its files encrypted with the keys of `provider` (a
+    /// [`StaticKey`](okaywal::encryption::StaticKey), a
+    /// [`Keyring`](okaywal::encryption::Keyring) or a KMS of the
+    /// application's).
+    #[must_use]
+    pub fn with_key_provider(mut self, provider: impl KeyProvider) -> Self {
+        self.key_provider = Some(SharedKeys::new(provider));
+        self
     }
 
     /// The same with TLS.
@@ -256,8 +276,9 @@ impl std::fmt::Debug for RunningNode {
 }
 
 /// Checks the configuration's security ([`NodeConfig::check_network_security`]
-/// and the TLS and token files), opens the node's stores (recovering
-/// them), starts Raft and serves HTTP or HTTPS.
+/// and the TLS and token files) and the node directory's key check
+/// ([`check_node_directory`]), opens the node's stores (recovering them),
+/// starts Raft and serves HTTP or HTTPS.
 pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     config.check_network_security()?;
     if config.max_connections == 0 {
@@ -269,20 +290,31 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         config.token.as_ref(),
     )?;
     let raft_config = Arc::new(config.raft_config()?);
-    let log_config = LogStoreConfig::new(config.directory.join("log"))
+    let mut log_config = LogStoreConfig::new(config.directory.join("log"))
         .node_id(config.id)
         .segment_bytes(config.log_segment_bytes)
         .file_system(config.file_system.clone());
+    log_config.encryption = config.key_provider.clone();
     let mut sm_config = StateMachineConfig::new(config.directory.join("state"))
         .file_system(config.file_system.clone());
+    sm_config.encryption = config.key_provider.clone();
     if let Some(dir) = &config.snapshot_directory {
         sm_config.snapshot_directory = dir.clone();
     }
+    let (fs, directory, keys) = (
+        config.file_system.clone(),
+        config.directory.clone(),
+        config.key_provider.clone(),
+    );
     let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
-        Ok::<_, Error>((
-            LogStore::open_with(log_config)?,
-            StateMachine::open_with(sm_config)?,
-        ))
+        // Before anything is opened: a wrong key must not change a byte.
+        check_node_directory(&*fs, &directory, keys.as_ref())?;
+        let log_store = LogStore::open_with(log_config)?;
+        let state_machine = StateMachine::open_with(sm_config)?;
+        if keys.is_some() {
+            check_snapshot_covers_purged(&log_store, &state_machine)?;
+        }
+        Ok::<_, Error>((log_store, state_machine))
     })
     .await
     .map_err(|e| Error::Raft(e.to_string()))??;
@@ -352,6 +384,35 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         server,
         stop,
     })
+}
+
+/// The log is purged only up to a snapshot's last entry, after the
+/// snapshot file is in place: a snapshot older than the purge (an older
+/// file put back under the current one's name is refused by the state
+/// machine; this finds an older one under its own name, with the current
+/// one deleted) or none at all means the snapshot directory is not the
+/// node's.
+fn check_snapshot_covers_purged(log: &LogStore, state_machine: &StateMachine) -> Result<()> {
+    let Some(purged) = log.log_state().last_purged_log_id else {
+        return Ok(());
+    };
+    match state_machine.current_snapshot() {
+        Some((meta, _)) if meta.last_log_id >= Some(purged) => Ok(()),
+        Some((meta, path)) => Err(Error::Corrupt {
+            what: format!("snapshot {}", path.display()),
+            detail: format!(
+                "ends at {:?}, before the log's entries purged through {purged}: it is older \
+                 than the node's current snapshot",
+                meta.last_log_id.map(|id| id.index)
+            ),
+        }),
+        None => Err(Error::Corrupt {
+            what: "the snapshot directory".into(),
+            detail: format!(
+                "holds no snapshot, but the log's entries were purged through {purged}"
+            ),
+        }),
+    }
 }
 
 /// Waits until the Raft core stops (shut down, or failed), and says why.

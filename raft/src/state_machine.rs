@@ -16,24 +16,30 @@
 //! its own at least every [`SYNC_INTERVAL`], and always before a snapshot
 //! is built, so the log is never purged past what the store holds durably.
 //! Installing a received snapshot commits durably.
+//!
+//! With a key provider ([`StateMachineConfig::encryption`]) snapshot files
+//! are sealed ([`crate::sealed_snapshot`]), and so is the sediment store.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::{self, BufReader, BufWriter, Seek, SeekFrom};
-use std::os::unix::fs::MetadataExt;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use okaywal::encryption::{Cipher, KeyError, KeyProvider};
 use okaywal::fs::{FileSystem, StdFileSystem};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, OptionalSend, RaftLogId, StorageIOError};
 use parking_lot::Mutex;
 use sediment::{Database, GrainId, SequenceId};
 
+use crate::encryption::{classify, key_error, SharedKeys};
 use crate::error::{Error, Result};
 use crate::journal::{wants_full_record, Journal};
+use crate::sealed_snapshot::{is_sealed, SealedSnapshotReader, SealedSnapshotWriter};
 use crate::snapshot::{SnapshotReader, SnapshotWriter};
+use crate::snapshot_data::{SnapshotData, SnapshotParts};
 use crate::types::{
     Entry, LogId, Request, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
     MAX_VALUE_BYTES,
@@ -64,10 +70,13 @@ pub struct StateMachineConfig {
     /// The sediment store's directory.
     pub directory: PathBuf,
     /// Where snapshot files go (always on the real disk: openraft streams
-    /// them as tokio files).
+    /// them from files, through [`SnapshotData`]).
     pub snapshot_directory: PathBuf,
     /// The file system the sediment store runs on.
     pub file_system: Arc<dyn FileSystem>,
+    /// The keys that seal snapshot files (and the sediment store); `None`:
+    /// plain files.
+    pub encryption: Option<SharedKeys>,
 }
 
 impl StateMachineConfig {
@@ -78,7 +87,17 @@ impl StateMachineConfig {
             directory: directory.join("data"),
             snapshot_directory: directory.join("snapshots"),
             file_system: Arc::new(StdFileSystem),
+            encryption: None,
         }
+    }
+
+    /// Seals snapshot files (and the store) with the keys of `keys` (see
+    /// [`crate::encryption`]). Files written without a key do not open
+    /// with one, nor the other way round.
+    #[must_use]
+    pub fn encryption(mut self, keys: impl KeyProvider) -> Self {
+        self.encryption = Some(SharedKeys::new(keys));
+        self
     }
 
     /// Runs the sediment store on `file_system` (for crash tests).
@@ -113,8 +132,10 @@ struct Shared {
     /// Snapshots built and installed since the store was opened.
     snapshots_built: AtomicU64,
     snapshots_installed: AtomicU64,
-    /// Files handed out by `begin_receiving_snapshot`, by inode.
-    incoming: Mutex<HashMap<u64, PathBuf>>,
+    /// Seals snapshot files; `None` for plain ones.
+    cipher: Option<Cipher>,
+    /// Files handed out by `begin_receiving_snapshot`.
+    incoming: Mutex<HashSet<PathBuf>>,
 }
 
 /// The state machine: cheap to clone (clones share the store), and its own
@@ -192,12 +213,26 @@ impl StateMachine {
 
     /// Opens (creating or recovering) the state machine as `config` says.
     pub fn open_with(config: StateMachineConfig) -> Result<Self> {
-        let db = sediment::Config::for_directory(&config.directory)
+        let mut db_config = sediment::Config::for_directory(&config.directory)
             .shared_file_system(config.file_system.clone())
             .max_blob_bytes(sediment::MAX_FORMAT_BLOB_BYTES)
             .max_unsynced(SYNC_INTERVAL)
-            .max_unsynced_bytes(SYNC_BYTES)
-            .open()?;
+            .max_unsynced_bytes(SYNC_BYTES);
+        if let Some(keys) = &config.encryption {
+            // Seals take some of a blob's grains.
+            db_config = db_config
+                .max_blob_bytes(sediment::MAX_SEALED_BLOB_BYTES)
+                .encryption(keys.clone());
+        }
+        let db = db_config.open().map_err(|e| match e.key_error() {
+            Some(_) => match e {
+                sediment::Error::Key { source, .. } | sediment::Error::Io { source, .. } => {
+                    Error::Key(source)
+                }
+                other => Error::Sediment(other),
+            },
+            None => Error::Sediment(e),
+        })?;
         let mut state = SmState {
             sequence: db.last_committed().0,
             ..SmState::default()
@@ -239,7 +274,8 @@ impl StateMachine {
                 e,
             )
         })?;
-        state.current_snapshot = find_snapshot(&config.snapshot_directory)?;
+        let cipher = config.encryption.as_ref().map(SharedKeys::cipher);
+        state.current_snapshot = find_snapshot(&config.snapshot_directory, cipher.as_ref())?;
         Ok(Self {
             shared: Arc::new(Shared {
                 db,
@@ -249,7 +285,8 @@ impl StateMachine {
                 snapshot_counter: AtomicU64::new(0),
                 snapshots_built: AtomicU64::new(0),
                 snapshots_installed: AtomicU64::new(0),
-                incoming: Mutex::new(HashMap::new()),
+                cipher,
+                incoming: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -498,9 +535,10 @@ impl StateMachine {
         let tmp = dir.join(format!("building-{snapshot_id}"));
         let path = dir.join(format!("{SNAPSHOT_PREFIX}{snapshot_id}"));
         let written = (|| -> Result<()> {
-            let file = File::create(&tmp).map_err(|e| Error::io("creating a snapshot", e))?;
-            let mut writer = SnapshotWriter::new(BufWriter::new(file), &meta)
-                .map_err(|e| Error::io("writing a snapshot", e))?;
+            let sink = SnapshotSink::create(&tmp, shared.cipher.as_ref())
+                .map_err(|e| Error::io("creating a snapshot", e))?;
+            let mut writer =
+                SnapshotWriter::new(sink, &meta).map_err(|e| Error::io("writing a snapshot", e))?;
             for (key, id) in &items {
                 let value = shared.db.get(*id)?.ok_or_else(|| Error::Corrupt {
                     what: format!("value of {key:?}"),
@@ -510,12 +548,10 @@ impl StateMachine {
                     .add(key, &value)
                     .map_err(|e| Error::io("writing a snapshot", e))?;
             }
-            let file = writer
+            writer
                 .finish()
                 .map_err(|e| Error::io("writing a snapshot", e))?
-                .into_inner()
-                .map_err(|e| Error::io("writing a snapshot", e.into_error()))?;
-            file.sync_all()
+                .finish()
                 .map_err(|e| Error::io("syncing a snapshot", e))?;
             Ok(())
         })();
@@ -570,9 +606,16 @@ impl StateMachine {
         // The id becomes part of a file name.
         crate::validate::check_snapshot_id(&meta.snapshot_id).map_err(Error::Invalid)?;
         let shared = &*self.shared;
-        let file = File::open(path).map_err(|e| Error::io("opening a received snapshot", e))?;
-        let mut reader = SnapshotReader::new(BufReader::new(file))
-            .map_err(|e| Error::io("reading a received snapshot", e))?;
+        let shown = path.display().to_string();
+        let stream = open_stream(path, shared.cipher.as_ref()).map_err(|e| classify(&shown, e))?;
+        let mut reader =
+            SnapshotReader::new(stream).map_err(|e| Error::io("reading a received snapshot", e))?;
+        if shared.cipher.is_some() && reader.meta.snapshot_id != meta.snapshot_id {
+            return Err(Error::Invalid(format!(
+                "the snapshot {} holds snapshot {}",
+                meta.snapshot_id, reader.meta.snapshot_id
+            )));
+        }
         let (old_values, chain, safe) = {
             let state = shared.state.lock();
             (
@@ -646,6 +689,27 @@ impl StateMachine {
         self.shared.state.lock().current_snapshot.clone()
     }
 
+    /// The keys' cipher, if the snapshot files are sealed.
+    fn cipher(&self) -> Option<&Cipher> {
+        self.shared.cipher.as_ref()
+    }
+
+    /// Copies the snapshot stream `source` into a new incoming file of
+    /// this state machine's form, synced, and returns its path.
+    fn copy_into_incoming(&self, mut source: impl Read) -> Result<PathBuf> {
+        let path = self.new_incoming_path();
+        let copied = (|| -> io::Result<()> {
+            let mut sink = SnapshotSink::create(&path, self.cipher())?;
+            io::copy(&mut source, &mut sink)?;
+            sink.finish()
+        })();
+        if let Err(e) = copied {
+            let _ = fs::remove_file(&path);
+            return Err(Error::io("copying a snapshot", e));
+        }
+        Ok(path)
+    }
+
     fn new_incoming_path(&self) -> PathBuf {
         let counter = self.shared.snapshot_counter.fetch_add(1, Ordering::Relaxed);
         self.shared
@@ -654,8 +718,64 @@ impl StateMachine {
     }
 }
 
+/// Where a snapshot is written: a plain file (buffered) or a sealed one.
+enum SnapshotSink {
+    Plain(BufWriter<File>),
+    Sealed(SealedSnapshotWriter),
+}
+
+impl SnapshotSink {
+    fn create(path: &Path, cipher: Option<&Cipher>) -> io::Result<Self> {
+        Ok(match cipher {
+            Some(cipher) => Self::Sealed(SealedSnapshotWriter::create(path, cipher)?),
+            None => Self::Plain(BufWriter::new(File::create(path)?)),
+        })
+    }
+
+    /// Writes what is buffered (sealing the last block) and syncs.
+    fn finish(self) -> io::Result<()> {
+        match self {
+            Self::Plain(writer) => writer.into_inner().map_err(|e| e.into_error())?.sync_all(),
+            Self::Sealed(writer) => writer.finish().map(drop),
+        }
+    }
+}
+
+impl Write for SnapshotSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Plain(writer) => writer.write(buf),
+            Self::Sealed(writer) => writer.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Self::Plain(writer) => writer.flush(),
+            Self::Sealed(writer) => writer.flush(),
+        }
+    }
+}
+
+/// The snapshot stream of the file at `path`: plain, or sealed with
+/// `cipher`. A file of the other form is a key error naming the file.
+fn open_stream(path: &Path, cipher: Option<&Cipher>) -> io::Result<Box<dyn Read + Send>> {
+    let shown = path.display().to_string();
+    match (cipher, is_sealed(path)?) {
+        (None, Some(true)) => Err(KeyError::NotConfigured.into_io(shown)),
+        (Some(_), Some(false)) => Err(KeyError::NotEncrypted.into_io(shown)),
+        (Some(cipher), _) => Ok(Box::new(SealedSnapshotReader::open(path, cipher)?)),
+        (None, _) => Ok(Box::new(BufReader::new(File::open(path)?))),
+    }
+}
+
 /// Finds the newest complete snapshot file and deletes leftovers.
-fn find_snapshot(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>> {
+///
+/// Plain snapshots that do not read are deleted (they are leftovers).
+/// Sealed ones are the node's own, renamed into place after a sync: one
+/// that does not open, or whose name is not the id it holds, is an error
+/// naming it.
+fn find_snapshot(dir: &Path, cipher: Option<&Cipher>) -> Result<Option<(SnapshotMeta, PathBuf)>> {
     let mut best: Option<(SnapshotMeta, PathBuf)> = None;
     let entries =
         fs::read_dir(dir).map_err(|e| Error::io(format!("listing {}", dir.display()), e))?;
@@ -667,9 +787,33 @@ fn find_snapshot(dir: &Path) -> Result<Option<(SnapshotMeta, PathBuf)>> {
             let _ = fs::remove_file(&path);
             continue;
         }
-        let meta = File::open(&path)
-            .and_then(|f| SnapshotReader::new(BufReader::new(f)))
-            .map(|r| r.meta);
+        let shown = path.display().to_string();
+        // A plain node deletes a snapshot file it cannot read, as before.
+        let sealed = match (cipher, is_sealed(&path)) {
+            (_, Ok(sealed)) => sealed,
+            (None, Err(_)) => None,
+            (Some(_), Err(e)) => return Err(Error::io(format!("reading {shown}"), e)),
+        };
+        let meta = match (cipher, sealed) {
+            (None, Some(true)) => return Err(key_error(KeyError::NotConfigured, &shown)),
+            (None, _) => File::open(&path)
+                .and_then(|f| SnapshotReader::new(BufReader::new(f)))
+                .map(|r| r.meta),
+            (Some(_), Some(false)) => return Err(key_error(KeyError::NotEncrypted, &shown)),
+            (Some(cipher), _) => {
+                let meta = SealedSnapshotReader::open(&path, cipher)
+                    .and_then(SnapshotReader::new)
+                    .map_err(|e| classify(&shown, e))?
+                    .meta;
+                if name[SNAPSHOT_PREFIX.len()..] != meta.snapshot_id {
+                    return Err(Error::Corrupt {
+                        what: format!("snapshot {shown}"),
+                        detail: format!("holds snapshot {}", meta.snapshot_id),
+                    });
+                }
+                Ok(meta)
+            }
+        };
         match meta {
             Ok(meta) => {
                 crate::validate::check_opt_log_id(meta.last_log_id.as_ref(), "its last log id")
@@ -708,13 +852,20 @@ async fn blocking<T: Send + 'static>(
     })?
 }
 
-async fn open_snapshot(meta: SnapshotMeta, path: PathBuf) -> Result<Snapshot<TypeConfig>> {
-    let file = tokio::fs::File::open(&path)
+async fn open_snapshot(
+    meta: SnapshotMeta,
+    path: PathBuf,
+    cipher: Option<Cipher>,
+) -> Result<Snapshot<TypeConfig>> {
+    let data = SnapshotData::open(&path, cipher.as_ref())
         .await
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        .map_err(|e| {
+            let shown = path.display().to_string();
+            classify(&shown, e)
+        })?;
     Ok(Snapshot {
         meta,
-        snapshot: Box::new(file),
+        snapshot: Box::new(data),
     })
 }
 
@@ -724,7 +875,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let (meta, path) = blocking(move || sm.build_snapshot_file())
             .await
             .map_err(snapshot_error)?;
-        open_snapshot(meta, path).await.map_err(snapshot_error)
+        open_snapshot(meta, path, self.cipher().cloned())
+            .await
+            .map_err(snapshot_error)
     }
 }
 
@@ -751,56 +904,61 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
+        // Leftovers of a receive that never finished are deleted at the
+        // next open.
         let path = self.new_incoming_path();
-        let file = tokio::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
+        let data = SnapshotData::create(&path, self.cipher())
             .await
             .map_err(snapshot_error)?;
-        // openraft hands the file back without its name: find it again by
-        // its inode. Leftovers are deleted at the next open.
-        let inode = file.metadata().await.map_err(snapshot_error)?.ino();
-        self.shared.incoming.lock().insert(inode, path);
-        Ok(Box::new(file))
+        self.shared.incoming.lock().insert(path);
+        Ok(Box::new(data))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<tokio::fs::File>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let mut file = snapshot.into_std().await;
+        let (path, parts) = snapshot.into_parts().await.map_err(snapshot_error)?;
         let sm = self.clone();
         let meta = meta.clone();
         blocking(move || {
-            let inode = file
-                .metadata()
-                .map_err(|e| Error::io("inspecting a received snapshot", e))?
-                .ino();
-            let known = sm.shared.incoming.lock().remove(&inode);
-            let path = match known {
-                Some(path) => {
+            let ours = path
+                .as_ref()
+                .is_some_and(|path| sm.shared.incoming.lock().remove(path));
+            let path = match (parts, path) {
+                // A file from `begin_receiving_snapshot`, in this state
+                // machine's form.
+                (SnapshotParts::Plain(file), Some(path)) if ours && sm.cipher().is_none() => {
                     file.sync_all()
                         .map_err(|e| Error::io("syncing a received snapshot", e))?;
                     path
                 }
-                None => {
-                    // Not from begin_receiving_snapshot: keep a copy.
-                    let path = sm.new_incoming_path();
-                    let mut copy =
-                        File::create(&path).map_err(|e| Error::io("copying a snapshot", e))?;
-                    file.seek(SeekFrom::Start(0))
-                        .and_then(|_| io::copy(&mut file, &mut copy))
-                        .and_then(|_| copy.sync_all())
-                        .map_err(|e| Error::io("copying a snapshot", e))?;
+                (SnapshotParts::SealedWriter(writer), Some(path)) if ours => {
+                    writer
+                        .finish()
+                        .map_err(|e| Error::io("finishing a received snapshot", e))?;
                     path
                 }
+                // Anything else: keep a copy in this state machine's form.
+                (SnapshotParts::Plain(mut file), _) => {
+                    file.seek(SeekFrom::Start(0))
+                        .map_err(|e| Error::io("copying a snapshot", e))?;
+                    sm.copy_into_incoming(BufReader::new(file))?
+                }
+                (SnapshotParts::SealedReader(mut reader), _) => {
+                    reader
+                        .seek(SeekFrom::Start(0))
+                        .map_err(|e| Error::io("copying a snapshot", e))?;
+                    sm.copy_into_incoming(reader)?
+                }
+                (SnapshotParts::SealedWriter(_), _) => {
+                    return Err(Error::Invalid(
+                        "a snapshot still being written elsewhere cannot be installed".into(),
+                    ))
+                }
             };
-            drop(file);
             sm.install_snapshot_file(&meta, &path)
         })
         .await
@@ -810,7 +968,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         match self.current_snapshot() {
             Some((meta, path)) => Ok(Some(
-                open_snapshot(meta, path).await.map_err(snapshot_error)?,
+                open_snapshot(meta, path, self.cipher().cloned())
+                    .await
+                    .map_err(snapshot_error)?,
             )),
             None => Ok(None),
         }

@@ -13,14 +13,16 @@ pub type Node = openraft::BasicNode;
 openraft::declare_raft_types!(
     /// The Raft type configuration of the key-value service. Snapshots are
     /// files, so they are streamed to disk and over the network instead of
-    /// being held in memory.
+    /// being held in memory; [`SnapshotData`](crate::snapshot_data::SnapshotData)
+    /// reads and writes a plain or sealed snapshot file as the plain
+    /// snapshot stream.
     pub TypeConfig:
         D = Request,
         R = Response,
         NodeId = NodeId,
         Node = Node,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
+        SnapshotData = crate::snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

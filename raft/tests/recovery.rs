@@ -196,7 +196,16 @@ fn workload_survives_power_loss_on_the_crash_file_system() {
 #[test]
 fn entries_acknowledged_as_durable_survive_power_loss() {
     for seed in 0..8_u64 {
-        acknowledged_entries_survive(seed, None);
+        acknowledged_entries_survive(seed, None, false);
+    }
+}
+
+/// The same for a sealed log (`LogStoreConfig::encryption`): sealed
+/// archives, metadata and WAL, and the WAL records of its checkpoints.
+#[test]
+fn entries_acknowledged_as_durable_survive_power_loss_in_a_sealed_log() {
+    for seed in 0..6_u64 {
+        acknowledged_entries_survive(seed, None, true);
     }
 }
 
@@ -208,20 +217,26 @@ fn entries_acknowledged_as_durable_survive_power_loss_with_jittered_io() {
         acknowledged_entries_survive(
             seed,
             Some(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED),
+            false,
         );
     }
 }
 
-fn acknowledged_entries_survive(seed: u64, jitter: Option<u64>) {
+fn acknowledged_entries_survive(seed: u64, jitter: Option<u64>, sealed: bool) {
     {
         let fs = CrashFileSystem::new();
         if let Some(jitter) = jitter {
             fs.jitter(jitter, Duration::from_micros(150));
         }
         let config = || {
-            LogStoreConfig::new("/log")
+            let config = LogStoreConfig::new("/log")
                 .segment_bytes(32 << 10)
-                .file_system(Arc::new(fs.clone()))
+                .file_system(Arc::new(fs.clone()));
+            if sealed {
+                config.encryption(okaywal::encryption::StaticKey::new([0x5e; 32]))
+            } else {
+                config
+            }
         };
         let log = LogStore::open_with(config()).unwrap();
         // Jittered runs get earlier crash points: with slow operations the
@@ -289,7 +304,7 @@ fn acknowledged_entries_survive(seed: u64, jitter: Option<u64>) {
             assert_eq!(id.index, i as u64 + 1, "seed {seed}: a hole in the log");
         }
         println!(
-            "seed {seed}, jitter {jitter:?}: power off at {operation:?} #{nth}: {durable} acknowledged, {} recovered, {} archive files",
+            "seed {seed}, jitter {jitter:?}, sealed {sealed}: power off at {operation:?} #{nth}: {durable} acknowledged, {} recovered, {} archive files",
             ids.len(),
             log.archive_files()
         );

@@ -136,7 +136,7 @@ pub use config::{
 };
 pub use db::{CommitLog, Database};
 pub use error::{Error, Result};
-pub use format::MAX_FORMAT_BLOB_BYTES;
+pub use format::{MAX_FORMAT_BLOB_BYTES, MAX_SEALED_BLOB_BYTES};
 pub use grain_id::{GrainId, InvalidGrainId, MAX_STRATA};
 pub use grains::{GrainInfo, Grains};
 pub use read::GrainReader;
