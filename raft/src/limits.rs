@@ -18,7 +18,7 @@
 //! **Why AppendEntries fits in 65 MiB.** openraft 0.9 puts up to
 //! `max_payload_entries` (300) entries in an AppendEntries whatever their
 //! size, and an entry can carry a value of up to
-//! [`MAX_VALUE_BYTES`](crate::types::MAX_VALUE_BYTES) (64 MiB): 300 of
+//! [`MAX_VALUE_BYTES`] (64 MiB): 300 of
 //! them would be 19 GiB. The leader's [`Network`](crate::network::Network)
 //! therefore sends only the first entries that fit in
 //! [`APPEND_PACK_BYTES`] (8 MiB), at least one, and answers openraft with a
