@@ -396,16 +396,35 @@ struct SyncControl {
     /// Syncs of strata, index and commit log (only the WAL checkpointer
     /// makes those) sleep.
     slow_checkpointer_syncs: AtomicBool,
+    /// Syncs of strata, index and commit log seen so far.
+    checkpointer_syncs: std::sync::atomic::AtomicUsize,
 }
 
 const SLOW_SYNC: Duration = Duration::from_millis(300);
+/// The longest a slow committer sync waits for the checkpointer.
+const SLOW_SYNC_LIMIT: Duration = Duration::from_secs(3);
 
 impl FileHooks for SyncControl {
     fn before_sync(&self, name: &str) -> std::io::Result<()> {
         let is_wal = name.starts_with("wal-");
         let maintenance = std::thread::current().name() == Some("okaywal-checkpoint");
         if is_wal && !maintenance && self.slow_committer_syncs.load(Ordering::SeqCst) {
+            // Slow enough for the checkpointer to run meanwhile, even on a
+            // loaded machine: after the fixed delay, wait (at most
+            // SLOW_SYNC_LIMIT) until it has synced something, then give it
+            // the fixed delay again to finish.
+            let seen = self.checkpointer_syncs.load(Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + SLOW_SYNC_LIMIT;
             std::thread::sleep(SLOW_SYNC);
+            while self.checkpointer_syncs.load(Ordering::SeqCst) == seen
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(SLOW_SYNC);
+        }
+        if !is_wal {
+            self.checkpointer_syncs.fetch_add(1, Ordering::SeqCst);
         }
         if !is_wal && self.slow_checkpointer_syncs.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(100));
