@@ -103,6 +103,7 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
     // Checkpoints and spare files fail (and are retried) independently.
     let mut checkpoint_backoff = Backoff::default();
     let mut spare_backoff = Backoff::default();
+    let mut quiet = Quiet::default();
     loop {
         // Hold the log only while working, so dropping every user handle
         // ends this thread.
@@ -118,6 +119,7 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
         match next_work(&inner, checkpoint_backoff.ready(), spare_backoff.ready()) {
             Work::Stop => return,
             Work::Wait => {
+                trim_when_idle(&inner, &mut quiet);
                 let retry = [checkpoint_backoff.remaining(), spare_backoff.remaining()]
                     .into_iter()
                     .flatten()
@@ -162,6 +164,41 @@ fn run(weak: &Weak<Inner>, mut manager: Box<dyn LogManager>) {
                 return;
             }
         }
+    }
+}
+
+/// Watches for a pause in writing: the same write position seen for
+/// [`IDLE_WAIT`].
+#[derive(Debug, Default)]
+struct Quiet {
+    seen: Option<((u64, u64), Instant)>,
+}
+
+/// Cuts spares that a burst grew back to the preallocated size once the
+/// log has been idle for [`IDLE_WAIT`] (see `Segments::trim_spares`).
+fn trim_when_idle(inner: &Inner, quiet: &mut Quiet) {
+    let mut state = inner.lock_state();
+    if !state.segments.has_grown_spare() {
+        quiet.seen = None;
+        return;
+    }
+    let position = state.segments.write_position();
+    let now = Instant::now();
+    match quiet.seen {
+        Some((seen, since)) if seen == position => {
+            if now.duration_since(since) < IDLE_WAIT {
+                return;
+            }
+        }
+        _ => {
+            quiet.seen = Some((position, now));
+            return;
+        }
+    }
+    quiet.seen = None;
+    let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
+    if let Err(err) = state.segments.trim_spares(preallocated) {
+        state.checkpoints.error = Some(ErrorRecord::of(&err));
     }
 }
 
@@ -376,21 +413,15 @@ fn recycle_finished(inner: &Inner) {
         if keep {
             let file = segment.file().clone();
             // A segment that grew past its preallocated size (writers
-            // outran the checkpointer, or entries overshot the switch) goes
-            // back to that size, so an idle log takes the same space
-            // whatever bursts it has seen: spares never keep a burst's
-            // blocks. The next user of the file allocates any overshoot
-            // again, a few blocks at the end of a segment.
+            // outran the checkpointer, or entries overshot the switch)
+            // keeps its blocks while the log is busy, and goes back to
+            // that size once it is idle (`trim_when_idle`).
             let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
-            if file.len().is_ok_and(|len| len > preallocated) {
-                if let Err(err) = file.set_len(preallocated) {
-                    inner.lock_state().checkpoints.error = Some(ErrorRecord {
-                        kind: err.kind(),
-                        message: format!("shrinking recycled segment {}: {err}", path.display()),
-                    });
-                }
-            }
-            inner.lock_state().segments.add_spare(Spare { file, path });
+            let grown = file.len().is_ok_and(|len| len > preallocated);
+            inner
+                .lock_state()
+                .segments
+                .add_spare(Spare { file, path, grown });
         } else if let Err(err) = inner.fs().remove_file(&path) {
             inner.lock_state().checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),

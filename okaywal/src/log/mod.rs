@@ -426,7 +426,11 @@ impl Inner {
                 format!("preallocating segment file {}: {err}", path.display()),
             ));
         }
-        Ok(Spare { file, path })
+        Ok(Spare {
+            file,
+            path,
+            grown: false,
+        })
     }
 }
 

@@ -189,7 +189,11 @@ impl WriteAheadLog {
         for path in reusable {
             if spares.len() < MAX_SPARES + live.len() + 1 {
                 let file = fs.open(&path, OpenMode::ReadWrite)?;
-                spares.push(Spare { file, path });
+                spares.push(Spare {
+                    file,
+                    path,
+                    grown: false,
+                });
             } else {
                 fs.remove_file(&path)?;
             }

@@ -46,6 +46,9 @@ pub(crate) struct Spare {
     pub file: Arc<dyn FileHandle>,
     /// Its current (spare or recycled) name.
     pub path: PathBuf,
+    /// A recycled segment that grew past its preallocated size: cut back
+    /// to that size once the log is idle (see [`Segments::trim_spares`]).
+    pub grown: bool,
 }
 
 /// Buffered ranges taken for writing: (start offset, bytes).
@@ -310,6 +313,42 @@ impl Segments {
     /// Adds a spare file (a new one, or a recycled one).
     pub fn add_spare(&mut self, spare: Spare) {
         self.spares.push(spare);
+    }
+
+    /// Cuts every spare that a burst grew past its preallocated size back
+    /// to `size`, so an idle log takes the same space whatever bursts it
+    /// has seen. Called only once nothing has been written for a while:
+    /// the truncation runs under the log's lock (a spare cannot become the
+    /// active segment half cut), and a log that is still busy keeps the
+    /// blocks, which its next overshoot would otherwise allocate again,
+    /// one `fdatasync` of file-size changes after another.
+    pub fn trim_spares(&mut self, size: u64) -> io::Result<()> {
+        for spare in self.spares.iter_mut().filter(|spare| spare.grown) {
+            // Tried once: a file that cannot be cut keeps its size.
+            spare.grown = false;
+            spare.file.set_len(size).map_err(|err| {
+                io::Error::new(
+                    err.kind(),
+                    format!("shrinking recycled segment {}: {err}", spare.path.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Some spare grew past its preallocated size (see
+    /// [`Segments::trim_spares`]).
+    pub fn has_grown_spare(&self) -> bool {
+        self.spares.iter().any(|spare| spare.grown)
+    }
+
+    /// Where writing has got to: the active segment and its reserved end.
+    /// The same position read twice means nothing was reserved between.
+    pub fn write_position(&self) -> (u64, u64) {
+        (
+            self.active,
+            self.active_state().map_or(0, |seg| seg.reserved_end),
+        )
     }
 
     /// The pool has room for a recycled file.
