@@ -278,7 +278,7 @@ impl Configuration {
     /// [`Keyring`](crate::encryption::Keyring) for rotation, or a provider
     /// of your own over a KMS): every record's contents (chunk data, entry
     /// ids, commit records, durable marks) and the segment headers'
-    /// `version_info` are sealed with XChaCha20-Poly1305 and bound to
+    /// `version_info` are sealed with AES-256-GCM and bound to
     /// their place in the log, so that damage, tampering and bytes moved
     /// from elsewhere are detected like any damage. FORMAT.md ("Encrypted
     /// logs") has the layout.

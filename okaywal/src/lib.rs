@@ -83,7 +83,7 @@
 //! # Encryption at rest
 //!
 //! [`Configuration::encryption`] seals everything the log writes (chunk
-//! data, entry ids, commit records, `version_info`) with XChaCha20-Poly1305
+//! data, entry ids, commit records, `version_info`) with AES-256-GCM
 //! under keys from an [`encryption::KeyProvider`], each record bound to
 //! its segment, its segment's generation and its offset: damage,
 //! tampering and bytes from another place or an earlier use of a file

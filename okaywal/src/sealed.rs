@@ -17,7 +17,7 @@ use std::ops::Deref;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::encryption::{Cipher, FreshNonce, Seal, SealingKey, NONCE_BYTES, TAG_BYTES};
+use crate::encryption::{Cipher, Seal, SealingKey, NONCE_BYTES, TAG_BYTES};
 use crate::format::{
     frame_span, peek_sealed_record, sealed_record_crc, sealed_record_len, RecordError,
     RecordHeader, RecordKind, SealedSegmentHeader, SegmentHeader, FRAME_OVERHEAD, MAX_VERSION_INFO,
@@ -168,7 +168,6 @@ impl SegmentSeal {
         header: &RecordHeader,
         number: u32,
         offset: u64,
-        nonce: FreshNonce,
     ) -> io::Result<[u8; SEALED_RECORD_HEADER_SIZE]> {
         let (length, number) = match header.kind {
             RecordKind::Chunk => (header.length, number),
@@ -183,11 +182,9 @@ impl SegmentSeal {
         body[..8].copy_from_slice(&header.entry_id.to_le_bytes());
         body[8..16].copy_from_slice(&header.durable_mark.to_le_bytes());
         body[16..20].copy_from_slice(&number.to_le_bytes());
-        let seal = self.key.seal_with(
-            nonce,
-            &self.record_associated(offset, &bytes[..5]),
-            &mut body,
-        )?;
+        let seal = self
+            .key
+            .seal(&self.record_associated(offset, &bytes[..5]), &mut body)?;
         bytes[5..29].copy_from_slice(&seal.nonce);
         bytes[29..45].copy_from_slice(&seal.tag);
         bytes[45..65].copy_from_slice(&body);
@@ -263,7 +260,6 @@ impl SegmentSeal {
         chunk: ChunkId,
         frame: u64,
         plaintext: &[u8],
-        nonce: FreshNonce,
         out: &mut Vec<u8>,
     ) -> io::Result<()> {
         debug_assert_eq!(frame_span(chunk.length, frame).1, plaintext.len());
@@ -273,7 +269,7 @@ impl SegmentSeal {
         let associated = self.frame_associated(chunk, frame);
         let seal = self
             .key
-            .seal_with(nonce, &associated, &mut out[start + NONCE_BYTES..])?;
+            .seal(&associated, &mut out[start + NONCE_BYTES..])?;
         out[start..start + NONCE_BYTES].copy_from_slice(&seal.nonce);
         out.extend_from_slice(&seal.tag);
         Ok(())
@@ -281,8 +277,7 @@ impl SegmentSeal {
 
     /// Seals the frames `first..` of a chunk whose plaintext from frame
     /// `first` on is `plaintext` (whole frames, the last one of the chunk
-    /// possibly shorter), appending them to `out`. Nonces are drawn a few
-    /// at a time.
+    /// possibly shorter), appending them to `out`.
     pub fn seal_frames(
         &self,
         chunk: ChunkId,
@@ -293,15 +288,12 @@ impl SegmentSeal {
         let mut frame = first;
         let mut rest = plaintext;
         loop {
-            let nonces: [FreshNonce; 8] = FreshNonce::draw_many()?;
-            for nonce in nonces {
-                let len = frame_span(chunk.length, frame).1.min(rest.len());
-                self.seal_frame(chunk, frame, &rest[..len], nonce, out)?;
-                rest = &rest[len..];
-                frame += 1;
-                if rest.is_empty() {
-                    return Ok(());
-                }
+            let len = frame_span(chunk.length, frame).1.min(rest.len());
+            self.seal_frame(chunk, frame, &rest[..len], out)?;
+            rest = &rest[len..];
+            frame += 1;
+            if rest.is_empty() {
+                return Ok(());
             }
         }
     }
@@ -413,15 +405,13 @@ impl Layout {
     }
 
     /// Encodes a record header at `offset` of segment `salt`; `index` is a
-    /// chunk's index in its entry, `nonce` one drawn for an encrypted
-    /// header (drawn here when `None`).
+    /// chunk's index in its entry.
     pub fn encode(
         &self,
         header: &RecordHeader,
         index: u32,
         salt: u64,
         offset: u64,
-        nonce: Option<FreshNonce>,
     ) -> io::Result<EncodedHeader> {
         let mut bytes = [0_u8; SEALED_RECORD_HEADER_SIZE];
         match self {
@@ -432,16 +422,10 @@ impl Layout {
                     len: RECORD_HEADER_SIZE,
                 })
             }
-            Layout::Sealed(seal) => {
-                let nonce = match nonce {
-                    Some(nonce) => nonce,
-                    None => FreshNonce::draw()?,
-                };
-                Ok(EncodedHeader {
-                    bytes: seal.encode_record(header, index, offset, nonce)?,
-                    len: SEALED_RECORD_HEADER_SIZE,
-                })
-            }
+            Layout::Sealed(seal) => Ok(EncodedHeader {
+                bytes: seal.encode_record(header, index, offset)?,
+                len: SEALED_RECORD_HEADER_SIZE,
+            }),
         }
     }
 }
@@ -499,9 +483,7 @@ mod tests {
             length: 3,
             durable_mark: 700,
         };
-        let bytes = seal
-            .encode_record(&record, 0, 1000, FreshNonce::draw().unwrap())
-            .unwrap();
+        let bytes = seal.encode_record(&record, 0, 1000).unwrap();
         assert_eq!(seal.decode_record(&bytes, 1000), Ok((record, 3)));
         assert_eq!(
             seal.decode_record(&bytes, 1001),

@@ -191,7 +191,7 @@ impl Segment {
             length: 0,
             durable_mark: end,
         };
-        let mark = self.layout.encode(&mark, 0, self.id, end, None)?;
+        let mark = self.layout.encode(&mark, 0, self.id, end)?;
         self.file.write_all_at(&mark, end)?;
         Ok(true)
     }

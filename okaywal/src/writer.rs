@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
-use crate::encryption::{FreshNonce, TAG_BYTES};
+use crate::encryption::TAG_BYTES;
 use crate::failure::ErrorRecord;
 use crate::format::{
     frame_count, frame_span, sealed_data_len, RecordHeader, RecordKind, CHUNK_TRAILER_SIZE,
@@ -125,26 +125,22 @@ impl<'log> EntryWriter<'log> {
             // Small chunks go through the segment's write buffer: no
             // system call here, one `pwrite` per sync for everyone.
             let result = match &seal {
-                None => inner.append(&self.segment, header, Some((data, crc)), false, 0, None),
+                None => inner.append(&self.segment, header, Some((data, crc)), false, 0),
                 Some(seal) => {
                     // The data is sealed now, outside the lock; only the
                     // record header, which binds the offset and durable
-                    // mark, is sealed under it (with a nonce drawn here).
-                    // One frame (a small chunk is no longer than one);
-                    // both nonces come from one call to the generator.
-                    let [frame_nonce, header_nonce] = FreshNonce::draw_many()?;
+                    // mark, is sealed under it. One frame (a small chunk
+                    // is no longer than one).
                     let mut sealed = Vec::with_capacity(sealed_data_len(length) as usize);
-                    seal.seal_frame(chunk, 0, data, frame_nonce, &mut sealed)
-                        .and_then(|()| {
-                            inner.append(
-                                &self.segment,
-                                header,
-                                Some((&sealed, crc)),
-                                false,
-                                chunk.index,
-                                Some(header_nonce),
-                            )
-                        })
+                    seal.seal_frame(chunk, 0, data, &mut sealed).and_then(|()| {
+                        inner.append(
+                            &self.segment,
+                            header,
+                            Some((&sealed, crc)),
+                            false,
+                            chunk.index,
+                        )
+                    })
                 }
             };
             result.inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?
@@ -153,16 +149,9 @@ impl<'log> EntryWriter<'log> {
             // `pwrite` each; header and trailer wait in the write buffer.
             // Encrypted, the writer seals the frames after the reservation
             // and writes them 16 at a time; its header waits alone (sealed
-            // under the lock with a nonce drawn here, like the padding's).
-            let nonces = match seal {
-                Some(_) => Some(
-                    FreshNonce::draw_many()
-                        .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?,
-                ),
-                None => None,
-            };
+            // under the lock, like the padding's).
             let offset = inner
-                .reserve_chunk(&self.segment, header, crc, chunk.index, nonces)
+                .reserve_chunk(&self.segment, header, crc, chunk.index)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
             let data_offset = offset + self.segment.layout().header_size() as u64;
             let result = match &seal {
@@ -208,16 +197,12 @@ impl<'log> EntryWriter<'log> {
         let inner = &self.log.inner;
         let layout = self.segment.layout().clone();
         let record_len = layout.chunk_record_len(length);
-        let nonce = match layout.seal() {
-            Some(_) => Some(FreshNonce::draw()?),
-            None => None,
-        };
         let chunk = self.next_chunk(length);
         let (offset, mark) = inner.reserve(self.segment.id(), record_len)?;
         let header = self.header(RecordKind::Chunk, length, mark);
         // Sealed outside the lock: the reservation fixed the offset.
         let result = layout
-            .encode(&header, chunk.index, self.segment.id(), offset, nonce)
+            .encode(&header, chunk.index, self.segment.id(), offset)
             .and_then(|encoded| self.segment.write_reserved(&encoded, offset));
         inner.complete(self.segment.id(), Some(offset), None);
         if let Err(err) = result {
@@ -347,13 +332,7 @@ impl<'log> EntryWriter<'log> {
             return Ok(0);
         }
         let header = self.header(kind, self.chunks, 0);
-        // Drawn before the lock; should that fail, the append draws again
-        // (and finishes the entry whatever happens).
-        let nonce = match self.segment.layout().seal() {
-            Some(_) => FreshNonce::draw().ok(),
-            None => None,
-        };
-        let offset = inner.append(&self.segment, header, None, true, 0, nonce)?;
+        let offset = inner.append(&self.segment, header, None, true, 0)?;
         Ok(offset + self.segment.layout().header_size() as u64)
     }
 }
@@ -481,15 +460,7 @@ impl ChunkWriter<'_, '_> {
         };
         let (start, _) = frame_span(self.length, self.frame);
         self.sealed.clear();
-        let sealed = FreshNonce::draw().and_then(|nonce| {
-            seal.seal_frame(
-                self.chunk,
-                self.frame,
-                &self.buffer,
-                nonce,
-                &mut self.sealed,
-            )
-        });
+        let sealed = seal.seal_frame(self.chunk, self.frame, &self.buffer, &mut self.sealed);
         if let Err(err) = sealed {
             self.entry.broken = Some(ErrorRecord::of(&err));
             return Err(err);

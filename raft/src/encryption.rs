@@ -5,7 +5,7 @@
 //! A node started with a key provider ([`NodeConfig::key_provider`],
 //! `sediment-raft node --key-file`) seals every file it writes outside
 //! okaywal and sediment with [`okaywal::encryption::Cipher`]
-//! (XChaCha20-Poly1305, a fresh random nonce per seal). Each sealed range
+//! (AES-256-GCM, a nonce never used twice under a key). Each sealed range
 //! is authenticated together with where it belongs (the file's kind, its
 //! number, the record's offset and log id, the block's index), so bytes
 //! that were changed, moved to another place or copied from an older file

@@ -87,7 +87,7 @@ impl Config {
     /// [`KeyProvider`] over a KMS).
     ///
     /// Everything sediment writes into its files is then ciphertext,
-    /// authenticated with XChaCha20-Poly1305 and bound to its place:
+    /// authenticated with AES-256-GCM and bound to its place:
     /// blobs, stratum headers and bitmaps, the index and the commit log
     /// (`FORMAT.md`, format version 2, lists what stays plaintext: format
     /// versions, key ids, nonces and tags). The WAL is an encrypted okaywal

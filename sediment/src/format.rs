@@ -439,7 +439,7 @@ const fn max_sealed_blob_bytes() -> u64 {
 pub enum Layout {
     /// Format version 1: plaintext with CRCs.
     Plain,
-    /// Format version 2: sealed with XChaCha20-Poly1305.
+    /// Format version 2: sealed with okaywal's cipher (AES-256-GCM).
     Sealed,
 }
 

@@ -1,8 +1,8 @@
 //! Encryption at rest for one store: every unit sediment seals, the
 //! associated data that binds it to its place, and the key checks that
 //! tell a wrong key from damage. The cipher is okaywal's
-//! ([`okaywal::encryption::Cipher`], XChaCha20-Poly1305 with a fresh random
-//! nonce per seal); the byte positions are `format`'s.
+//! ([`okaywal::encryption::Cipher`], AES-256-GCM with a nonce never used
+//! twice under a key); the byte positions are `format`'s.
 //!
 //! Every unit's associated data starts with what it is (a fixed label)
 //! and the store's random id, then says where it belongs:

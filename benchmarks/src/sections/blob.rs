@@ -247,8 +247,8 @@ fn buffered_note(table: &mut Table, systems: &[&str]) {
 fn encrypted_note(table: &mut Table, systems: &[&str]) {
     if systems.contains(&"sediment-encrypted") {
         table.note(
-            "sediment-encrypted: sediment with Config::encryption (XChaCha20-Poly1305 over \
-             grains, headers, index, commit log and WAL; a fresh nonce per seal)",
+            "sediment-encrypted: sediment with Config::encryption (AES-256-GCM over \
+             grains, headers, index, commit log and WAL)",
         );
     }
 }

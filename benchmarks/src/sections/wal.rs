@@ -56,8 +56,8 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
     ));
     if systems.contains(&"okaywal-encrypted") {
         table.note(
-            "okaywal-encrypted: okaywal with Configuration::encryption (XChaCha20-Poly1305, \
-             a fresh nonce per seal, every record and chunk frame sealed)",
+            "okaywal-encrypted: okaywal with Configuration::encryption (AES-256-GCM, \
+             every record header and chunk frame sealed)",
         );
     }
     println!("## WAL: one entry per durable commit\n");

@@ -8,7 +8,6 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use chacha20poly1305::{KeyInit, XChaCha20Poly1305};
 use parking_lot::RwLock;
 use zeroize::{Zeroize, Zeroizing};
 
@@ -102,14 +101,10 @@ impl Key {
         })
     }
 
-    /// Test access: the key's bytes.
-    #[cfg(test)]
-    pub(super) fn bytes(&self) -> &[u8; KEY_BYTES] {
+    /// The key's bytes, for deriving the keys that seal (see
+    /// `super::aead`).
+    pub(super) fn secret(&self) -> &[u8; KEY_BYTES] {
         &self.0
-    }
-
-    pub(super) fn cipher(&self) -> XChaCha20Poly1305 {
-        XChaCha20Poly1305::new((&*self.0).into())
     }
 }
 

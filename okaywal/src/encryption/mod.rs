@@ -5,21 +5,26 @@
 //! fixed key, or [`Keyring`] for rotation): it hands out the *current* key
 //! with its [`KeyId`] for new writes, and any older key by id for reads, so
 //! a KMS or an OS keyring plugs in. [`Cipher`] wraps a provider and seals
-//! and opens byte ranges with XChaCha20-Poly1305 (the RustCrypto
-//! `chacha20poly1305` crate):
+//! and opens byte ranges with AES-256-GCM (the RustCrypto `aes-gcm` crate)
+//! under keys derived from the provider's with HKDF-SHA256:
 //!
-//! - **Authenticated**: every sealed range carries a 16-byte Poly1305 tag
-//!   over the ciphertext and caller-chosen *associated data*. Formats put
-//!   where the bytes belong (file, generation, offset, record kind) in the
+//! - **Authenticated**: every sealed range carries a 16-byte GCM tag over
+//!   the ciphertext and caller-chosen *associated data*. Formats put where
+//!   the bytes belong (file, generation, offset, record kind) in the
 //!   associated data, so a changed byte, a block moved to another place, or
 //!   a record of an older generation fails to open instead of being read.
-//! - **No nonce is used twice**: every seal draws a fresh 192-bit nonce from
-//!   the operating system's generator (`getrandom`). With 2^48 seals under
-//!   one key, the chance that any two nonces are equal is below 2^-96;
-//!   rewriting a place (a recycled segment, a reused grain) gets a new
-//!   nonce like any other write, so no (key, nonce) pair repeats.
+//! - **No nonce is used twice**: a seal's 24-byte nonce is the cipher's
+//!   *epoch* (16 random bytes from the operating system's generator, drawn
+//!   once per [`Cipher`]) followed by a count of its seals. The bytes are
+//!   sealed under the key HKDF-SHA256 derives from the provider's key and
+//!   the epoch, with the count as the GCM nonce: within an epoch the count
+//!   never repeats, and two epochs are equal only if two 128-bit random
+//!   draws are. Rewriting a place (a recycled segment, a reused grain)
+//!   takes the next count like any other seal, so no (key, nonce) pair
+//!   repeats. The exact construction is in `FORMAT.md` ("Encrypted logs").
 //! - **Keys never leak**: [`Key`] zeroes its bytes when dropped (`zeroize`),
-//!   and no type here prints key bytes in `Debug` or `Display`.
+//!   so do the derived keys and AES round keys, and no type here prints
+//!   key bytes in `Debug` or `Display`.
 //!
 //! A wrong key is told apart from damage by a *key check*
 //! ([`Cipher::key_check`]): a sealed, empty message stored once per file
@@ -31,7 +36,7 @@
 //!
 //! ```rust
 //! use okaywal::encryption::{Cipher, Keyring, Key, KeyId};
-//! use std::sync::Arc;
+//! use std::sync::{Arc, OnceLock};
 //!
 //! # fn main() -> std::io::Result<()> {
 //! let ring = Arc::new(Keyring::new(KeyId::new(1), Key::from_bytes([7; 32])));
@@ -51,18 +56,18 @@
 
 use std::fmt;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use chacha20poly1305::aead::AeadInPlace;
-use chacha20poly1305::XNonce;
-
+mod aead;
 mod keys;
+
+use aead::{epoch_of, Shared};
 
 pub use keys::{Key, KeyError, KeyId, KeyProvider, Keyring, StaticKey};
 
 /// Bytes in a key.
 pub const KEY_BYTES: usize = 32;
-/// Bytes in a nonce (XChaCha20-Poly1305's extended nonce).
+/// Bytes in a nonce: the cipher's epoch (16) and the seal's count (8).
 pub const NONCE_BYTES: usize = 24;
 /// Bytes in an authentication tag.
 pub const TAG_BYTES: usize = 16;
@@ -76,7 +81,7 @@ pub const SEAL_BYTES: usize = 4 + NONCE_BYTES + TAG_BYTES;
 pub struct Seal {
     /// The key the bytes were sealed with.
     pub key_id: KeyId,
-    /// The nonce, fresh for every seal.
+    /// The nonce, never the same for two seals under one key.
     pub nonce: [u8; NONCE_BYTES],
     /// The authentication tag.
     pub tag: [u8; TAG_BYTES],
@@ -156,14 +161,20 @@ impl From<OpenError> for io::Error {
 
 /// Seals and opens bytes with the keys of a [`KeyProvider`]. Cheap to
 /// clone; shared by every thread of a log or store.
+///
+/// Each `Cipher` made by [`Cipher::new`] or [`Cipher::shared`] has its own
+/// nonce epoch; its clones share it. A process that forks must not seal
+/// with the same cipher in both processes (nor use one open log or store
+/// in both, which their file locks do not allow either).
 #[derive(Clone)]
 pub struct Cipher {
     provider: Arc<dyn KeyProvider>,
+    shared: Arc<Shared>,
 }
 
 impl fmt::Debug for Cipher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Cipher(XChaCha20-Poly1305)")
+        f.write_str("Cipher(AES-256-GCM)")
     }
 }
 
@@ -174,15 +185,25 @@ const KEY_CHECK_CONTEXT: &[u8] = b"okaywal key check v1";
 impl Cipher {
     /// A cipher over `provider`.
     pub fn new(provider: impl KeyProvider) -> Self {
-        Self {
-            provider: Arc::new(provider),
-        }
+        Self::shared(Arc::new(provider))
     }
 
     /// A cipher over a shared provider.
     #[must_use]
     pub fn shared(provider: Arc<dyn KeyProvider>) -> Self {
-        Self { provider }
+        Self {
+            provider,
+            shared: Arc::default(),
+        }
+    }
+
+    fn sealing_key(&self, id: KeyId, key: Key) -> SealingKey {
+        SealingKey {
+            id,
+            key,
+            shared: self.shared.clone(),
+            sealing: OnceLock::new(),
+        }
     }
 
     /// The provider's current key id.
@@ -202,7 +223,7 @@ impl Cipher {
     /// The provider's.
     pub fn current_key(&self) -> io::Result<SealingKey> {
         let (id, key) = self.provider.current()?;
-        Ok(SealingKey { id, key })
+        Ok(self.sealing_key(id, key))
     }
 
     /// The provider's key with id `id`, resolved once.
@@ -214,19 +235,19 @@ impl Cipher {
     /// the provider's errors as they are.
     pub fn key_by_id(&self, id: KeyId, what: impl fmt::Display) -> io::Result<SealingKey> {
         match self.key(id) {
-            Ok(key) => Ok(SealingKey { id, key }),
+            Ok(key) => Ok(self.sealing_key(id, key)),
             Err(OpenError::Key(error)) => Err(error.into_io(what)),
             Err(error) => Err(error.into()),
         }
     }
 
-    /// Encrypts `buffer` in place under the current key and a fresh nonce,
+    /// Encrypts `buffer` in place under the current key and the next nonce,
     /// authenticating `associated` with it.
     ///
     /// # Errors
     ///
     /// The provider's, or `InvalidInput` if `buffer` is too long for the
-    /// cipher (over 256 GiB).
+    /// cipher (over 64 GiB).
     pub fn seal(&self, associated: &[u8], buffer: &mut [u8]) -> io::Result<Seal> {
         self.current_key()?.seal(associated, buffer)
     }
@@ -240,7 +261,8 @@ impl Cipher {
     /// not have the key; [`OpenError::Damaged`] if authentication fails.
     pub fn open(&self, seal: &Seal, associated: &[u8], buffer: &mut [u8]) -> Result<(), OpenError> {
         let key = self.key(seal.key_id)?;
-        open_with(&key, seal, associated, buffer)
+        self.sealing_key(seal.key_id, key)
+            .open(seal, associated, buffer)
     }
 
     fn key(&self, id: KeyId) -> Result<Key, OpenError> {
@@ -281,63 +303,6 @@ impl Cipher {
     }
 }
 
-/// A nonce drawn from the operating system's generator for one seal.
-///
-/// It is neither `Clone` nor `Copy`, and [`SealingKey::seal_with`] takes
-/// it by value: a nonce is used at most once. Drawing it apart from the
-/// seal lets a caller draw it where a system call costs least (before
-/// taking a lock, say) and seal later.
-///
-/// ```rust
-/// use okaywal::encryption::{Cipher, FreshNonce, StaticKey};
-///
-/// # fn main() -> std::io::Result<()> {
-/// let cipher = Cipher::new(StaticKey::new([3; 32]));
-/// let key = cipher.current_key()?;
-/// let [first, second] = FreshNonce::draw_many()?;
-/// let mut a = *b"one";
-/// let mut b = *b"two";
-/// let seal_a = key.seal_with(first, b"place a", &mut a)?;
-/// let seal_b = key.seal_with(second, b"place b", &mut b)?;
-/// assert_ne!(seal_a.nonce, seal_b.nonce);
-/// # Ok(())
-/// # }
-/// ```
-pub struct FreshNonce([u8; NONCE_BYTES]);
-
-impl FreshNonce {
-    /// One nonce.
-    ///
-    /// # Errors
-    ///
-    /// The operating system's generator failed.
-    pub fn draw() -> io::Result<Self> {
-        let [nonce] = Self::draw_many()?;
-        Ok(nonce)
-    }
-
-    /// `N` nonces from one call to the generator.
-    ///
-    /// # Errors
-    ///
-    /// The operating system's generator failed.
-    pub fn draw_many<const N: usize>() -> io::Result<[Self; N]> {
-        let mut bytes = [[0_u8; NONCE_BYTES]; N];
-        getrandom::fill(bytes.as_flattened_mut()).map_err(|error| {
-            io::Error::other(format!(
-                "the operating system's random generator failed: {error}"
-            ))
-        })?;
-        Ok(bytes.map(Self))
-    }
-}
-
-impl fmt::Debug for FreshNonce {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FreshNonce")
-    }
-}
-
 /// A key resolved from a [`KeyProvider`] once ([`Cipher::current_key`],
 /// [`Cipher::key_by_id`]), with its id: it seals and opens many ranges
 /// without asking the provider again. Its bytes are zeroed when it is
@@ -361,6 +326,9 @@ impl fmt::Debug for FreshNonce {
 pub struct SealingKey {
     id: KeyId,
     key: Key,
+    shared: Arc<Shared>,
+    /// The epoch key this key seals with, derived at its first seal.
+    sealing: OnceLock<Arc<aead::EpochKey>>,
 }
 
 impl fmt::Debug for SealingKey {
@@ -378,43 +346,26 @@ impl SealingKey {
         self.id
     }
 
-    /// Encrypts `buffer` in place under this key and a fresh nonce,
-    /// authenticating `associated` with it.
+    /// Encrypts `buffer` in place under this key and the cipher's next
+    /// nonce, authenticating `associated` with it.
     ///
     /// # Errors
     ///
-    /// The operating system's generator failed, or `buffer` is too long
-    /// for the cipher (over 256 GiB: `InvalidInput`).
+    /// The operating system's generator failed (at a cipher's first seal),
+    /// or `buffer` is too long for the cipher (over 64 GiB:
+    /// `InvalidInput`).
     pub fn seal(&self, associated: &[u8], buffer: &mut [u8]) -> io::Result<Seal> {
-        self.seal_with(FreshNonce::draw()?, associated, buffer)
-    }
-
-    /// [`SealingKey::seal`] with a nonce drawn beforehand.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidInput` if `buffer` is too long for the cipher (over
-    /// 256 GiB).
-    pub fn seal_with(
-        &self,
-        nonce: FreshNonce,
-        associated: &[u8],
-        buffer: &mut [u8],
-    ) -> io::Result<Seal> {
-        let tag = self
-            .key
-            .cipher()
-            .encrypt_in_place_detached(XNonce::from_slice(&nonce.0), associated, buffer)
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "too many bytes to encrypt at once",
-                )
-            })?;
+        let nonces = &self.shared.nonces;
+        let epoch = nonces.epoch()?;
+        let sealing = self
+            .sealing
+            .get_or_init(|| self.shared.epoch_key(self.id, &self.key, epoch));
+        let nonce = nonces.next(epoch)?;
+        let tag = sealing.seal(&nonce, associated, buffer)?;
         Ok(Seal {
             key_id: self.id,
-            nonce: nonce.0,
-            tag: tag.into(),
+            nonce,
+            tag,
         })
     }
 
@@ -429,7 +380,23 @@ impl SealingKey {
         if seal.key_id != self.id {
             return Err(OpenError::Damaged);
         }
-        open_with(&self.key, seal, associated, buffer)
+        let epoch = epoch_of(&seal.nonce);
+        let opened = match self.sealing.get() {
+            Some(sealing) if sealing.is_for(&self.key, epoch) => {
+                sealing.open(&seal.nonce, &seal.tag, associated, buffer)
+            }
+            _ => self.shared.epoch_key(self.id, &self.key, epoch).open(
+                &seal.nonce,
+                &seal.tag,
+                associated,
+                buffer,
+            ),
+        };
+        if opened {
+            Ok(())
+        } else {
+            Err(OpenError::Damaged)
+        }
     }
 
     /// A key check for this key (see [`Cipher::key_check`]).
@@ -459,27 +426,11 @@ impl SealingKey {
             return Err(KeyError::Missing(check.key_id).into_io(what));
         }
         let associated = [KEY_CHECK_CONTEXT, context].concat();
-        match open_with(&self.key, check, &associated, &mut []) {
+        match self.open(check, &associated, &mut []) {
             Ok(()) => Ok(()),
             Err(_) => Err(KeyError::Wrong(check.key_id).into_io(what)),
         }
     }
-}
-
-fn open_with(
-    key: &Key,
-    seal: &Seal,
-    associated: &[u8],
-    buffer: &mut [u8],
-) -> Result<(), OpenError> {
-    key.cipher()
-        .decrypt_in_place_detached(
-            XNonce::from_slice(&seal.nonce),
-            associated,
-            buffer,
-            (&seal.tag).into(),
-        )
-        .map_err(|_| OpenError::Damaged)
 }
 
 #[cfg(test)]

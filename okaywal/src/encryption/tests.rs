@@ -1,5 +1,6 @@
 //! Sealing and opening with the right and the wrong key and place, a
-//! fresh nonce per seal, key rotation, key files, seals as bytes, and the
+//! new nonce per seal (one epoch per cipher, a count within it, seals of
+//! another cipher's epoch opened too), key rotation, key files, seals as bytes, and the
 //! errors of missing or wrong keys.
 
 use super::*;
@@ -43,6 +44,64 @@ fn every_seal_has_a_new_nonce() {
         let seal = cipher.seal(b"same place", &mut bytes).unwrap();
         assert!(seen.insert(seal.nonce));
     }
+}
+
+#[test]
+fn nonces_count_within_a_cipher_and_ciphers_have_their_own_epochs() {
+    let first = Cipher::new(StaticKey::new([1; 32]));
+    let clone = first.clone();
+    let second = Cipher::new(StaticKey::new([1; 32]));
+    let seal = |cipher: &Cipher| cipher.seal(b"place", &mut [0_u8; 4]).unwrap().nonce;
+    let (a, b, c, d) = (seal(&first), seal(&clone), seal(&first), seal(&second));
+    // One epoch for a cipher and its clones, and a count that steps by one
+    // whichever clone seals.
+    assert_eq!(a[..16], b[..16]);
+    assert_eq!(a[..16], c[..16]);
+    let count = |nonce: [u8; NONCE_BYTES]| u64::from_le_bytes(nonce[16..].try_into().unwrap());
+    assert_eq!((count(a), count(b), count(c)), (0, 1, 2));
+    // Another cipher over the same key: another epoch, so the same count
+    // is another nonce.
+    assert_ne!(a[..16], d[..16]);
+    assert_eq!(count(d), 0);
+}
+
+#[test]
+fn a_cipher_opens_what_another_cipher_sealed_with_the_same_key() {
+    // What a new process does with files an earlier one wrote.
+    let writer = Cipher::new(StaticKey::new([3; 32]));
+    let reader = Cipher::new(StaticKey::new([3; 32]));
+    let mut sealed = Vec::new();
+    for n in 0..3_u8 {
+        let mut bytes = vec![n; 100];
+        let seal = writer.seal(&[n], &mut bytes).unwrap();
+        sealed.push((seal, bytes));
+    }
+    // The reader seals too, so it has an epoch key of its own besides the
+    // writer's it derives.
+    reader.seal(b"own", &mut [0_u8; 8]).unwrap();
+    let key = reader.current_key().unwrap();
+    for (n, (seal, mut bytes)) in sealed.into_iter().enumerate() {
+        key.open(&seal, &[n as u8], &mut bytes).unwrap();
+        assert_eq!(bytes, vec![n as u8; 100]);
+    }
+}
+
+#[test]
+fn a_provider_that_changes_a_keys_bytes_is_not_served_an_old_derived_key() {
+    let ring = Arc::new(Keyring::new(KeyId::new(1), Key::from_bytes([1; 32])));
+    let cipher = Cipher::shared(ring.clone());
+    let mut bytes = *b"sealed under the first bytes";
+    let seal = cipher.seal(b"p", &mut bytes).unwrap();
+    let mut copy = bytes;
+    cipher.open(&seal, b"p", &mut copy).unwrap();
+    // The same id now names other bytes: the epoch key derived from the
+    // old ones must not open (nor seal) anything for it.
+    ring.rotate(KeyId::new(1), Key::from_bytes([2; 32]));
+    let mut copy = bytes;
+    assert!(matches!(
+        cipher.open(&seal, b"p", &mut copy),
+        Err(OpenError::Damaged)
+    ));
 }
 
 #[test]
@@ -98,7 +157,7 @@ fn rotation_keeps_old_keys_readable_until_retired() {
 fn key_files_hold_raw_or_hex_keys_and_errors_hide_them() {
     let raw = Key::parse(&[0xab; 32]).unwrap();
     let hex = Key::parse(format!("{}\n", "ab".repeat(32)).as_bytes()).unwrap();
-    assert_eq!(raw.bytes(), hex.bytes());
+    assert_eq!(raw.secret(), hex.secret());
     let error = Key::parse(b"0123456789secret").unwrap_err();
     assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     assert!(!error.to_string().contains("secret"));

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use parking_lot::MutexGuard;
 
 use super::{Inner, State};
-use crate::encryption::FreshNonce;
 use crate::format::{RecordHeader, RecordKind};
 use crate::segment::Segment;
 use crate::segments::{Placed, Ranges};
@@ -41,22 +40,20 @@ impl Inner {
     /// in parallel with other writers'. The data counts as in flight until
     /// [`Inner::data_written`]. The record is placed so that its data
     /// starts on a page, after a padding record when needed (see
-    /// `aligned_chunk_start`). `index` is the chunk's index in its entry;
-    /// an encrypted segment's headers are sealed with `nonces`. Returns the
-    /// record's offset.
+    /// `aligned_chunk_start`). `index` is the chunk's index in its entry.
+    /// Returns the record's offset.
     pub fn reserve_chunk(
         &self,
         segment: &Arc<Segment>,
         header: RecordHeader,
         crc: u32,
         index: u32,
-        nonces: Option<[FreshNonce; 2]>,
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
         self.check_usable(&state)?;
         let placed = state
             .segments
-            .reserve_chunk(segment.id(), header, crc, index, nonces)?;
+            .reserve_chunk(segment.id(), header, crc, index)?;
         self.counters.wrote(placed.bytes);
         self.after_placing(state, segment, placed)
     }
@@ -65,9 +62,9 @@ impl Inner {
     /// write buffer in the same critical section, so it never leaves a
     /// hole; optionally finishes the entry that wrote it. In an encrypted
     /// segment, `data` is the chunk's sealed frames, `index` its index in
-    /// its entry and `nonce` the header's (the header is sealed here,
-    /// under the lock, where its offset and durable mark are known; the
-    /// data was sealed by the caller before). Returns the record's offset.
+    /// its entry (the header is sealed here, under the lock, where its
+    /// offset and durable mark are known; the data was sealed by the
+    /// caller before). Returns the record's offset.
     pub fn append(
         &self,
         segment: &Arc<Segment>,
@@ -75,7 +72,6 @@ impl Inner {
         data: Option<(&[u8], u32)>,
         finishes_entry: bool,
         index: u32,
-        nonce: Option<FreshNonce>,
     ) -> io::Result<u64> {
         let mut state = self.state.lock();
         // After `shutdown` no chunk or commit is taken any more (its sync
@@ -104,7 +100,7 @@ impl Inner {
         }
         let placed = state
             .segments
-            .append_record(segment.id(), header, data, index, nonce)?;
+            .append_record(segment.id(), header, data, index)?;
         self.counters.wrote(placed.bytes);
         if header.kind == RecordKind::Commit {
             self.counters.commit_appended();

@@ -44,18 +44,10 @@ fn buffer_entry(inner: &Inner, data: &[u8]) -> (u64, Arc<Segment>) {
             Some((data, crc32fast::hash(data))),
             false,
             0,
-            None,
         )
         .unwrap();
     inner
-        .append(
-            &segment,
-            header(RecordKind::Commit, id, 1),
-            None,
-            true,
-            0,
-            None,
-        )
+        .append(&segment, header(RecordKind::Commit, id, 1), None, true, 0)
         .unwrap();
     (id, segment)
 }
@@ -194,14 +186,7 @@ fn the_durable_mark_stays_below_a_large_chunk_until_its_data_is_written() {
     inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
-        .append(
-            &segment,
-            header(RecordKind::Rollback, id, 0),
-            None,
-            true,
-            0,
-            None,
-        )
+        .append(&segment, header(RecordKind::Rollback, id, 0), None, true, 0)
         .unwrap();
     let end = reserved_end(&inner, segment.id());
     inner.sync_pass(segment.id(), end).unwrap();
@@ -252,13 +237,7 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     let data = vec![5_u8; 100_000];
     let crc = crc32fast::hash(&data);
     let offset = inner
-        .reserve_chunk(
-            &segment,
-            header(RecordKind::Chunk, id, 100_000),
-            crc,
-            0,
-            None,
-        )
+        .reserve_chunk(&segment, header(RecordKind::Chunk, id, 100_000), crc, 0)
         .unwrap();
     // The data starts on a page, after a padding record from the header.
     assert_eq!(offset, aligned_chunk_start(HEADER_SIZE).1);
@@ -307,14 +286,7 @@ fn a_copied_chunk_is_never_a_hole_and_the_mark_waits_for_its_data() {
     inner.sync_pass(segment.id(), end).unwrap();
     assert_eq!(segment.marked_to(), end);
     inner
-        .append(
-            &segment,
-            header(RecordKind::Rollback, id, 0),
-            None,
-            true,
-            0,
-            None,
-        )
+        .append(&segment, header(RecordKind::Rollback, id, 0), None, true, 0)
         .unwrap();
     log.shutdown().unwrap();
 }

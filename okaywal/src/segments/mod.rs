@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 pub(crate) use live::SegmentState;
 
-use crate::encryption::{Cipher, FreshNonce};
+use crate::encryption::Cipher;
 use crate::format::{
     aligned_chunk_start_after, RecordHeader, RecordKind, SegmentHeader, CHUNK_ALIGNMENT,
     CHUNK_TRAILER_SIZE, HEADER_SIZE,
@@ -491,9 +491,7 @@ impl Segments {
     /// the file itself, and buffers the record's header and (in a plain
     /// segment) its CRC trailer, after a padding record when needed, so
     /// that its data starts on a page: see `aligned_chunk_start`. `index`
-    /// is the chunk's index in its entry and `nonces` (for an encrypted
-    /// segment) the nonces of the header and the padding record, drawn
-    /// before the lock was taken. The data is in flight until
+    /// is the chunk's index in its entry. The data is in flight until
     /// [`Segments::data_written`].
     pub fn reserve_chunk(
         &mut self,
@@ -501,17 +499,12 @@ impl Segments {
         header: RecordHeader,
         crc: u32,
         index: u32,
-        nonces: Option<[FreshNonce; 2]>,
     ) -> io::Result<Placed> {
         let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let buffer_bytes = self.settings.buffer_bytes;
         let seg = self.live(segment)?;
         let layout = seg.segment.layout().clone();
         let header_size = layout.header_size() as u64;
-        let [header_nonce, padding_nonce] = match nonces {
-            Some([header, padding]) => [Some(header), Some(padding)],
-            None => [None, None],
-        };
         let mark = seg.segment.marked_to();
         let free = seg.reserved_end;
         let (pad, offset) = aligned_chunk_start_after(free, header_size);
@@ -533,9 +526,9 @@ impl Segments {
         // leaves the segment as it was.
         let padding_bytes = match pad {
             0 => None,
-            _ => Some(layout.encode(&padding, 0, segment, free, padding_nonce)?),
+            _ => Some(layout.encode(&padding, 0, segment, free)?),
         };
-        let encoded = layout.encode(&header, index, segment, offset, header_nonce)?;
+        let encoded = layout.encode(&header, index, segment, offset)?;
         if let Some(padding_bytes) = padding_bytes {
             let zeros = [0_u8; 2 * CHUNK_ALIGNMENT as usize];
             seg.buffer(free, &[&padding_bytes, &zeros[..padding.length as usize]]);
@@ -575,16 +568,14 @@ impl Segments {
     /// Places a small record (with its data and CRC for a chunk) in
     /// `segment`'s write buffer, its durable mark filled in; for a commit
     /// record, notes the committed id. In an encrypted segment `data` is
-    /// the chunk's sealed frames (its CRC is not stored), `index` the
-    /// chunk's index in its entry, and `nonce` the header's, drawn before
-    /// the lock was taken.
+    /// the chunk's sealed frames (its CRC is not stored) and `index` the
+    /// chunk's index in its entry.
     pub fn append_record(
         &mut self,
         segment: u64,
         header: RecordHeader,
         data: Option<(&[u8], u32)>,
         index: u32,
-        nonce: Option<FreshNonce>,
     ) -> io::Result<Placed> {
         let (full_at, half) = (self.full_at(segment), self.spare_half(segment));
         let buffer_bytes = self.settings.buffer_bytes;
@@ -596,7 +587,7 @@ impl Segments {
         };
         let layout = &seg.segment.layout();
         let record_len = layout.record_len(&header);
-        let encoded = layout.encode(&header, index, segment, offset, nonce)?;
+        let encoded = layout.encode(&header, index, segment, offset)?;
         seg.reserved_end += record_len;
         let end = seg.reserved_end;
         if header.kind == RecordKind::Commit {
