@@ -4,9 +4,9 @@
 //! random moments, reopens the database and checks every acknowledged
 //! blob. One child commits every transaction with `commit`; the other
 //! commits two in three with `commit_buffered`, the rest with `commit`,
-//! and now and then calls `Database::sync`. A killed process leaves the
-//! page cache behind, so no acknowledged commit may be lost, buffered or
-//! not.
+//! and now and then calls `Database::sync`; a third does the same on an
+//! encrypted store. A killed process leaves the page cache behind, so no
+//! acknowledged commit may be lost, buffered or not, encrypted or not.
 //!
 //! Replay a failing run with `SEDIMENT_KILL_SEED=<seed>`.
 
@@ -16,8 +16,12 @@ use std::path::Path;
 use sediment::{Config, Database, GrainId, SequenceId};
 use testkit::kill::{child_dir, child_run, pattern, KillRuns, Report};
 
+mod common;
+use common::Mode;
+
 const DURABLE_CHILD_ENV: &str = "SEDIMENT_KILL_CHILD_DIR";
 const BUFFERED_CHILD_ENV: &str = "SEDIMENT_BUFFERED_KILL_CHILD_DIR";
+const ENCRYPTED_CHILD_ENV: &str = "SEDIMENT_ENCRYPTED_KILL_CHILD_DIR";
 
 fn payload(key: u64) -> Vec<u8> {
     let len = match key % 9 {
@@ -29,13 +33,12 @@ fn payload(key: u64) -> Vec<u8> {
     pattern(key, len)
 }
 
-fn open(dir: &Path) -> sediment::Result<Database> {
-    Config::for_directory(dir)
-        .wal(|wal| {
-            wal.preallocate_bytes(512 * 1024)
-                .checkpoint_after_bytes(512 * 1024)
-        })
-        .open()
+fn open(dir: &Path, mode: Mode) -> sediment::Result<Database> {
+    mode.apply(Config::for_directory(dir).wal(|wal| {
+        wal.preallocate_bytes(512 * 1024)
+            .checkpoint_after_bytes(512 * 1024)
+    }))
+    .open()
 }
 
 /// How the child commits.
@@ -51,12 +54,12 @@ enum Commits {
 /// its own every fifth, `checkpoint_to` past an archive every seventh, a
 /// rollback every thirteenth. `ARCH grain` is printed before an archive
 /// is committed, `ACK sequence grain key` after each acknowledged commit.
-fn child(env: &str, commits: Commits) {
+fn child(env: &str, commits: Commits, mode: Mode) {
     let Some(dir) = child_dir(env) else {
         return;
     };
     let run = child_run();
-    let db = open(&dir).expect("child opens the database");
+    let db = open(&dir, mode).expect("child opens the database");
     let report = Report::new();
     std::thread::scope(|scope| {
         for thread in 0..3_u64 {
@@ -110,19 +113,32 @@ fn child(env: &str, commits: Commits) {
 /// Runs only inside a child process.
 #[test]
 fn child_process() {
-    child(DURABLE_CHILD_ENV, Commits::Durable);
+    child(DURABLE_CHILD_ENV, Commits::Durable, Mode::Plain);
 }
 
 /// Runs only inside a child process.
 #[test]
 fn buffered_child_process() {
-    child(BUFFERED_CHILD_ENV, Commits::Buffered);
+    child(BUFFERED_CHILD_ENV, Commits::Buffered, Mode::Plain);
+}
+
+/// Runs only inside a child process.
+#[test]
+fn encrypted_child_process() {
+    child(ENCRYPTED_CHILD_ENV, Commits::Buffered, Mode::Encrypted);
 }
 
 /// Kills `child_test` `kills` times and checks, after each kill, that every
 /// acknowledged blob not offered for archiving is intact, that the store
 /// verifies, and that no acknowledged sequence is beyond the recovered one.
-fn kill_and_check(test: &str, child_test: &'static str, child_env: &'static str, kills: usize) {
+/// `mode` is the child's: the store is reopened with the same key.
+fn kill_and_check(
+    test: &str,
+    child_test: &'static str,
+    child_env: &'static str,
+    kills: usize,
+    mode: Mode,
+) {
     let seed = testkit::rng::seed("SEDIMENT_KILL_SEED", test);
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("db");
@@ -161,8 +177,8 @@ fn kill_and_check(test: &str, child_test: &'static str, child_env: &'static str,
         acknowledged_transactions += sequences.len();
         kept.retain(|grain, _| !archived.contains(grain));
 
-        let db =
-            open(&dir).unwrap_or_else(|e| panic!("seed {seed}, kill {kill}: reopen failed: {e}"));
+        let db = open(&dir, mode)
+            .unwrap_or_else(|e| panic!("seed {seed}, kill {kill}: reopen failed: {e}"));
         for (grain, key) in &kept {
             let stored = db
                 .get(*grain)
@@ -197,6 +213,7 @@ fn sigkill_at_random_moments_loses_no_acknowledged_transaction() {
         "child_process",
         DURABLE_CHILD_ENV,
         50,
+        Mode::Plain,
     );
 }
 
@@ -207,5 +224,17 @@ fn sigkill_loses_no_acknowledged_buffered_or_durable_commit() {
         "buffered_child_process",
         BUFFERED_CHILD_ENV,
         30,
+        Mode::Plain,
+    );
+}
+
+#[test]
+fn sigkill_of_an_encrypted_store_loses_no_acknowledged_commit() {
+    kill_and_check(
+        "sigkill_of_an_encrypted_store_loses_no_acknowledged_commit",
+        "encrypted_child_process",
+        ENCRYPTED_CHILD_ENV,
+        30,
+        Mode::Encrypted,
     );
 }
