@@ -4,12 +4,14 @@
 //! torn or random part of the rest), and the restarted node still holds
 //! every write a client was told succeeded. The state machine applies
 //! without syncing, so after the cut it is usually behind the log; the
-//! restarted node applies the missing entries again from its log.
+//! restarted node applies the missing entries again from its log. The
+//! same runs are made with a node that encrypts its directory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use okaywal::encryption::StaticKey;
 use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use parking_lot::Mutex;
 use sediment_raft::node::{self, NodeConfig, RunningNode};
@@ -17,8 +19,13 @@ use sediment_raft::{LogStore, LogStoreConfig, StateMachine, StateMachineConfig};
 
 const ROOT: &str = "/node";
 
-fn config(fs: &CrashFileSystem, snapshots: &std::path::Path) -> NodeConfig {
-    NodeConfig {
+/// The key of the encrypted runs.
+fn key() -> StaticKey {
+    StaticKey::new([0x42; 32])
+}
+
+fn config(fs: &CrashFileSystem, snapshots: &std::path::Path, encrypted: bool) -> NodeConfig {
+    let config = NodeConfig {
         heartbeat_ms: 50,
         // Small segments and frequent snapshots: checkpoints, archive
         // files, snapshot builds and purges all happen under the load.
@@ -28,6 +35,11 @@ fn config(fs: &CrashFileSystem, snapshots: &std::path::Path) -> NodeConfig {
         file_system: Arc::new(fs.clone()),
         snapshot_directory: Some(snapshots.to_path_buf()),
         ..NodeConfig::new(1, "127.0.0.1:0".parse().unwrap(), ROOT)
+    };
+    if encrypted {
+        config.with_key_provider(key())
+    } else {
+        config
     }
 }
 
@@ -95,10 +107,10 @@ async fn write_until_power_off(
     acknowledged
 }
 
-async fn power_cut_at(seed: u64) -> (usize, bool) {
+async fn power_cut_at(seed: u64, encrypted: bool) -> (usize, bool) {
     let fs = CrashFileSystem::new();
     let snapshots = tempfile::tempdir().unwrap();
-    let running = start_leader(config(&fs, snapshots.path()), true).await;
+    let running = start_leader(config(&fs, snapshots.path(), encrypted), true).await;
     // Mostly syncs, spread over the run; every fourth cut at a rename (a
     // log checkpoint's metadata, a snapshot, a store's checkpoint).
     let (operation, nth) = if seed % 4 == 3 {
@@ -127,15 +139,18 @@ async fn power_cut_at(seed: u64) -> (usize, bool) {
         let fs = fs.clone();
         let snapshots = snapshots.path().to_path_buf();
         move || {
-            let log = LogStore::open_with(
-                LogStoreConfig::new(format!("{ROOT}/log")).file_system(Arc::new(fs.clone())),
-            )
-            .unwrap();
-            let sm = StateMachine::open_with(StateMachineConfig {
+            let mut log_config =
+                LogStoreConfig::new(format!("{ROOT}/log")).file_system(Arc::new(fs.clone()));
+            let mut sm_config = StateMachineConfig {
                 snapshot_directory: snapshots,
                 ..StateMachineConfig::new(format!("{ROOT}/state")).file_system(Arc::new(fs))
-            })
-            .unwrap();
+            };
+            if encrypted {
+                log_config = log_config.encryption(key());
+                sm_config = sm_config.encryption(key());
+            }
+            let log = LogStore::open_with(log_config).unwrap();
+            let sm = StateMachine::open_with(sm_config).unwrap();
             let last = log.log_state().last_log_id.map(|id| id.index);
             let applied = sm.applied().0.map(|id| id.index);
             log.shutdown().unwrap();
@@ -147,7 +162,7 @@ async fn power_cut_at(seed: u64) -> (usize, bool) {
     .unwrap();
     let behind = applied < log_last;
 
-    let running = start_leader(config(&fs, snapshots.path()), false).await;
+    let running = start_leader(config(&fs, snapshots.path(), encrypted), false).await;
     // A write of this term commits only once every earlier entry is
     // committed and applied.
     let client = reqwest::Client::new();
@@ -178,12 +193,23 @@ async fn power_cut_at(seed: u64) -> (usize, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_writes_survive_power_cuts_at_every_sync_point() {
+    power_cuts(0..24, false).await;
+}
+
+/// The same with a node that encrypts its log, its store, its metadata
+/// and its snapshots (other cut points than the plain runs').
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_writes_of_an_encrypted_node_survive_power_cuts() {
+    power_cuts(100..112, true).await;
+}
+
+async fn power_cuts(seeds: std::ops::Range<u64>, encrypted: bool) {
     let started = Instant::now();
     let mut acknowledged = 0;
     let mut behind = 0;
-    const CUTS: u64 = 24;
-    for seed in 0..CUTS {
-        let (n, was_behind) = power_cut_at(seed).await;
+    let cuts = seeds.end - seeds.start;
+    for seed in seeds {
+        let (n, was_behind) = power_cut_at(seed, encrypted).await;
         acknowledged += n;
         behind += usize::from(was_behind);
     }
@@ -195,7 +221,7 @@ async fn acknowledged_writes_survive_power_cuts_at_every_sync_point() {
         "no cut left the state machine behind its log: applies were synced"
     );
     println!(
-        "{acknowledged} acknowledged writes checked, {behind} of {CUTS} restarts re-applied from the log, in {:?}",
+        "{acknowledged} acknowledged writes checked, {behind} of {cuts} restarts re-applied from the log, in {:?}",
         started.elapsed()
     );
 }
