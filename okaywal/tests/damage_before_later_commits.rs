@@ -22,7 +22,8 @@ use common::encryption::Encryption;
 use common::follow::ChunkRecorder;
 use common::Rng;
 use okaywal::fs::{CrashFileSystem, FileSystem, MemoryFileSystem, OpenMode, PowerLoss};
-use okaywal::{Configuration, RecoveryMode, WriteAheadLog};
+use okaywal::{Configuration, HeaderStatus, RecoveryMode, WriteAheadLog};
+use testkit::recorder::Recorder;
 
 const DIR: &str = "/log";
 
@@ -225,6 +226,77 @@ fn written_len(bytes: &[u8]) -> usize {
         .iter()
         .rposition(|b| *b != 0)
         .map_or(0, |last| last + 1)
+}
+
+/// A checkpoint switches to a new, empty segment; the process ends before
+/// anything is written into it, with the segment before it still live.
+/// The next open replaces the empty segment under the same name; the new
+/// header must still record where the earlier segment ended, so that a
+/// flipped byte there is damage (an error), not a torn tail that drops
+/// its entries while later ones are kept.
+#[test]
+fn an_empty_last_segment_replaced_at_open_keeps_the_earlier_segments_end_recorded() {
+    for encryption in Encryption::BOTH {
+        let fs = MemoryFileSystem::new();
+        let path = |id: u64| Path::new(DIR).join(format!("wal-{id}"));
+        // Checkpoints are refused: the first segment stays live.
+        let log = config(fs.clone(), encryption)
+            .open(Recorder::refusing())
+            .expect("open");
+        let mut committed = Committed::default();
+        for n in 0..3_u8 {
+            commit(&log, &[vec![n; 100]], &mut committed);
+        }
+        // The checkpoint is refused, but the switch is made: segment 4 is
+        // the new, empty active segment.
+        let _ = log.checkpoint_active();
+        let empty = 4;
+        drop(log);
+        assert!(
+            fs.open(&path(empty), OpenMode::Read).is_ok(),
+            "{encryption:?}: no empty segment {empty}"
+        );
+        let first_end = config(fs.clone(), encryption)
+            .inspect_segment(1)
+            .expect("inspect")
+            .end
+            .expect("records")
+            .offset;
+
+        let log = config(fs.clone(), encryption)
+            .open(Recorder::refusing())
+            .expect("reopen");
+        commit(&log, &[b"after the reopen".to_vec()], &mut committed);
+        drop(log);
+        let header = config(fs.clone(), encryption)
+            .inspect_segment(empty)
+            .expect("inspect")
+            .header;
+        assert!(
+            matches!(header, HeaderStatus::Valid { previous: Some((1, end)), .. } if end == first_end),
+            "{encryption:?}: segment {empty} must record where segment 1 ended ({first_end}): {header:?}"
+        );
+
+        // A flipped byte in the second entry's data is damage.
+        let file = fs.open(&path(1), OpenMode::ReadWrite).expect("wal-1");
+        let mut bytes = vec![0; usize::try_from(file.len().unwrap()).unwrap()];
+        file.read_exact_at(&mut bytes, 0).unwrap();
+        let at = bytes
+            .windows(100)
+            .position(|w| w == [1_u8; 100])
+            .map_or(first_end as usize / 2, |p| p + 50);
+        file.write_all_at(&[bytes[at] ^ 0xff], at as u64).unwrap();
+        drop(file);
+        let err = config(fs.clone(), encryption)
+            .open(Recorder::refusing())
+            .err()
+            .unwrap_or_else(|| panic!("{encryption:?}: damage before later commits opened"));
+        assert_eq!(
+            err.kind(),
+            io::ErrorKind::InvalidData,
+            "{encryption:?}: {err}"
+        );
+    }
 }
 
 #[test]

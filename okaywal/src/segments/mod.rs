@@ -437,6 +437,21 @@ impl Segments {
     /// `next_entry_id`, after the recovered ones (a spare must be ready).
     /// Returns true if the maintenance thread should be woken.
     pub fn start(&mut self, next_entry_id: u64) -> io::Result<bool> {
+        // An empty last segment (a header and no record: a switch made just
+        // before the process ended) is named for `next_entry_id` as well,
+        // and the new segment takes its place under that name. Its header
+        // recorded where the segment before it ended; the new header must
+        // record that end too, not the empty segment's own, or damage in the
+        // earlier segment would later read as a torn tail.
+        if let Some(&last) = self.live.keys().next_back() {
+            let empty = self
+                .live
+                .get(&last)
+                .is_some_and(|seg| seg.reserved_end <= HEADER_SIZE && seg.open_entries == 0);
+            if last == next_entry_id && empty {
+                self.live.remove(&last);
+            }
+        }
         if let Some(&last) = self.live.keys().next_back() {
             // The highest recovered segment is the "previous active" one
             // the switch seals.
