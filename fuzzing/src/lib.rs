@@ -20,7 +20,13 @@ use sediment::{CommitRecord, Config, Database, GrainId, SequenceId};
 use testkit::recorder::Recorder;
 
 /// The names of the targets, matching `../fuzz/fuzz_targets/*.rs`.
-pub const TARGETS: [&str; 4] = ["wal_segment", "headers", "operations", "store_files"];
+pub const TARGETS: [&str; 5] = [
+    "wal_segment",
+    "headers",
+    "operations",
+    "store_files",
+    "sealed_store_files",
+];
 
 /// Runs target `name` on `data`.
 pub fn run(name: &str, data: &[u8]) {
@@ -29,6 +35,7 @@ pub fn run(name: &str, data: &[u8]) {
         "headers" => headers(data),
         "operations" => operations(data),
         "store_files" => store_files(data),
+        "sealed_store_files" => sealed_store_files(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -333,7 +340,23 @@ struct Image {
     embedded: Option<GrainId>,
 }
 
-fn image_config(fs: &MemoryFileSystem) -> Config {
+/// The key of the encrypted image.
+fn image_key() -> okaywal::encryption::StaticKey {
+    okaywal::encryption::StaticKey::new([0xA5; 32])
+}
+
+/// The image's configuration: `sealed` opens it encrypted (format
+/// version 2, its WAL encrypted too) with [`image_key`].
+fn image_config(fs: &MemoryFileSystem, sealed: bool) -> Config {
+    let config = image_config_plain(fs);
+    if sealed {
+        config.encryption(image_key())
+    } else {
+        config
+    }
+}
+
+fn image_config_plain(fs: &MemoryFileSystem) -> Config {
     Config::for_directory("/db")
         .file_system(fs.clone())
         .wal(|wal| {
@@ -345,9 +368,11 @@ fn image_config(fs: &MemoryFileSystem) -> Config {
         .direct_write_bytes(2048)
 }
 
-fn build_image() -> Image {
+fn build_image(sealed: bool) -> Image {
     let fs = MemoryFileSystem::new();
-    let db = image_config(&fs).open().expect("a fresh database opens");
+    let db = image_config(&fs, sealed)
+        .open()
+        .expect("a fresh database opens");
     let mut live = BTreeMap::new();
     let mut archived = BTreeMap::new();
     let write = |sizes: &[usize], seed: u8, archive: &[GrainId], checkpoint: Option<u64>| {
@@ -411,9 +436,13 @@ fn build_image() -> Image {
     }
 }
 
-fn image() -> &'static Image {
-    static IMAGE: OnceLock<Image> = OnceLock::new();
-    IMAGE.get_or_init(build_image)
+fn image(sealed: bool) -> &'static Image {
+    static PLAIN: OnceLock<Image> = OnceLock::new();
+    static SEALED: OnceLock<Image> = OnceLock::new();
+    match sealed {
+        false => PLAIN.get_or_init(|| build_image(false)),
+        true => SEALED.get_or_init(|| build_image(true)),
+    }
 }
 
 /// The operation byte of a `store_files` edit that removes the file (any
@@ -431,7 +460,20 @@ const REMOVE_FILE: u8 = 0x7F;
 /// silently. `verify`, `stats`, `commit_log` and a new transaction must not
 /// panic, and the new blob must not take the grains of a live one.
 pub fn store_files(data: &[u8]) {
-    let image = image();
+    damaged_store(data, false);
+}
+
+/// [`store_files`] on an encrypted store (format version 2: sealed
+/// blobs, stratum headers, index and commit log, and an encrypted WAL),
+/// opened with its key: the same edits must never make a blob read back
+/// with other bytes, so a changed, cut or zeroed sealed unit is an error
+/// or (in the logs) a torn tail, never data.
+pub fn sealed_store_files(data: &[u8]) {
+    damaged_store(data, true);
+}
+
+fn damaged_store(data: &[u8], sealed: bool) {
+    let image = image(sealed);
     let fs = MemoryFileSystem::new();
     let dir = Path::new("/db");
     fs.create_dir_all(dir).unwrap();
@@ -475,7 +517,7 @@ pub fn store_files(data: &[u8]) {
         let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
         file.write_all_at(bytes, 0).unwrap();
     }
-    let db = match image_config(&fs).open() {
+    let db = match image_config(&fs, sealed).open() {
         Ok(db) => db,
         Err(err) => {
             // Refusing to open is a fine answer to damage, if it says why.
@@ -561,7 +603,26 @@ mod tests {
     /// spread over every kind of file, or the target tests nothing.
     #[test]
     fn the_store_image_reads_back_whole_and_spans_every_kind_of_file() {
-        let image = image();
+        image_reads_back_whole(false);
+    }
+
+    /// The same for the encrypted image of `sealed_store_files`, which
+    /// must really be encrypted: it does not open without its key.
+    #[test]
+    fn the_sealed_store_image_reads_back_whole_and_needs_its_key() {
+        image_reads_back_whole(true);
+        let fs = MemoryFileSystem::new();
+        let dir = Path::new("/db");
+        fs.create_dir_all(dir).unwrap();
+        for (name, bytes) in &image(true).files {
+            let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
+            file.write_all_at(bytes, 0).unwrap();
+        }
+        assert!(image_config(&fs, false).open().is_err());
+    }
+
+    fn image_reads_back_whole(sealed: bool) {
+        let image = image(sealed);
         for (name, bytes) in &image.files {
             println!("{name}: {} bytes", bytes.len());
         }
@@ -575,7 +636,7 @@ mod tests {
             let file = fs.open(&dir.join(name), OpenMode::Create).unwrap();
             file.write_all_at(bytes, 0).unwrap();
         }
-        let db = image_config(&fs).open().unwrap();
+        let db = image_config(&fs, sealed).open().unwrap();
         for (grain, bytes) in &image.live {
             assert_eq!(db.get(*grain).unwrap().as_deref(), Some(&bytes[..]));
         }
