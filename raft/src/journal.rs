@@ -47,12 +47,22 @@ impl Journal {
     }
 }
 
-/// Whether the next record should be a full one: once the chain is longer
-/// than half the map (and than a floor), rewriting the map costs no more
-/// than what replaying the chain would.
+/// Whether the next record should be a full one. `replay_cost` is what a
+/// restart replays beyond the last full record: one for each record after
+/// it plus one for each key change those records carry. Once that reaches
+/// half the map (and a floor), rewriting the map costs no more than what
+/// replaying the chain would, so both the chain's grains and the replay
+/// stay within about half the map however many keys each record changes.
 #[must_use]
-pub fn wants_full_record(chain_len: usize, keys: usize) -> bool {
-    chain_len >= 64.max(keys / 2)
+pub fn wants_full_record(replay_cost: usize, keys: usize) -> bool {
+    replay_cost >= 64.max(keys / 2)
+}
+
+/// What one record adds to the replay cost of the chain it extends (see
+/// [`wants_full_record`]).
+#[must_use]
+pub fn replay_cost(changes: usize) -> usize {
+    1 + changes
 }
 
 #[cfg(test)]
@@ -83,5 +93,28 @@ mod tests {
         assert!(wants_full_record(64, 0));
         assert!(!wants_full_record(64, 1000));
         assert!(wants_full_record(500, 1000));
+    }
+
+    /// Records that each add several new keys: the chain still ends, after
+    /// about as many changes as the map held when it began.
+    #[test]
+    fn records_of_many_new_keys_still_start_new_chains() {
+        for per_record in [1, 2, 8, 64] {
+            let mut keys = 10_000;
+            let (mut cost, mut records) = (0, 0);
+            while !wants_full_record(cost, keys) {
+                keys += per_record;
+                cost += replay_cost(per_record);
+                records += 1;
+                assert!(
+                    records <= 10_000,
+                    "{per_record} keys a record: no full record"
+                );
+            }
+            assert!(
+                cost <= 10_000 + replay_cost(per_record) * 2,
+                "{per_record}: {cost}"
+            );
+        }
     }
 }

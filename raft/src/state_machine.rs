@@ -36,7 +36,8 @@ use sediment::{Database, GrainId, SequenceId};
 
 use crate::encryption::{classify, key_error, SharedKeys};
 use crate::error::{Error, Result};
-use crate::journal::{wants_full_record, Journal};
+use crate::journal::{replay_cost, wants_full_record, Journal};
+use crate::log_store::{payload_bytes, INLINE_APPEND_BYTES};
 use crate::sealed_snapshot::{is_sealed, SealedSnapshotReader, SealedSnapshotWriter};
 use crate::snapshot::{SnapshotReader, SnapshotWriter};
 use crate::snapshot_data::{SnapshotData, SnapshotParts};
@@ -115,6 +116,9 @@ struct SmState {
     membership: StoredMembership,
     /// The journal grains since (and including) the last full record.
     chain: Vec<GrainId>,
+    /// What a restart replays beyond the last full record
+    /// ([`crate::journal::replay_cost`] of each record after it).
+    replay_cost: usize,
     /// The sediment sequence the in-memory view was committed at.
     sequence: u64,
     current_snapshot: Option<(SnapshotMeta, PathBuf)>,
@@ -254,6 +258,12 @@ impl StateMachine {
             records.push(record);
         }
         state.chain.reverse();
+        state.replay_cost = records
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|record| replay_cost(record.changes.len()))
+            .sum();
         for record in records.into_iter().rev() {
             for (key, value) in record.changes {
                 match value {
@@ -354,6 +364,12 @@ impl StateMachine {
         Ok(())
     }
 
+    /// Whether the next apply writes a full journal record.
+    fn next_record_is_full(&self) -> bool {
+        let state = self.shared.state.lock();
+        wants_full_record(state.replay_cost, state.index.len())
+    }
+
     /// Applies `entries` in one sediment transaction.
     pub fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Response>> {
         let shared = &*self.shared;
@@ -373,11 +389,12 @@ impl StateMachine {
                     })?;
             }
         }
-        let (mut membership, chain, safe, keys_before) = {
+        let (mut membership, chain_last, cost_before, safe, keys_before) = {
             let state = shared.state.lock();
             (
                 state.membership.clone(),
-                state.chain.clone(),
+                state.chain.last().copied(),
+                state.replay_cost,
                 shared.safe_checkpoint(&state),
                 state.index.len(),
             )
@@ -441,9 +458,12 @@ impl StateMachine {
                 }
             }
         }
-        let full = wants_full_record(chain.len(), keys_before);
+        let full = wants_full_record(cost_before, keys_before);
         let (record, new_index) = if full {
-            let mut index = self.shared.state.lock().index.clone();
+            let (mut index, chain) = {
+                let state = shared.state.lock();
+                (state.index.clone(), state.chain.clone())
+            };
             for (key, value) in &changes {
                 match value {
                     Some(id) => index.insert(key.clone(), *id),
@@ -465,7 +485,7 @@ impl StateMachine {
             (record, Some(index))
         } else {
             let record = Journal {
-                prev: chain.last().map(|id| id.as_u64()),
+                prev: chain_last.map(GrainId::as_u64),
                 last_applied: Some(last),
                 membership: membership.clone(),
                 changes: changes
@@ -475,14 +495,17 @@ impl StateMachine {
             };
             (record, None)
         };
+        let added_cost = replay_cost(record.changes.len());
         let (journal, sequence) = commit_journal(db, tx, &record, safe, Commit::Buffered)?;
         let mut state = shared.state.lock();
         match new_index {
             Some(index) => {
                 state.index = index;
                 state.chain = vec![journal];
+                state.replay_cost = 0;
             }
             None => {
+                state.replay_cost += added_cost;
                 for (key, value) in changes {
                     match value {
                         Some(id) => state.index.insert(key, id),
@@ -655,6 +678,7 @@ impl StateMachine {
             let mut state = shared.state.lock();
             state.index = index;
             state.chain = vec![journal];
+            state.replay_cost = 0;
             state.last_applied = meta.last_log_id;
             state.membership = meta.last_membership.clone();
             state.sequence = sequence.0;
@@ -894,6 +918,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        // Small applies are done in place, as small appends are
+        // (`crate::log_store`): they copy values into the store's grains
+        // and hand a buffered commit to the OS, no sync, and the hand-off
+        // to a blocking thread and back would cost more than that.
+        // An apply that writes a full journal record (the whole map) goes
+        // to a blocking thread whatever its size.
+        if payload_bytes(&entries) <= INLINE_APPEND_BYTES && !self.next_record_is_full() {
+            return self.apply_entries(entries).map_err(sm_error);
+        }
         let sm = self.clone();
         blocking(move || sm.apply_entries(entries))
             .await
