@@ -1,10 +1,13 @@
 //! The Raft log on okaywal: openraft's [`RaftLogStorage`].
 //!
 //! Every `append` is one WAL entry with one chunk per Raft entry, committed
-//! with `commit_buffered` (handed to the OS in log order); a sync thread
-//! then calls `WriteAheadLog::sync` once for every append queued meanwhile
-//! and only after it returns fires their `LogFlushed` callbacks, so appends
-//! share fsyncs. Votes, truncations and purges are WAL entries too, synced
+//! with `commit_buffered` (handed to the OS in log order), then made
+//! durable by `WriteAheadLog::sync`, and only after that sync returns are
+//! the `LogFlushed` callbacks of every append it covered fired, so appends
+//! share fsyncs. The append syncs in place when no sync is running
+//! (openraft waits for the flush before it appends again, so the hand-off
+//! to another thread and back would only add to each write); otherwise a
+//! sync thread syncs once for every append queued meanwhile. Votes, truncations and purges are WAL entries too, synced
 //! before their call returns. The committed log id is written the same way
 //! but not synced: the next sync of the log (an append's) carries it. Raft
 //! does not need it durable, as a restarted node learns it again from the
@@ -339,6 +342,8 @@ struct SyncQueueState {
     /// Every write up to this number is durable.
     synced: u64,
     waiting: Vec<(u64, Durable)>,
+    /// A sync is running (on the sync thread or in place).
+    syncing: bool,
     closed: bool,
 }
 
@@ -374,6 +379,60 @@ impl SyncQueue {
             state.waiting.push((seq, done));
             drop(state);
             self.wake.notify_one();
+        }
+    }
+
+    /// Makes write `seq` durable and runs `done`, syncing on the calling
+    /// thread when no sync is running: the caller saves the hand-off to the
+    /// sync thread and back. While another sync runs, `done` waits for the
+    /// sync thread as with [`SyncQueue::when_durable`]. Callbacks of other
+    /// writes the sync covers run here too.
+    fn sync_in_place(&self, wal: &WriteAheadLog, syncs: &Histogram, seq: u64, done: Durable) {
+        let target = {
+            let mut state = self.state.lock();
+            if state.synced >= seq {
+                drop(state);
+                done(Ok(()));
+                return;
+            }
+            if state.syncing || state.closed {
+                drop(state);
+                self.when_durable(seq, done);
+                return;
+            }
+            state.syncing = true;
+            state.waiting.push((seq, done));
+            state.written
+        };
+        let waiting = self.state.lock().waiting.len();
+        let result = timed_sync(wal, syncs, waiting);
+        self.finish_sync(target, &result);
+    }
+
+    /// Records the end of a sync that covered every write up to `target`
+    /// and runs the callbacks it covered; wakes the sync thread for any
+    /// left.
+    fn finish_sync(&self, target: u64, result: &io::Result<()>) {
+        let ready: Vec<Durable> = {
+            let mut state = self.state.lock();
+            state.syncing = false;
+            if result.is_ok() {
+                state.synced = state.synced.max(target);
+            }
+            let (ready, later) = std::mem::take(&mut state.waiting)
+                .into_iter()
+                .partition(|(seq, _)| *seq <= target);
+            state.waiting = later;
+            if !state.waiting.is_empty() || state.closed {
+                self.wake.notify_one();
+            }
+            ready.into_iter().map(|(_, done)| done).collect()
+        };
+        for done in ready {
+            done(match result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+            });
         }
     }
 
@@ -874,14 +933,37 @@ impl LogManager for Manager {
 /// A log sync slower than this is logged as a warning.
 const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// One `WriteAheadLog::sync`, timed into `syncs` and logged when slow.
+fn timed_sync(wal: &WriteAheadLog, syncs: &Histogram, waiting: usize) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    let result = wal.sync().map(|_| ());
+    let elapsed = started.elapsed();
+    syncs.observe(elapsed);
+    if elapsed >= SLOW_SYNC {
+        tracing::warn!(
+            millis = elapsed.as_millis() as u64,
+            appends = waiting,
+            "slow sync of the Raft log"
+        );
+    }
+    if let Err(e) = &result {
+        tracing::error!(error = %e, "syncing the Raft log failed");
+    }
+    result
+}
+
 /// Syncs the log whenever a callback waits for a write that is not durable
-/// yet, then runs the callbacks the sync covered; once the queue is closed,
-/// syncs what still waits and returns.
+/// yet and no other sync runs, then runs the callbacks the sync covered;
+/// once the queue is closed, syncs what still waits and returns.
 fn sync_loop(wal: WriteAheadLog, queue: Arc<SyncQueue>, syncs: Arc<Histogram>) {
     loop {
         let (target, waiting) = {
             let mut state = queue.state.lock();
-            while state.waiting.is_empty() && !state.closed {
+            while (state.waiting.is_empty() || state.syncing) && !state.closed {
+                queue.wake.wait(&mut state);
+            }
+            while state.syncing {
+                // Closed while a sync runs in place: its end wakes us.
                 queue.wake.wait(&mut state);
             }
             if state.waiting.is_empty() {
@@ -901,39 +983,11 @@ fn sync_loop(wal: WriteAheadLog, queue: Arc<SyncQueue>, syncs: Arc<Histogram>) {
                 }
                 continue;
             }
+            state.syncing = true;
             (state.written, state.waiting.len())
         };
-        let started = std::time::Instant::now();
-        let result = wal.sync();
-        let elapsed = started.elapsed();
-        syncs.observe(elapsed);
-        if elapsed >= SLOW_SYNC {
-            tracing::warn!(
-                millis = elapsed.as_millis() as u64,
-                appends = waiting,
-                "slow sync of the Raft log"
-            );
-        }
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "syncing the Raft log failed");
-        }
-        let ready: Vec<Durable> = {
-            let mut state = queue.state.lock();
-            if result.is_ok() {
-                state.synced = state.synced.max(target);
-            }
-            let (ready, later) = std::mem::take(&mut state.waiting)
-                .into_iter()
-                .partition(|(seq, _)| *seq <= target);
-            state.waiting = later;
-            ready.into_iter().map(|(_, done)| done).collect()
-        };
-        for done in ready {
-            done(match &result {
-                Ok(_) => Ok(()),
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            });
-        }
+        let result = timed_sync(&wal, &syncs, waiting);
+        queue.finish_sync(target, &result);
     }
 }
 
@@ -1100,7 +1154,12 @@ impl LogStore {
         let Some(rest_first) = rest.first().map(|entry| entry.log_id.index) else {
             StageCounters::add(&counters.appends_prestaged, 1);
             drop(writes);
-            self.inner.syncer.when_durable(present_seq, on_durable);
+            self.inner.syncer.sync_in_place(
+                &self.inner.wal,
+                &self.inner.syncs,
+                present_seq,
+                on_durable,
+            );
             return Ok(());
         };
         let (replaces, prev, vote) = {
@@ -1167,7 +1226,11 @@ impl LogStore {
         }
         let seq = self.inner.syncer.written();
         drop(writes);
-        self.inner.syncer.when_durable(seq, on_durable);
+        // openraft waits for this sync before it appends again: made here
+        // when no other sync runs, it saves two thread hand-offs per entry.
+        self.inner
+            .syncer
+            .sync_in_place(&self.inner.wal, &self.inner.syncs, seq, on_durable);
         Ok(())
     }
 
@@ -1704,11 +1767,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // openraft waits for each append's flush before it appends again,
         // so the hand-off to a blocking thread (~150 µs here) is paid once
         // per entry on every node. Small appends are done in place: they
-        // copy into the WAL's buffer and hand it to the OS (a `pwrite`, no
-        // sync; the sync happens on the log's sync thread either way). They
-        // can still wait inside `begin_entry`: up to 100 ms for open entries
-        // at a segment switch, and for the checkpointer when too many
-        // segments await it. openraft's core awaits this call in either
+        // copy into the WAL's buffer, hand it to the OS (a `pwrite`) and
+        // sync it unless a sync is already running. They can also wait
+        // inside `begin_entry`: up to 100 ms for open entries at a segment
+        // switch, and for the checkpointer when too many segments await
+        // it. openraft's core awaits this call and its flush in either
         // case; in place, the wait also holds this runtime worker.
         if payload_bytes(&entries) <= INLINE_APPEND_BYTES {
             return self
