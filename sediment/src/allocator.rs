@@ -1,4 +1,16 @@
 //! Grain bitmaps of one stratum and first-fit allocation of grain runs.
+//!
+//! First fit scans the busy bitmap a run of busy or free grains at a time
+//! (not a grain at a time) and starts from a hint per run length: "no
+//! `count` free grains in a row start below `at`". Reserving only makes
+//! grains busy, so a hint stays true until grains are released, and a
+//! release lowers each hint just enough to cover the runs it can create.
+//! A stratum whose free space is scattered in holes too small for a blob
+//! is then passed over at once instead of scanned again by every
+//! allocation that tries it.
+
+/// Hints kept per stratum (one per recently requested run length).
+const MAX_HINTS: usize = 8;
 
 /// Returns bit `i` of `words`.
 pub(crate) fn bit(words: &[u64], i: u32) -> bool {
@@ -37,10 +49,12 @@ pub(crate) struct StratumBits {
     /// Grains that may not be handed out: live, reserved by a running
     /// transaction, or freed but not yet reusable.
     pub busy: Vec<u64>,
-    /// No free grain lies below this index.
-    pub free_hint: u32,
     /// Number of busy grains.
     pub busy_count: u32,
+    /// `(count, at)`: no run of `count` free grains starts below `at`
+    /// (true for any larger count too). One entry per count; an entry that
+    /// a smaller count's says more than is dropped.
+    hints: Vec<(u32, u32)>,
 }
 
 impl StratumBits {
@@ -54,48 +68,87 @@ impl StratumBits {
             busy: allocated.clone(),
             durable_allocated: allocated,
             durable_starts: starts,
-            free_hint: 0,
             busy_count,
+            hints: Vec::new(),
         }
     }
 
-    /// Finds and reserves `count` consecutive free grains (first fit).
+    /// Finds and reserves `count` consecutive free grains (first fit: the
+    /// lowest run there is).
     pub fn reserve(&mut self, count: u32) -> Option<u32> {
-        if self.capacity - self.busy_count < count {
+        if count == 0 || self.capacity - self.busy_count < count {
             return None;
         }
-        let mut run_start = self.free_hint;
-        let mut i = self.free_hint;
-        let mut first_free = None;
-        while i < self.capacity {
-            let word = self.busy[(i / 64) as usize];
-            if word == u64::MAX && i % 64 == 0 {
-                i += 64;
-                run_start = i;
-                continue;
-            }
-            if bit(&self.busy, i) {
-                i += 1;
-                run_start = i;
-                continue;
-            }
-            first_free.get_or_insert(i);
-            if i + 1 - run_start == count {
-                set_bits(&mut self.busy, run_start, count, true);
+        let from = self.hint_for(count);
+        match self.find_run(from, count) {
+            Some(start) => {
+                set_bits(&mut self.busy, start, count, true);
                 self.busy_count += count;
-                if first_free == Some(run_start) {
-                    self.free_hint = run_start + count;
-                } else if let Some(free) = first_free {
-                    self.free_hint = free;
-                }
+                self.note_hint(count, start);
+                Some(start)
+            }
+            None => {
+                self.note_hint(count, self.capacity);
+                None
+            }
+        }
+    }
+
+    /// Where a search for `count` free grains may start.
+    fn hint_for(&self, count: u32) -> u32 {
+        self.hints
+            .iter()
+            .filter(|(c, _)| *c <= count)
+            .map(|(_, at)| *at)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Records that no run of `count` free grains starts below `at`.
+    fn note_hint(&mut self, count: u32, at: u32) {
+        match self.hints.iter_mut().find(|(c, _)| *c == count) {
+            Some(hint) => hint.1 = hint.1.max(at),
+            None => self.hints.push((count, at)),
+        }
+        // A hint is worthless when one for a count no larger starts at
+        // least as high.
+        let all = self.hints.clone();
+        self.hints.retain(|&(c2, a2)| {
+            !all.iter()
+                .any(|&(c1, a1)| (c1, a1) != (c2, a2) && c1 <= c2 && a1 >= a2)
+        });
+        if self.hints.len() > MAX_HINTS {
+            self.hints.sort_unstable();
+            self.hints.truncate(MAX_HINTS);
+        }
+    }
+
+    /// The lowest `start >= from` with grains `start..start + count` all
+    /// free, scanning whole runs of free and busy grains at a time.
+    fn find_run(&self, from: u32, count: u32) -> Option<u32> {
+        let mut i = from;
+        let mut run_start = from;
+        while i < self.capacity {
+            let offset = i % 64;
+            let word = self.busy[(i / 64) as usize] >> offset;
+            let valid = (64 - offset).min(self.capacity - i);
+            // Free grains from `i` on within this word.
+            let free = if word == 0 {
+                valid
+            } else {
+                word.trailing_zeros().min(valid)
+            };
+            i += free;
+            if i - run_start >= count {
                 return Some(run_start);
             }
-            i += 1;
-        }
-        if let Some(free) = first_free {
-            self.free_hint = free;
-        } else {
-            self.free_hint = self.capacity;
+            if free == valid {
+                continue;
+            }
+            // Grain `i` is busy: pass its busy run.
+            let busy = (word >> free).trailing_ones().min(valid - free);
+            i += busy;
+            run_start = i;
         }
         None
     }
@@ -108,7 +161,12 @@ impl StratumBits {
             }
         }
         set_bits(&mut self.busy, start, count, false);
-        self.free_hint = self.free_hint.min(start);
+        // A run of `c` free grains that uses any released grain starts at
+        // `start - (c - 1)` or later: the free grains just before `start`
+        // were a run shorter than `c` if it began below the hint.
+        for hint in &mut self.hints {
+            hint.1 = hint.1.min(start.saturating_sub(hint.0 - 1));
+        }
     }
 
     /// Marks grains as busy (used when replaying allocations).
@@ -215,6 +273,60 @@ mod tests {
         bits.release(0, 10);
         assert_eq!(bits.reserve(11), None);
         assert_eq!(bits.reserve(10), Some(0));
+    }
+
+    /// The lowest run of `count` free grains, one grain at a time.
+    fn naive_first_fit(bits: &StratumBits, count: u32) -> Option<u32> {
+        (0..bits.capacity.saturating_sub(count - 1))
+            .find(|&p| all_bits(&bits.busy, p, count, false))
+    }
+
+    #[test]
+    fn reserve_finds_the_same_runs_as_a_grain_by_grain_first_fit() {
+        for seed in 0..20u64 {
+            let mut rng = testkit::rng::Rng::new(seed);
+            let capacity = 64 * (1 + rng.below(40) as u32);
+            let mut bits = empty(capacity);
+            let mut held: Vec<(u32, u32)> = Vec::new();
+            for step in 0..3_000 {
+                if !held.is_empty() && rng.below(100) < 45 {
+                    let (start, count) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                    bits.release(start, count);
+                    continue;
+                }
+                // Mostly small runs, now and then a long one.
+                let count = if rng.below(10) == 0 {
+                    1 + rng.below(200) as u32
+                } else {
+                    1 + rng.below(6) as u32
+                };
+                let expected = naive_first_fit(&bits, count);
+                let got = bits.reserve(count);
+                assert_eq!(got, expected, "seed {seed}, step {step}, count {count}");
+                if let Some(start) = got {
+                    held.push((start, count));
+                }
+                let busy: u32 = bits.busy.iter().map(|w| w.count_ones()).sum();
+                assert_eq!(busy, bits.busy_count, "seed {seed}, step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn scattered_holes_too_small_are_passed_over() {
+        let mut bits = empty(1 << 16);
+        while bits.reserve(1).is_some() {}
+        for start in (0..1 << 16).step_by(2) {
+            bits.release(start, 1);
+        }
+        assert_eq!(bits.reserve(2), None);
+        // The hint says so without a scan; a release that makes room
+        // brings the run back.
+        assert_eq!(bits.hint_for(2), bits.capacity);
+        assert_eq!(bits.reserve(3), None);
+        bits.release(1001, 1);
+        assert_eq!(bits.reserve(3), Some(1000));
+        assert_eq!(bits.reserve(1), Some(0));
     }
 
     #[test]
