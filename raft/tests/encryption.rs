@@ -10,12 +10,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{free_port, put, Cluster, Rng};
+use common::{put, run_node_to_exit, Cluster, Rng};
 use okaywal::encryption::{KeyError, StaticKey};
 use openraft::{CommittedLeaderId, EntryPayload};
 use sediment_raft::types::{Entry, LogId, Request};
@@ -215,35 +214,6 @@ async fn an_encrypted_cluster_serves_catches_up_and_leaves_no_plaintext() {
     );
 }
 
-/// Runs `sediment-raft node` on `dir` with `args` until it exits (at
-/// most 30 s): whether it succeeded, and its stderr.
-fn run_to_exit(dir: &Path, args: &[&str]) -> (Option<bool>, String) {
-    let log = dir.with_extension("refused.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["node", "--id", "1", "--heartbeat-ms", "100", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status.success());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_or_missing_key_refuses_to_start_and_changes_nothing() {
     let mut cluster = Cluster::start(&[], &[]);
@@ -297,7 +267,7 @@ async fn a_wrong_or_missing_key_refuses_to_start_and_changes_nothing() {
         ("no key", vec![], "no key was given"),
     ];
     for (what, args, says) in cases {
-        let (status, log) = run_to_exit(&dir, &args);
+        let (status, log) = run_node_to_exit(&dir, &args);
         println!("{what}: {}", log.trim());
         assert_eq!(
             status,
@@ -327,7 +297,7 @@ async fn a_wrong_or_missing_key_refuses_to_start_and_changes_nothing() {
         })
         .unwrap();
     let plain_before = files(&plain);
-    let (status, log) = run_to_exit(&plain, &["--key-file", &key_arg]);
+    let (status, log) = run_node_to_exit(&plain, &["--key-file", &key_arg]);
     assert_eq!(status, Some(false), "{log}");
     assert!(log.contains("not encrypted"), "{log}");
     assert!(
@@ -356,7 +326,7 @@ async fn a_wrong_or_missing_key_refuses_to_start_and_changes_nothing() {
     let aside = cluster.dir.path().join("aside");
     std::fs::rename(dir.join("state/snapshots"), &aside).unwrap();
     std::fs::create_dir(dir.join("state/snapshots")).unwrap();
-    let (status, log) = run_to_exit(&dir, &["--key-file", &key_arg]);
+    let (status, log) = run_node_to_exit(&dir, &["--key-file", &key_arg]);
     assert_eq!(status, Some(false), "{log}");
     assert!(log.contains("holds no snapshot"), "{log}");
     assert!(log.contains("purged through"), "{log}");

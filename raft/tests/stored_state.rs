@@ -11,9 +11,9 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::free_port;
+use common::{free_port, run_node_to_exit};
 use okaywal::LogVoid;
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 use sediment_raft::log_format::encode_entry_header;
@@ -45,36 +45,8 @@ fn append(store: &LogStore, entries: Vec<Entry>) {
     assert!(durable.recv().unwrap(), "the append was made durable");
 }
 
-/// Runs a node on `dir` until it exits (at most 30 s); returns whether it
-/// succeeded and what it printed.
-fn run_node(dir: &Path) -> (Option<bool>, String) {
-    let log = dir.with_extension("log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["node", "--id", "1", "--heartbeat-ms", "50", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status.success());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
-
 fn assert_refused_at_start(dir: &Path, what: &str) {
-    let (status, log) = run_node(dir);
+    let (status, log) = run_node_to_exit(dir, &[]);
     println!("{what}: {}", log.trim());
     assert_eq!(status, Some(false), "{what}: the node did not stop: {log}");
     assert!(!log.contains("panicked"), "{what}: {log}");

@@ -10,6 +10,36 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Runs a one-node `sediment-raft node` on `dir` with `args` until it
+/// exits (at most 30 s, then it is killed): whether it succeeded (`None`
+/// if it had to be killed), and its stderr.
+pub fn run_node_to_exit(dir: &Path, args: &[&str]) -> (Option<bool>, String) {
+    let log = dir.with_extension("run.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
+        .args(["node", "--id", "1", "--heartbeat-ms", "100", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 /// A plain-HTTP client that follows no redirects and gives up on a
 /// request after `timeout`.
 pub fn plain_client(timeout: Duration) -> reqwest::Client {
