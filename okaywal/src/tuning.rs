@@ -24,14 +24,6 @@ pub(crate) const INLINE_CHUNK_LIMIT: usize = 64 * 1024;
 /// ciphertext in memory, not the whole chunk.
 pub(crate) const SEAL_BATCH_FRAMES: u64 = 16;
 
-/// An encrypted large chunk up to this size is sealed whole, into one
-/// buffer, before its room in the segment is reserved and then written
-/// with one `pwrite`: the hole its reservation leaves in the log (which
-/// later committers' syncs must wait for) lasts for the write only, not
-/// for the encryption too. Larger chunks are sealed after the reservation,
-/// [`SEAL_BATCH_FRAMES`] at a time, so that memory stays bounded.
-pub(crate) const PRESEAL_BYTES: usize = 4 << 20;
-
 /// Entries from this size commit with a sync pass of their own (see
 /// `EntryWriter::commit_with`): their writers gain more from overlapping
 /// syncs than from sharing one.

@@ -12,7 +12,7 @@ use crate::format::{
 use crate::position::{EntryId, LogPosition};
 use crate::sealed::{ChunkId, SegmentSeal};
 use crate::segment::Segment;
-use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, PRESEAL_BYTES, SEAL_BATCH_FRAMES};
+use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, SEAL_BATCH_FRAMES};
 use crate::WriteAheadLog;
 
 /// How durable a commit is when it returns; see
@@ -147,34 +147,19 @@ impl<'log> EntryWriter<'log> {
         } else {
             // Large chunks are copied by their writers in parallel, with one
             // `pwrite` each; header and trailer wait in the write buffer.
-            // Encrypted, the writer seals the frames (bound to the segment,
-            // entry, chunk and frame, not to an offset) before the
-            // reservation when the chunk is at most `PRESEAL_BYTES`, else
-            // after it, 16 at a time; its header waits alone (sealed under
-            // the lock, like the padding's).
-            let presealed = match &seal {
-                Some(seal) if data.len() <= PRESEAL_BYTES => {
-                    let mut sealed = Vec::with_capacity(sealed_data_len(length) as usize);
-                    seal.seal_frames(chunk, 0, data, &mut sealed)
-                        .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
-                    Some(sealed)
-                }
-                _ => None,
-            };
+            // Encrypted, the writer seals the frames after the reservation
+            // and writes them 16 at a time; its header waits alone (sealed
+            // under the lock, like the padding's).
             let offset = inner
                 .reserve_chunk(&self.segment, header, crc, chunk.index)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
             let data_offset = offset + self.segment.layout().header_size() as u64;
-            let result = match (&seal, &presealed) {
-                (_, Some(sealed)) => self
-                    .segment
-                    .write_reserved(sealed, data_offset)
-                    .map_err(Failed::Write),
-                (None, None) => self
+            let result = match &seal {
+                None => self
                     .segment
                     .write_reserved(data, data_offset)
                     .map_err(Failed::Write),
-                (Some(seal), None) => write_sealed(&self.segment, seal, chunk, data, data_offset),
+                Some(seal) => write_sealed(&self.segment, seal, chunk, data, data_offset),
             };
             inner.data_written(self.segment.id(), offset);
             match result {

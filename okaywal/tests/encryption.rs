@@ -230,10 +230,10 @@ fn every_reader_reads_an_encrypted_log_with_its_key() {
         .any(|record| record.kind == RecordType::Commit));
 }
 
-/// Large chunks are sealed whole before their room is reserved up to a
-/// few MiB, and in batches of frames after it beyond; chunks of both
-/// kinds, written by several threads at once, read back by position, live
-/// and after a reopen, and leave no plaintext on disk.
+/// Large chunks are sealed and written by their writers, 16 frames of
+/// 64 KiB at a time: chunks of one frame to more than five batches,
+/// written by several threads at once, read back by position, live and
+/// after a reopen, and leave no plaintext on disk.
 #[test]
 fn large_encrypted_chunks_of_every_size_read_back_and_leave_no_plaintext() {
     let dir = tempfile::tempdir().unwrap();
