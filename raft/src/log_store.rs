@@ -7,8 +7,9 @@
 //! share fsyncs. The append syncs in place when no sync is running
 //! (openraft waits for the flush before it appends again, so the hand-off
 //! to another thread and back would only add to each write); otherwise a
-//! sync thread syncs once for every append queued meanwhile. Votes, truncations and purges are WAL entries too, synced
-//! before their call returns. The committed log id is written the same way
+//! sync thread syncs once for every append queued meanwhile. Votes,
+//! truncations and purges are WAL entries too, synced before their call
+//! returns. The committed log id is written the same way
 //! but not synced: the next sync of the log (an append's) carries it. Raft
 //! does not need it durable, as a restarted node learns it again from the
 //! leader, and a committed id that did survive only lets the node re-apply
@@ -388,7 +389,7 @@ impl SyncQueue {
     /// sync thread as with [`SyncQueue::when_durable`]. Callbacks of other
     /// writes the sync covers run here too.
     fn sync_in_place(&self, wal: &WriteAheadLog, syncs: &Histogram, seq: u64, done: Durable) {
-        let target = {
+        let (target, waiting) = {
             let mut state = self.state.lock();
             if state.synced >= seq {
                 drop(state);
@@ -402,9 +403,8 @@ impl SyncQueue {
             }
             state.syncing = true;
             state.waiting.push((seq, done));
-            state.written
+            (state.written, state.waiting.len())
         };
-        let waiting = self.state.lock().waiting.len();
         let result = timed_sync(wal, syncs, waiting);
         self.finish_sync(target, &result);
     }
@@ -1804,4 +1804,65 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 #[must_use]
 pub fn log_ids(entries: &[Entry]) -> Vec<LogId> {
     entries.iter().map(|e| *e.get_log_id()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Writers that sync in place and writers that leave it to the sync
+    /// thread, at once: every callback runs exactly once, after a sync
+    /// that covered its write, and nothing is left waiting.
+    #[test]
+    fn syncs_in_place_and_on_the_sync_thread_cover_every_write_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = okaywal::Configuration::default_for(dir.path())
+            .open(okaywal::LogVoid)
+            .unwrap();
+        let queue = Arc::new(SyncQueue::default());
+        let syncs = Arc::new(Histogram::default());
+        let thread = {
+            let (wal, queue, syncs) = (wal.clone(), queue.clone(), syncs.clone());
+            std::thread::spawn(move || sync_loop(wal, queue, syncs))
+        };
+        let fired = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|scope| {
+            for writer in 0..4 {
+                let (wal, queue, syncs, fired) = (&wal, &queue, &syncs, &fired);
+                scope.spawn(move || {
+                    for i in 0..100 {
+                        let mut entry = wal.begin_entry().unwrap();
+                        entry.write_chunk(&[writer as u8; 16]).unwrap();
+                        entry.commit_buffered().unwrap();
+                        let seq = queue.written();
+                        let (sent, done) = std::sync::mpsc::channel();
+                        let fired = fired.clone();
+                        let check = queue.clone();
+                        let callback: Durable = Box::new(move |result| {
+                            assert!(result.is_ok());
+                            assert!(check.state.lock().synced >= seq, "fired before its sync");
+                            fired.fetch_add(1, Ordering::SeqCst);
+                            let _ = sent.send(());
+                        });
+                        if (writer + i) % 2 == 0 {
+                            queue.sync_in_place(wal, syncs, seq, callback);
+                        } else {
+                            queue.when_durable(seq, callback);
+                        }
+                        done.recv().unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(fired.load(Ordering::SeqCst), 400);
+        {
+            let state = queue.state.lock();
+            assert_eq!(state.synced, 400);
+            assert!(state.waiting.is_empty() && !state.syncing);
+        }
+        queue.close();
+        thread.join().unwrap();
+        assert!(syncs.count() > 0);
+    }
 }
