@@ -126,3 +126,64 @@ fn applies_rewriting_the_same_keys_start_new_chains_too() {
     assert_eq!(sm.applied().0, Some(log_id(600)));
     sm.shutdown().unwrap();
 }
+
+/// A store whose journal chain grew long under the rule older versions
+/// followed (a full record only once the chain held half as many records
+/// as the map held keys): it opens with every key, and its next apply
+/// starts a new chain instead of extending the old one.
+#[test]
+fn a_long_chain_written_by_an_older_version_is_replaced_by_the_next_apply() {
+    const RECORDS: u64 = 300;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = sediment::Config::for_directory(dir.path().join("data"))
+            .open()
+            .unwrap();
+        let mut prev = None;
+        for index in 1..=RECORDS {
+            let mut tx = db.begin_transaction().unwrap();
+            let mut changes = Vec::new();
+            for i in 0..8 {
+                let key = format!("old{index}-{i}");
+                let id = tx.write(format!("value of {key}").as_bytes()).unwrap();
+                changes.push((key, Some(id.as_u64())));
+            }
+            let record = Journal {
+                prev,
+                last_applied: Some(log_id(index)),
+                membership: Default::default(),
+                changes,
+            };
+            let journal = tx.write(&record.encode()).unwrap();
+            tx.set_embedded_header(Some(journal)).unwrap();
+            tx.commit().unwrap();
+            prev = Some(journal.as_u64());
+        }
+        db.shutdown().unwrap();
+    }
+    let sm = StateMachine::open(dir.path()).unwrap();
+    let keys = RECORDS as usize * 8;
+    assert_eq!(sm.len(), keys);
+    assert_eq!(sm.applied().0, Some(log_id(RECORDS)));
+    assert_eq!(stored_chain(&sm).0, RECORDS as usize);
+    sm.apply_entries(vec![batch(RECORDS + 1, vec![put("new".into())])])
+        .unwrap();
+    assert_eq!(
+        stored_chain(&sm),
+        (1, 0),
+        "the next apply wrote a full record"
+    );
+    sm.shutdown().unwrap();
+
+    let sm = StateMachine::open(dir.path()).unwrap();
+    assert_eq!(sm.len(), keys + 1);
+    assert_eq!(
+        sm.get("old1-0").unwrap().as_deref(),
+        Some(&b"value of old1-0"[..])
+    );
+    assert_eq!(
+        sm.get("new").unwrap().as_deref(),
+        Some(&b"value of new"[..])
+    );
+    sm.shutdown().unwrap();
+}
