@@ -528,8 +528,10 @@ impl StateMachine {
         // openraft purges the log up to a snapshot (less the entries it
         // keeps): every apply the snapshot covers must be durable in the
         // store first, or a crash could leave the store behind a log that
-        // no longer holds the entries to re-apply.
-        shared.db.sync()?;
+        // no longer holds the entries to re-apply. openraft builds
+        // snapshots beside its applies, so the view is taken first and the
+        // sync after: it covers every apply the view holds (each was
+        // committed before its state was published), never fewer.
         let (items, last_applied, membership, _pin) = {
             let state = shared.state.lock();
             let items: Vec<(String, GrainId)> =
@@ -541,6 +543,7 @@ impl StateMachine {
                 shared.pin(&state),
             )
         };
+        shared.db.sync()?;
         let counter = shared.snapshot_counter.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match last_applied {
             Some(id) => format!(
