@@ -714,11 +714,14 @@ fn key(cell: usize, round: usize, client: usize, i: u64) -> String {
     format!("c{cell}-r{round}-t{client}-{i}")
 }
 
-/// The cells of one cluster size, in run order: (value bytes, clients).
-fn cells() -> Vec<(usize, usize)> {
-    PAYLOADS
+/// The cells of one cluster size, in run order: (value bytes, clients),
+/// those `--payloads` and `--threads` name if given.
+fn cells(options: &Options) -> Vec<(usize, usize)> {
+    let payloads = options.payloads.clone().unwrap_or(PAYLOADS.to_vec());
+    let clients = options.threads.clone().unwrap_or(CLIENTS.to_vec());
+    payloads
         .iter()
-        .flat_map(|&len| CLIENTS.iter().map(move |&clients| (len, clients)))
+        .flat_map(|&len| clients.iter().map(move |&clients| (len, clients)))
         .collect()
 }
 
@@ -792,10 +795,14 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
     let mut results: BTreeMap<CellKey, Vec<Measurement>> = BTreeMap::new();
     let mut syncs: BTreeMap<CellKey, SyncCount> = BTreeMap::new();
     let mut about: Vec<String> = Vec::new();
-    for nodes in NODES {
+    for nodes in options.nodes.clone().unwrap_or(NODES.to_vec()) {
         let count = node_count(nodes);
         let mut clusters: Vec<Cluster> = Vec::new();
-        if let Ok(bin) = &bin {
+        let bin = bin
+            .as_ref()
+            .ok()
+            .filter(|_| options.wanted("sediment-raft"));
+        if let Some(bin) = bin {
             eprintln!("raft: starting {nodes} sediment-raft node(s)");
             match start_sediment_raft(bin, nodes, &load) {
                 Ok(cluster) => clusters.push(cluster),
@@ -805,20 +812,22 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                 ),
             }
         }
-        eprintln!("raft: starting {nodes} etcd member(s)");
-        match start_etcd(nodes, &load) {
-            Ok(cluster) => clusters.push(cluster),
-            Err(e) => note(
-                format!("etcd ({}) skipped: {e}", node_count(nodes)),
-                &mut notes,
-            ),
+        if options.wanted("etcd") {
+            eprintln!("raft: starting {nodes} etcd member(s)");
+            match start_etcd(nodes, &load) {
+                Ok(cluster) => clusters.push(cluster),
+                Err(e) => note(
+                    format!("etcd ({}) skipped: {e}", node_count(nodes)),
+                    &mut notes,
+                ),
+            }
         }
         for cluster in &clusters {
             if !about.contains(&cluster.about) {
                 about.push(cluster.about.clone());
             }
         }
-        for (cell, (len, clients)) in cells().into_iter().enumerate() {
+        for (cell, (len, clients)) in cells(options).into_iter().enumerate() {
             let pool = PayloadPool::new(len, 11);
             let label = human_size(len as u64);
             for round in 0..rounds {
@@ -1010,7 +1019,7 @@ fn report(
         table.note(text.clone());
     }
     for nodes in NODES {
-        for (len, clients) in cells() {
+        for (len, clients) in cells(options) {
             let mut row = vec![
                 nodes.to_string(),
                 clients.to_string(),
@@ -1089,7 +1098,7 @@ fn report(
         "syncs ÷ write ÷ node#",
     ]);
     for nodes in NODES {
-        for (len, clients) in cells() {
+        for (len, clients) in cells(options) {
             for system in SYSTEMS {
                 let Some(count) = syncs.get(&(nodes, clients, len, system)) else {
                     continue;

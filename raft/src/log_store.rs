@@ -1162,7 +1162,7 @@ impl LogStore {
             );
             return Ok(());
         };
-        let (replaces, prev, vote) = {
+        let (replaces, prev, vote, committed) = {
             let state = core.state.lock();
             let prev = state
                 .entries
@@ -1174,6 +1174,7 @@ impl LogStore {
                 state.entries.range(rest_first..).next().is_some(),
                 prev,
                 state.vote,
+                state.committed,
             )
         };
         if let (Some(offer), Some(vote)) = (self.inner.offer.get(), vote) {
@@ -1182,7 +1183,14 @@ impl LogStore {
                 && vote.leader_id().voted_for() == Some(offer.node_id())
                 && rest.iter().all(|e| e.log_id.leader_id == *vote.leader_id())
                 && prev.map_or(0, |p| p.index + 1) == rest_first;
-            if leading {
+            // Staging pays off when the pipeline is idle: the followers'
+            // syncs then overlap the leader's instead of following it.
+            // While an earlier entry still waits for its commit, the
+            // followers' syncs are shared by the entries in flight anyway,
+            // and the second request per follower only costs CPU, which a
+            // busy cluster on few cores is short of.
+            let idle = prev.map_or(true, |prev| committed >= Some(prev));
+            if leading && idle {
                 offer.offer(&vote, prev, rest);
             }
         }

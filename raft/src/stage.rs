@@ -22,7 +22,10 @@
 //! it from AppendEntries as before. `FORMAT.md`, "Pre-staged entries",
 //! gives the safety argument.
 //!
-//! **Costs.** The entries cross the network twice. Appends carrying more
+//! **Costs.** The entries cross the network twice, so the store offers
+//! an append only when the entry before it is committed: with earlier
+//! entries in flight the followers' syncs are shared anyway, and a busy
+//! cluster is short of CPU rather than of syncs. Appends carrying more
 //! than [`MAX_STAGE_PAYLOAD_BYTES`] of keys and values are not staged: a
 //! large value's time goes to its transfer, which staging would double.
 //! Each follower has one queue of at most [`QUEUE_LENGTH`] requests and

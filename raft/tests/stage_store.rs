@@ -461,3 +461,63 @@ fn a_restarted_leader_reads_its_own_vote_as_not_committed() {
     log.save_vote_blocking(Vote::new_committed(5, OWN)).unwrap();
     assert_eq!(log.vote_at_start(), Some(Vote::new_committed(5, OWN)));
 }
+
+/// Records what the store offers for staging.
+#[derive(Debug, Default)]
+struct Offers(parking_lot::Mutex<Vec<(Option<LogId>, Vec<LogId>)>>);
+
+impl sediment_raft::log_store::StageOffer for Offers {
+    fn node_id(&self) -> u64 {
+        OWN
+    }
+
+    fn offer(&self, _vote: &Vote, prev: Option<LogId>, entries: &[Entry]) {
+        self.0.lock().push((prev, log_ids(entries)));
+    }
+}
+
+/// A leader offers an append for staging while the entry before it is
+/// committed, and not while an earlier entry still waits for its commit:
+/// then the followers' syncs are shared by the entries in flight anyway.
+#[test]
+fn a_leader_stages_appends_only_behind_a_committed_entry() {
+    let fs = CrashFileSystem::new();
+    let log = LogStore::open_with(
+        LogStoreConfig::new("/log")
+            .file_system(Arc::new(fs.clone()))
+            .node_id(OWN),
+    )
+    .unwrap();
+    let offers = Arc::new(Offers::default());
+    log.set_stage_offer(offers.clone());
+    log.save_vote_blocking(Vote::new_committed(1, OWN)).unwrap();
+    let offered = || offers.0.lock().clone();
+
+    // The log is empty: nothing waits for a commit.
+    append_durably(&log, vec![put(1, OWN, 0, "a")]);
+    assert_eq!(offered(), vec![(None, vec![log_id(1, OWN, 0)])]);
+
+    // Entry 0 is not committed yet: entries 1 and 2 are not offered.
+    append_durably(&log, vec![put(1, OWN, 1, "a")]);
+    append_durably(&log, vec![put(1, OWN, 2, "a")]);
+    assert_eq!(offered().len(), 1);
+
+    // Committed up to 1 only: entry 3 follows the uncommitted 2.
+    log.save_committed_blocking(Some(log_id(1, OWN, 1)))
+        .unwrap();
+    append_durably(&log, vec![put(1, OWN, 3, "a")]);
+    assert_eq!(offered().len(), 1);
+
+    // Everything before it committed: entries 4 and 5 are offered as one.
+    log.save_committed_blocking(Some(log_id(1, OWN, 3)))
+        .unwrap();
+    append_durably(&log, vec![put(1, OWN, 4, "a"), put(1, OWN, 5, "a")]);
+    assert_eq!(
+        offered()[1],
+        (
+            Some(log_id(1, OWN, 3)),
+            vec![log_id(1, OWN, 4), log_id(1, OWN, 5)]
+        )
+    );
+    assert_eq!(ids(&log).len(), 6);
+}

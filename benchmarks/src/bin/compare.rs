@@ -20,7 +20,7 @@ use benchmarks::{machine_description, peers, relaunch};
 
 const HELP: &str = "\
 compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
-        [--payloads 256,4096,...] [--threads 1,16,...] [--seconds S]
+        [--payloads 256,4096,...] [--threads 1,16,...] [--nodes 3,1] [--seconds S]
         [--rounds N] [--transactions N] [--blobs N] [--scale-bytes N[K|M|G]]
         [--out DIR]
 
@@ -29,8 +29,11 @@ compare [--quick] [--only wal|blob|scale|raft] [--systems a,b,...]
                  raft needs --features raft, which peers includes: sediment-raft
                  and etcd node processes, 3 s x 6 rounds per cell, quick 1 s x 2)
   --systems L    only these systems (see the list below)
-  --payloads L   WAL payload sizes in bytes (default 256,4096,1048576)
-  --threads L    WAL thread counts (default 1,4,16)
+  --payloads L   payload sizes in bytes (WAL default 256,4096,1048576;
+                 raft 256,4096)
+  --threads L    WAL thread counts (default 1,4,16); raft client counts
+                 (default 1,16,64)
+  --nodes L      raft cluster sizes (default 3,1)
   --seconds S    measured seconds per timed cell and round
   --rounds N     rounds per timed cell, merged (default 2, quick 1); every
                  other round runs the systems in reverse order
@@ -118,6 +121,9 @@ fn parse(args: &[String]) -> Result<Command, String> {
             }
             "--threads" => {
                 options.threads = Some(numbers(&value(&mut args, "--threads")?, "--threads")?);
+            }
+            "--nodes" => {
+                options.nodes = Some(numbers(&value(&mut args, "--nodes")?, "--nodes")?);
             }
             "--seconds" => {
                 let seconds = value(&mut args, "--seconds")?;

@@ -19,8 +19,11 @@ pub struct Options {
     pub systems: Option<Vec<String>>,
     /// WAL payload sizes, if not the default 256 B, 4 KiB, 1 MiB.
     pub payloads: Option<Vec<usize>>,
-    /// WAL thread counts, if not the default 1, 4, 16.
+    /// WAL thread counts, if not the default 1, 4, 16; in the raft
+    /// section, the client counts, if not the default 1, 16, 64.
     pub threads: Option<Vec<usize>>,
+    /// The raft section's cluster sizes, if not the default 3 and 1.
+    pub nodes: Option<Vec<usize>>,
     /// Measured seconds per timed cell and round, if not the default.
     pub seconds: Option<f64>,
     /// Rounds of every timed cell (merged), if not the default: 1 with
@@ -47,6 +50,7 @@ impl Options {
             systems: None,
             payloads: None,
             threads: None,
+            nodes: None,
             seconds: None,
             rounds: None,
             transactions: None,
@@ -62,7 +66,7 @@ impl Options {
         self.rounds.unwrap_or(if self.quick { 1 } else { 2 }).max(1)
     }
 
-    fn wanted(&self, system: &str) -> bool {
+    pub(crate) fn wanted(&self, system: &str) -> bool {
         self.systems
             .as_ref()
             .map_or(true, |list| list.iter().any(|s| s == system))
@@ -118,6 +122,9 @@ fn postgres_server_info() -> Result<String, String> {
     Err(peers::not_available("postgresql"))
 }
 
+/// The raft section's systems, by name.
+pub const RAFT_SYSTEMS: [&str; 2] = ["sediment-raft", "etcd"];
+
 /// Every system name `--systems` accepts.
 #[must_use]
 pub fn known_systems() -> Vec<&'static str> {
@@ -127,6 +134,7 @@ pub fn known_systems() -> Vec<&'static str> {
             all.push(system);
         }
     }
+    all.extend(RAFT_SYSTEMS);
     all
 }
 
