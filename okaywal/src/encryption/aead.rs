@@ -25,7 +25,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use aes_gcm::aead::AeadInPlace;
+use aes_gcm::aead::AeadInOut;
 use aes_gcm::{Aes256Gcm, KeyInit};
 use hkdf::Hkdf;
 use parking_lot::RwLock;
@@ -125,7 +125,7 @@ impl EpochKey {
         buffer: &mut [u8],
     ) -> io::Result<[u8; TAG_BYTES]> {
         self.aead
-            .encrypt_in_place_detached(&gcm_nonce(nonce).into(), associated, buffer)
+            .encrypt_inout_detached(&gcm_nonce(nonce).into(), associated, buffer.into())
             .map(Into::into)
             .map_err(|_| {
                 io::Error::new(
@@ -145,7 +145,12 @@ impl EpochKey {
         buffer: &mut [u8],
     ) -> bool {
         self.aead
-            .decrypt_in_place_detached(&gcm_nonce(nonce).into(), associated, buffer, tag.into())
+            .decrypt_inout_detached(
+                &gcm_nonce(nonce).into(),
+                associated,
+                buffer.into(),
+                tag.into(),
+            )
             .is_ok()
     }
 }
