@@ -110,17 +110,19 @@ impl StratumBits {
             Some(hint) => hint.1 = hint.1.max(at),
             None => self.hints.push((count, at)),
         }
-        // A hint is worthless when one for a count no larger starts at
-        // least as high.
-        let all = self.hints.clone();
-        self.hints.retain(|&(c2, a2)| {
-            !all.iter()
-                .any(|&(c1, a1)| (c1, a1) != (c2, a2) && c1 <= c2 && a1 >= a2)
+        // A hint is worthless when one for a smaller count starts at least
+        // as high (each count has one hint): in count order, only hints
+        // that raise the highest start so far are kept.
+        self.hints.sort_unstable_by_key(|&(c, _)| c);
+        let mut highest: Option<u32> = None;
+        self.hints.retain(|&(_, a)| {
+            let keep = highest.map_or(true, |h| a > h);
+            if keep {
+                highest = Some(a);
+            }
+            keep
         });
-        if self.hints.len() > MAX_HINTS {
-            self.hints.sort_unstable();
-            self.hints.truncate(MAX_HINTS);
-        }
+        self.hints.truncate(MAX_HINTS);
     }
 
     /// The lowest `start >= from` with grains `start..start + count` all
