@@ -5,17 +5,17 @@
 //! arguments it stores this crate's source files. The database lives in a
 //! temporary directory under `target/` that is removed at the end.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use sediment::{Database, GrainId};
 
 fn main() -> sediment::Result<()> {
     let mut paths: Vec<PathBuf> = std::env::args().skip(1).map(PathBuf::from).collect();
     if paths.is_empty() {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
-        for entry in std::fs::read_dir(src)? {
-            paths.push(entry?.path());
-        }
+        files_under(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src"),
+            &mut paths,
+        )?;
         paths.sort();
     }
     std::fs::create_dir_all("target")?;
@@ -106,5 +106,18 @@ fn main() -> sediment::Result<()> {
     }
     println!("total bytes on disk: {}", stats.total_bytes());
     db.shutdown()?;
+    Ok(())
+}
+
+/// Every file under `dir`, its subdirectories included.
+fn files_under(dir: &Path, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            files_under(&path, files)?;
+        } else {
+            files.push(path);
+        }
+    }
     Ok(())
 }
