@@ -86,6 +86,11 @@ fn describe(key_error: &KeyError, error: &dyn std::fmt::Display) -> String {
         KeyError::Missing(id) => {
             format!("missing key: {what} is encrypted with {id}; give its key with --key-file")
         }
+        // `what` names the key id when the files say which, e.g.
+        // "db/index (encrypted with key id 1)".
+        KeyError::NotConfigured if what.ends_with(')') => {
+            format!("missing key: {what}; give its key with --key-file")
+        }
         KeyError::NotConfigured => {
             format!("missing key: {what} is encrypted; give its key with --key-file")
         }

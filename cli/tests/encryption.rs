@@ -173,9 +173,7 @@ fn every_subcommand_opens_an_encrypted_store_only_with_its_key() {
             let line = lines[0];
             assert!(line.starts_with("sediment: "), "{what}: {line}");
             assert!(line.contains(problem), "{what}: {line}");
-            if key_file.is_some() {
-                assert!(line.contains("key id 1"), "{what}: {line}");
-            }
+            assert!(line.contains("key id 1"), "{what}: {line}");
             let lower = line.to_lowercase();
             assert!(
                 !lower.contains("corrupt") && !lower.contains("damaged"),

@@ -84,12 +84,17 @@ impl IndexCopy {
 
 /// A key error about `path`, as [`Error::Key`].
 fn key_error(error: KeyError, path: &Path) -> Error {
+    key_error_naming(error, path, path.display())
+}
+
+/// A key error about the file `path`, which its message calls `what`.
+fn key_error_naming(error: KeyError, path: &Path, what: impl std::fmt::Display) -> Error {
     Error::Key {
         context: format!(
             "opening the store in {}",
             path.parent().unwrap_or(path).display()
         ),
-        source: error.into_io(path.display()),
+        source: error.into_io(what),
     }
 }
 
@@ -152,7 +157,18 @@ fn open_index(
         // changed: a key for a plain store, or none for an encrypted one,
         // is refused.
         let decoded: Vec<Result<SealedIndex, HeaderError>> = match (provider, sealed) {
-            (None, true) => return Err(key_error(KeyError::NotConfigured, &path)),
+            (None, true) => {
+                // Name the key the store wants: key ids are plaintext.
+                let wanted = copies.iter().find_map(|copy| match copy {
+                    IndexCopy::Sealed(envelope) => Some(envelope.key_check.key_id),
+                    _ => None,
+                });
+                let what = match wanted {
+                    Some(id) => format!("{} (encrypted with {id})", path.display()),
+                    None => path.display().to_string(),
+                };
+                return Err(key_error_naming(KeyError::NotConfigured, &path, what));
+            }
             (Some(_), false) if plain => return Err(key_error(KeyError::NotEncrypted, &path)),
             (Some(provider), true) => {
                 let mut decoded = Vec::new();

@@ -328,8 +328,10 @@ fn wrong_or_missing_keys_are_refused_by_name_and_change_nothing() {
 
     let none = refused(dir.path(), config());
     assert_eq!(none.key_error(), Some(&KeyError::NotConfigured));
+    assert!(none.to_string().contains("key id 7"), "{none}");
     let none = refused(dir.path(), config().read_only(true));
     assert_eq!(none.key_error(), Some(&KeyError::NotConfigured));
+    assert!(none.to_string().contains("key id 7"), "{none}");
 
     let db = open(dir.path(), StaticKey::with_id(KeyId::new(7), key(7))).unwrap();
     assert_eq!(db.get(ids[1]).unwrap(), Some(blob(2, 100_000)));

@@ -66,7 +66,7 @@ impl WriteAheadLog {
         let cipher = config.encryption.as_ref();
         if let (Some(_), Some((_, path))) = (cipher, legacy_checkpointed.first()) {
             // An okaywal 0.2/0.3 log is never encrypted.
-            return Err(crate::recovery::mode_error(path, false));
+            return Err(crate::recovery::plain_with_key_error(path));
         }
         for path in &reusable {
             // A spare or recycled file that a crash caught after it became
@@ -318,8 +318,10 @@ fn stale_segment_id(
     }
     crate::legacy::refuse_foreign(path, &bytes)?;
     match AnyHeader::decode(&bytes) {
-        Ok(AnyHeader::Plain(_)) if encrypted => Err(crate::recovery::mode_error(path, false)),
-        Ok(AnyHeader::Sealed(_)) if !encrypted => Err(crate::recovery::mode_error(path, true)),
+        Ok(AnyHeader::Plain(_)) if encrypted => Err(crate::recovery::plain_with_key_error(path)),
+        Ok(AnyHeader::Sealed(raw)) if !encrypted => {
+            Err(crate::recovery::sealed_without_key_error(path, &raw))
+        }
         Ok(header) => Ok(Some(header.first_entry_id())),
         Err(_) => Ok(None),
     }

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::RecoveryMode;
-use crate::encryption::{Cipher, KeyError};
-use crate::format::{AnyHeader, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE};
+use crate::encryption::{Cipher, KeyError, Seal};
+use crate::format::{
+    AnyHeader, SealedSegmentHeader, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE,
+};
 use crate::fs::{FileHandle, FileSystem, OpenMode};
 use crate::sealed::{Layout, SegmentSeal};
 use crate::segment::FileName;
@@ -94,16 +96,17 @@ pub(super) fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
-/// The error for a segment file whose header is intact but of the other
-/// kind of log than the configuration's: encrypted with no key given, or
-/// plain with a key given.
-pub(crate) fn mode_error(path: &Path, encrypted: bool) -> io::Error {
-    let error = if encrypted {
-        KeyError::NotConfigured
-    } else {
-        KeyError::NotEncrypted
-    };
-    error.into_io(path.display())
+/// The error for an intact plain segment file (or an okaywal 0.2/0.3 one)
+/// when the configuration gives a key.
+pub(crate) fn plain_with_key_error(path: &Path) -> io::Error {
+    KeyError::NotEncrypted.into_io(path.display())
+}
+
+/// The error for an intact encrypted segment file when the configuration
+/// gives no key: it names the file and the key id its header wants.
+pub(crate) fn sealed_without_key_error(path: &Path, header: &SealedSegmentHeader) -> io::Error {
+    let key_id = Seal::from_bytes(&header.key_check).key_id;
+    KeyError::NotConfigured.into_io(format_args!("{} (encrypted with {key_id})", path.display()))
 }
 
 /// The header of segment `id` (file `path`) in its layout: a plain header,
@@ -124,8 +127,8 @@ pub(crate) fn open_header(
             let (seal, header) = SegmentSeal::open(cipher, &raw, path)?;
             Ok(Some((header, Layout::Sealed(Arc::new(seal)))))
         }
-        (Ok(AnyHeader::Plain(_)), Some(_)) => Err(mode_error(path, false)),
-        (Ok(AnyHeader::Sealed(_)), None) => Err(mode_error(path, true)),
+        (Ok(AnyHeader::Plain(_)), Some(_)) => Err(plain_with_key_error(path)),
+        (Ok(AnyHeader::Sealed(raw)), None) => Err(sealed_without_key_error(path, &raw)),
         (Err(_), _) => Ok(None),
     }
 }
@@ -188,7 +191,7 @@ pub(crate) fn find_segments(
                 if let Some(legacy) = crate::legacy::recognise(id, &path, &file, &header_bytes) {
                     if cipher.is_some() {
                         // An okaywal 0.2/0.3 log is never encrypted.
-                        return Err(mode_error(&path, false));
+                        return Err(plain_with_key_error(&path));
                     }
                     found.legacy.push(legacy);
                     continue;
