@@ -47,6 +47,11 @@ use crate::types::{
 };
 
 const SNAPSHOT_PREFIX: &str = "snapshot-";
+/// A snapshot being built: `building-{id}`, renamed to
+/// `snapshot-{id}` once synced.
+const BUILDING_PREFIX: &str = "building-";
+/// A snapshot being received: `incoming-{pid}-{n}`.
+const INCOMING_PREFIX: &str = "incoming-";
 
 /// The longest the store leaves applied entries unsynced: a restart after
 /// a power cut re-applies at most this much of the log.
@@ -558,7 +563,7 @@ impl StateMachine {
             snapshot_id: snapshot_id.clone(),
         };
         let dir = &shared.snapshot_directory;
-        let tmp = dir.join(format!("building-{snapshot_id}"));
+        let tmp = dir.join(format!("{BUILDING_PREFIX}{snapshot_id}"));
         let path = dir.join(format!("{SNAPSHOT_PREFIX}{snapshot_id}"));
         let written = (|| -> Result<()> {
             let sink = SnapshotSink::create(&tmp, shared.cipher.as_ref())
@@ -741,7 +746,7 @@ impl StateMachine {
         let counter = self.shared.snapshot_counter.fetch_add(1, Ordering::Relaxed);
         self.shared
             .snapshot_directory
-            .join(format!("incoming-{}-{counter}", std::process::id()))
+            .join(format!("{INCOMING_PREFIX}{}-{counter}", std::process::id()))
     }
 }
 
@@ -796,7 +801,9 @@ fn open_stream(path: &Path, cipher: Option<&Cipher>) -> io::Result<Box<dyn Read 
     }
 }
 
-/// Finds the newest complete snapshot file and deletes leftovers.
+/// Finds the newest complete snapshot file and deletes this node's
+/// leftovers (older snapshots, half-built or half-received ones); files of
+/// other names are left alone.
 ///
 /// Plain snapshots that do not read are deleted (they are leftovers).
 /// Sealed ones are the node's own, renamed into place after a sync: one
@@ -811,7 +818,12 @@ fn find_snapshot(dir: &Path, cipher: Option<&Cipher>) -> Result<Option<(Snapshot
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
         if !name.starts_with(SNAPSHOT_PREFIX) {
-            let _ = fs::remove_file(&path);
+            // Only this node's leftovers go (a snapshot being built or
+            // received when it stopped); a file it did not write, in a
+            // snapshot directory the user chose, is none of its business.
+            if name.starts_with(BUILDING_PREFIX) || name.starts_with(INCOMING_PREFIX) {
+                let _ = fs::remove_file(&path);
+            }
             continue;
         }
         let shown = path.display().to_string();

@@ -1,4 +1,6 @@
-//! A snapshot never claims applies that its store has not made durable.
+//! Snapshot files: a snapshot never claims applies that its store has not
+//! made durable, and the snapshot directory's files that the node did not
+//! write are left alone.
 //!
 //! openraft builds snapshots beside its applies and then purges the log up
 //! to the snapshot (less the entries it keeps). A snapshot whose last
@@ -100,4 +102,57 @@ fn snapshots_claim_only_durable_applies(encrypted: bool) {
             assert!(sm.get(&key).unwrap().is_some(), "seed {seed}: {key} lost");
         }
     }
+}
+
+/// A snapshot directory may be one the user chose (`NodeConfig::
+/// snapshot_directory`) and hold files the node did not write: opening,
+/// building and replacing snapshots leave them alone, while the node's
+/// own leftovers (a snapshot half built or half received when it stopped)
+/// are removed.
+#[test]
+fn files_the_node_did_not_write_in_its_snapshot_directory_are_left_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let snapshots = root.path().join("snapshots");
+    std::fs::create_dir_all(snapshots.join("backups")).unwrap();
+    let foreign = [
+        ("notes.txt", &b"my notes"[..]),
+        ("backups/snapshot-copy", b"a copy"),
+        ("snapshot.tar", b"an archive"),
+    ];
+    for (name, bytes) in foreign {
+        std::fs::write(snapshots.join(name), bytes).unwrap();
+    }
+    let leftovers = ["building-1-1-7-0", "incoming-4242-3"];
+    for name in leftovers {
+        std::fs::write(snapshots.join(name), b"half written").unwrap();
+    }
+    let config = || StateMachineConfig {
+        snapshot_directory: snapshots.clone(),
+        ..StateMachineConfig::new(root.path().join("state"))
+    };
+    let sm = StateMachine::open_with(config()).unwrap();
+    for name in leftovers {
+        assert!(!snapshots.join(name).exists(), "{name} is a leftover");
+    }
+    for index in 1..=3 {
+        sm.apply_entries(vec![put(index)]).unwrap();
+        sm.build_snapshot_file().unwrap();
+    }
+    sm.shutdown().unwrap();
+    let sm = StateMachine::open_with(config()).unwrap();
+    let (meta, _) = sm.current_snapshot().expect("the last snapshot");
+    assert_eq!(meta.last_log_id.map(|id| id.index), Some(3));
+    for (name, bytes) in foreign {
+        assert_eq!(
+            std::fs::read(snapshots.join(name)).unwrap(),
+            bytes,
+            "{name} was not the node's"
+        );
+    }
+    let own: Vec<String> = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("snapshot-"))
+        .collect();
+    assert_eq!(own.len(), 1, "older snapshots are replaced: {own:?}");
 }
