@@ -872,12 +872,22 @@ fn find_snapshot(dir: &Path, cipher: Option<&Cipher>) -> Result<Option<(Snapshot
                     let _ = fs::remove_file(&path);
                 }
             }
-            Err(_) => {
+            // A file of this node's naming that does not read is a
+            // leftover; another one is not the node's to delete.
+            Err(_) if is_node_snapshot_id(&name[SNAPSHOT_PREFIX.len()..]) => {
                 let _ = fs::remove_file(&path);
             }
+            Err(_) => {}
         }
     }
     Ok(best)
+}
+
+/// Whether `id` is of the form snapshot ids are built in:
+/// `{term}-{node}-{index}-{counter}`, four decimal numbers.
+fn is_node_snapshot_id(id: &str) -> bool {
+    let parts: Vec<&str> = id.split('-').collect();
+    parts.len() == 4 && parts.iter().all(|p| p.parse::<u64>().is_ok())
 }
 
 async fn blocking<T: Send + 'static>(

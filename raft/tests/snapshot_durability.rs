@@ -118,11 +118,12 @@ fn files_the_node_did_not_write_in_its_snapshot_directory_are_left_alone() {
         ("notes.txt", &b"my notes"[..]),
         ("backups/snapshot-copy", b"a copy"),
         ("snapshot.tar", b"an archive"),
+        ("snapshot-backup-copy", b"not a snapshot"),
     ];
     for (name, bytes) in foreign {
         std::fs::write(snapshots.join(name), bytes).unwrap();
     }
-    let leftovers = ["building-1-1-7-0", "incoming-4242-3"];
+    let leftovers = ["building-1-1-7-0", "incoming-4242-3", "snapshot-1-1-5-9"];
     for name in leftovers {
         std::fs::write(snapshots.join(name), b"half written").unwrap();
     }
@@ -152,7 +153,7 @@ fn files_the_node_did_not_write_in_its_snapshot_directory_are_left_alone() {
     let own: Vec<String> = std::fs::read_dir(&snapshots)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("snapshot-"))
+        .filter(|n| n.starts_with("snapshot-") && *n != "snapshot-backup-copy")
         .collect();
     assert_eq!(own.len(), 1, "older snapshots are replaced: {own:?}");
 }
