@@ -805,7 +805,8 @@ fn open_stream(path: &Path, cipher: Option<&Cipher>) -> io::Result<Box<dyn Read 
 /// leftovers (older snapshots, half-built or half-received ones); files of
 /// other names are left alone.
 ///
-/// Plain snapshots that do not read are deleted (they are leftovers).
+/// Plain snapshots that do not read are deleted if they carry a name this
+/// node gives its snapshots (they are leftovers), and ignored otherwise.
 /// Sealed ones are the node's own, renamed into place after a sync: one
 /// that does not open, or whose name is not the id it holds, is an error
 /// naming it.
