@@ -85,6 +85,8 @@ fn refused(args: &[&str]) -> String {
 #[test]
 fn bad_arguments_are_refused() {
     assert!(refused(&["--systems", "nosuchdb"]).contains("unknown system"));
+    assert!(refused(&["--nodes", "3,0"]).contains("at least one node"));
+    assert!(refused(&["--nodes", "three"]).contains("not a number"));
 }
 
 #[test]

@@ -123,7 +123,11 @@ fn parse(args: &[String]) -> Result<Command, String> {
                 options.threads = Some(numbers(&value(&mut args, "--threads")?, "--threads")?);
             }
             "--nodes" => {
-                options.nodes = Some(numbers(&value(&mut args, "--nodes")?, "--nodes")?);
+                let nodes = numbers(&value(&mut args, "--nodes")?, "--nodes")?;
+                if nodes.contains(&0) {
+                    return Err("--nodes: a cluster has at least one node".to_string());
+                }
+                options.nodes = Some(nodes);
             }
             "--seconds" => {
                 let seconds = value(&mut args, "--seconds")?;
