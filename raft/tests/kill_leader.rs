@@ -5,8 +5,9 @@
 //! acknowledged write must be readable, with its value, from every node
 //! afterwards, and nothing that was never written may appear.
 //!
-//! It runs twice: on plain HTTP, and with mutual TLS and a bearer token
-//! (every RPC and client request then goes through both).
+//! It runs twice: on plain HTTP with the nodes' default single-threaded
+//! event loop, and with mutual TLS, a bearer token (every RPC and client
+//! request then goes through both) and `--worker-threads 2`.
 //!
 //! `SEED=n cargo test -p sediment-raft --test kill_leader -- --nocapture`
 //! replays a run's kill timings.
@@ -85,7 +86,12 @@ async fn kill_leaders(credentials: Option<&Credentials>) {
         .unwrap_or(0x5eed_0010);
     println!("seed {seed}");
     let mut rng = Rng::new(seed);
-    let mut cluster = Cluster::start_with(&[1, 2, 3], &["--heartbeat-ms", "100"], credentials);
+    let args: &[&str] = if credentials.is_some() {
+        &["--heartbeat-ms", "100", "--worker-threads", "2"]
+    } else {
+        &["--heartbeat-ms", "100"]
+    };
+    let mut cluster = Cluster::start_with(&[1, 2, 3], args, credentials);
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.init().await;
     let mut leader = cluster.wait_for_leader(None, Duration::from_secs(15)).await;
