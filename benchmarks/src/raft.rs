@@ -144,6 +144,67 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// What may explain a cluster without a leader: each member process
+    /// that has exited with its log's last line, and the space left on
+    /// the disk of its data.
+    fn why_down(&self) -> String {
+        let (dir, logs): (&Path, Vec<PathBuf>) = match &self.processes {
+            Processes::Nodes { _dir: dir, .. } => (
+                dir.path(),
+                (1..=self.pids.len())
+                    .map(|id| dir.path().join(format!("node-{id}.log")))
+                    .collect(),
+            ),
+            Processes::Etcd { dir, .. } => (
+                dir.path(),
+                (1..=self.pids.len())
+                    .map(|i| dir.path().join(format!("m{i}.log")))
+                    .collect(),
+            ),
+        };
+        let mut why = String::new();
+        for (pid, log) in self.pids.iter().zip(&logs) {
+            if !running(*pid) {
+                why.push_str(&format!(
+                    "; process {pid} exited, its log ends: {:?}",
+                    tail(log, 1)
+                ));
+            }
+        }
+        if let Some(free) = free_bytes(dir) {
+            why.push_str(&format!(
+                "; {:.1} GB free on the data's disk",
+                free as f64 / 1e9
+            ));
+        }
+        why
+    }
+}
+
+/// Whether process `pid` runs: it exists and is not a zombie (a child
+/// that exited and was not waited for yet).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Bytes an unprivileged user may still write on the file system of `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: `path` is a NUL-terminated string and `stat` a zeroed
+    // statvfs that statvfs(3) fills in; neither outlives the call.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         match &mut self.processes {
@@ -954,7 +1015,10 @@ pub fn run(options: &Options) -> Vec<PathBuf> {
                 ),
                 Some(_) => {}
                 None => note(
-                    format!("{name} ({count}): no leader after the measurements"),
+                    format!(
+                        "{name} ({count}): no leader after the measurements{}",
+                        cluster.why_down()
+                    ),
                     &mut notes,
                 ),
             }

@@ -309,9 +309,14 @@ pub trait StageOffer: Send + Sync + Debug {
     fn node_id(&self) -> NodeId;
 
     /// Hands over `entries`, appended under `vote` right after `prev` (the
-    /// log's last id before them). Called with the log's write lock held:
-    /// it must not block, and must not call into the store.
-    fn offer(&self, vote: &Vote, prev: Option<LogId>, entries: &[Entry]);
+    /// log's last id before them), and says whether they are on their way
+    /// to a follower. Called with the log's write lock held: it must not
+    /// block, and must not call into the store.
+    ///
+    /// When they are, and the store runs on a single-threaded runtime, the
+    /// append leaves its sync to the store's sync thread instead of making
+    /// it in place, so that the requests go out while it runs.
+    fn offer(&self, vote: &Vote, prev: Option<LogId>, entries: &[Entry]) -> bool;
 }
 
 /// What became of a stage request ([`LogStore::stage_entries`]).
@@ -930,6 +935,13 @@ impl LogManager for Manager {
     }
 }
 
+/// Whether the calling thread runs a single-threaded tokio runtime: there,
+/// a sync made in place also holds up every task of the node.
+fn on_single_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
+}
+
 /// A log sync slower than this is logged as a warning.
 const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -1177,6 +1189,7 @@ impl LogStore {
                 state.committed,
             )
         };
+        let mut offered = false;
         if let (Some(offer), Some(vote)) = (self.inner.offer.get(), vote) {
             let leading = self.inner.node_id == Some(offer.node_id())
                 && vote.is_committed()
@@ -1191,7 +1204,7 @@ impl LogStore {
             // busy cluster on few cores is short of.
             let idle = prev.map_or(true, |prev| committed >= Some(prev));
             if leading && idle {
-                offer.offer(&vote, prev, rest);
+                offered = offer.offer(&vote, prev, rest);
             }
         }
         let wal = &self.inner.wal;
@@ -1236,9 +1249,16 @@ impl LogStore {
         drop(writes);
         // openraft waits for this sync before it appends again: made here
         // when no other sync runs, it saves two thread hand-offs per entry.
-        self.inner
-            .syncer
-            .sync_in_place(&self.inner.wal, &self.inner.syncs, seq, on_durable);
+        // On a single-threaded runtime, entries just offered to followers
+        // are synced by the sync thread instead: the stage requests are
+        // sent by tasks of this thread, and would wait for the sync.
+        if offered && on_single_threaded_runtime() {
+            self.inner.syncer.when_durable(seq, on_durable);
+        } else {
+            self.inner
+                .syncer
+                .sync_in_place(&self.inner.wal, &self.inner.syncs, seq, on_durable);
+        }
         Ok(())
     }
 

@@ -16,6 +16,11 @@
 //! entries, the follower's store finds them written and only waits for
 //! that sync, usually done by then.
 //!
+//! On a node whose event loop runs on one thread (`--worker-threads 1`,
+//! the default), the leader's store leaves the sync of an append it
+//! offered to its sync thread instead of making it in place, since the
+//! requests are sent by tasks of that one thread.
+//!
 //! The request is advisory. It is never retried, its answer changes
 //! nothing on the leader (openraft counts only AppendEntries answers
 //! towards a commit), and a follower that does not stage an entry writes
@@ -220,13 +225,13 @@ impl StageOffer for Stager {
         self.id
     }
 
-    fn offer(&self, vote: &Vote, prev: Option<LogId>, entries: &[Entry]) {
+    fn offer(&self, vote: &Vote, prev: Option<LogId>, entries: &[Entry]) -> bool {
         if entries.is_empty() || payload_bytes(entries) > MAX_STAGE_PAYLOAD_BYTES {
-            return;
+            return false;
         }
         let targets = self.targets(prev.map_or(0, |p| p.index + 1));
         if targets.is_empty() {
-            return;
+            return false;
         }
         let request = StageRequestRef {
             vote,
@@ -235,8 +240,9 @@ impl StageOffer for Stager {
         };
         let body = match bincode::serialize(&request) {
             Ok(body) if body.len() <= crate::limits::MAX_STAGE_BODY_BYTES => Bytes::from(body),
-            _ => return,
+            _ => return false,
         };
+        let mut sent = false;
         let mut peers = self.peers.lock();
         for (id, addr) in targets {
             let peer = peers.entry(id).or_insert_with(|| self.spawn_peer(&addr));
@@ -252,8 +258,11 @@ impl StageOffer for Stager {
             if peer.queue.try_send(body.clone()).is_err() {
                 peer.queued.fetch_sub(body.len(), Ordering::Relaxed);
                 StageCounters::add(&self.counters.dropped, 1);
+            } else {
+                sent = true;
             }
         }
+        sent
     }
 }
 

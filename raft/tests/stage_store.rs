@@ -471,8 +471,9 @@ impl sediment_raft::log_store::StageOffer for Offers {
         OWN
     }
 
-    fn offer(&self, _vote: &Vote, prev: Option<LogId>, entries: &[Entry]) {
+    fn offer(&self, _vote: &Vote, prev: Option<LogId>, entries: &[Entry]) -> bool {
         self.0.lock().push((prev, log_ids(entries)));
+        true
     }
 }
 
@@ -520,4 +521,76 @@ fn a_leader_stages_appends_only_behind_a_committed_entry() {
         )
     );
     assert_eq!(ids(&log).len(), 6);
+}
+
+/// Takes every offer, as a stager with followers to send to does.
+#[derive(Debug, Default)]
+struct Sending;
+
+impl sediment_raft::log_store::StageOffer for Sending {
+    fn node_id(&self) -> u64 {
+        OWN
+    }
+
+    fn offer(&self, _vote: &Vote, _prev: Option<LogId>, _entries: &[Entry]) -> bool {
+        true
+    }
+}
+
+/// Appends `entries` and returns the name of the thread its durable
+/// callback ran on.
+fn thread_of_durable_callback(log: &LogStore, entries: Vec<Entry>) -> String {
+    let (tx, rx) = mpsc::channel();
+    log.append_entries(
+        entries,
+        Box::new(move |r| {
+            r.unwrap();
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            tx.send(name).unwrap();
+        }),
+    )
+    .unwrap();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the callback fired")
+}
+
+/// On a single-threaded runtime, an append just offered to followers is
+/// synced by the log's sync thread, so that the runtime's one thread can
+/// send the stage requests meanwhile; an append not offered (here a
+/// follower's, or a leader's while an entry waits for its commit) is
+/// synced in place, on the calling thread, as on any other thread.
+#[test]
+fn offered_appends_leave_the_sync_to_the_sync_thread_on_a_single_threaded_runtime() {
+    let leader = |fs: &CrashFileSystem| {
+        let log = LogStore::open_with(
+            LogStoreConfig::new("/log")
+                .file_system(Arc::new(fs.clone()))
+                .node_id(OWN),
+        )
+        .unwrap();
+        log.set_stage_offer(Arc::new(Sending));
+        log.save_vote_blocking(Vote::new_committed(1, OWN)).unwrap();
+        log
+    };
+    let here = std::thread::current().name().unwrap_or("").to_string();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+
+    let fs = CrashFileSystem::new();
+    let log = leader(&fs);
+    runtime.block_on(async {
+        // Offered: the sync thread syncs it.
+        let first = thread_of_durable_callback(&log, vec![put(1, OWN, 0, "a")]);
+        assert_eq!(first, "raft-log-sync");
+        // Entry 0 waits for its commit: not offered, synced in place.
+        let second = thread_of_durable_callback(&log, vec![put(1, OWN, 1, "a")]);
+        assert_eq!(second, here);
+    });
+
+    // Outside a single-threaded runtime an offered append syncs in place.
+    let fs = CrashFileSystem::new();
+    let log = leader(&fs);
+    let first = thread_of_durable_callback(&log, vec![put(1, OWN, 0, "a")]);
+    assert_eq!(first, here);
 }
