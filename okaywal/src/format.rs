@@ -6,9 +6,19 @@ pub const MAGIC: [u8; 7] = *b"OKAYWAL";
 /// The version of the byte format written by this crate for logs without
 /// encryption.
 pub const FORMAT_VERSION: u8 = 1;
-/// The version of the byte format of encrypted logs (FORMAT.md,
-/// "Encrypted logs").
-pub const ENCRYPTED_FORMAT_VERSION: u8 = 2;
+/// The version of the byte format this crate writes for encrypted logs
+/// (FORMAT.md, "Encrypted logs"): version 2 with pre-sealed chunks.
+pub const ENCRYPTED_FORMAT_VERSION: u8 = 3;
+/// The first version of the encrypted format, still read: the same
+/// layout without pre-sealed chunks.
+pub const FIRST_ENCRYPTED_FORMAT_VERSION: u8 = 2;
+
+/// Whether `version` is a version of the encrypted format this crate
+/// reads.
+#[must_use]
+pub fn is_encrypted_version(version: u8) -> bool {
+    (FIRST_ENCRYPTED_FORMAT_VERSION..=ENCRYPTED_FORMAT_VERSION).contains(&version)
+}
 /// Size of the segment header; records start at this offset.
 pub const HEADER_SIZE: u64 = 512;
 /// Size of a record header (every record starts with one).
@@ -115,7 +125,7 @@ impl SegmentHeader {
         let stored = u32::from_le_bytes(bytes[crc_at..].try_into().ok()?);
         (bytes[..7] == MAGIC
             && bytes[7] != FORMAT_VERSION
-            && bytes[7] != ENCRYPTED_FORMAT_VERSION
+            && !is_encrypted_version(bytes[7])
             && crc32fast::hash(&bytes[..crc_at]) == stored)
             .then_some(bytes[7])
     }
@@ -165,6 +175,8 @@ impl SegmentHeader {
 /// | 508 | 4 | CRC32 of bytes 0..508 |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealedSegmentHeader {
+    /// The format version (2 or 3; this crate writes 3).
+    pub version: u8,
     /// The id of the first entry this segment may hold.
     pub first_entry_id: u64,
     /// Key id, nonce and tag of the key check (`Cipher::key_check`).
@@ -183,7 +195,7 @@ impl SealedSegmentHeader {
     pub fn associated(&self) -> [u8; 60] {
         let mut bytes = [0_u8; 60];
         bytes[..7].copy_from_slice(&MAGIC);
-        bytes[7] = ENCRYPTED_FORMAT_VERSION;
+        bytes[7] = self.version;
         bytes[8..16].copy_from_slice(&self.first_entry_id.to_le_bytes());
         bytes[16..60].copy_from_slice(&self.key_check);
         bytes
@@ -213,7 +225,7 @@ impl SealedSegmentHeader {
         if bytes[..7] != MAGIC {
             return Err(HeaderError::BadMagic);
         }
-        if bytes[7] != ENCRYPTED_FORMAT_VERSION {
+        if !is_encrypted_version(bytes[7]) {
             return Err(HeaderError::UnknownVersion(bytes[7]));
         }
         let crc_at = HEADER_SIZE as usize - 4;
@@ -222,6 +234,7 @@ impl SealedSegmentHeader {
             return Err(HeaderError::BadChecksum);
         }
         Ok(Self {
+            version: bytes[7],
             first_entry_id: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
             key_check: bytes[16..60].try_into().expect("44 bytes"),
             body_nonce: bytes[60..84].try_into().expect("24 bytes"),
@@ -246,7 +259,7 @@ impl AnyHeader {
     /// Decodes a header of either version.
     pub fn decode(bytes: &[u8]) -> Result<Self, HeaderError> {
         match bytes.get(7) {
-            Some(&ENCRYPTED_FORMAT_VERSION) if bytes.starts_with(&MAGIC) => {
+            Some(&version) if is_encrypted_version(version) && bytes.starts_with(&MAGIC) => {
                 SealedSegmentHeader::decode(bytes).map(|header| Self::Sealed(Box::new(header)))
             }
             _ => SegmentHeader::decode(bytes).map(Self::Plain),
@@ -290,13 +303,14 @@ pub fn frame_span(length: u32, frame: u64) -> (u64, usize) {
     (start, len)
 }
 
-/// The length of an encrypted record of `kind` (a record kind byte, 1–4)
+/// The length of an encrypted record of `kind` (a record kind byte, 1–5)
 /// whose plaintext `length` field is `length`.
 #[must_use]
 pub fn sealed_record_len(kind: RecordKind, length: u32) -> u64 {
     SEALED_RECORD_HEADER_SIZE as u64
         + match kind {
             RecordKind::Chunk => sealed_data_len(length),
+            RecordKind::PresealedChunk => u64::from(length) + CHUNK_TRAILER_SIZE as u64,
             RecordKind::Commit | RecordKind::Rollback => 0,
             RecordKind::Padding => u64::from(length),
         }
@@ -342,6 +356,10 @@ pub enum RecordKind {
     /// Filler before a large chunk, so that its data starts at a multiple
     /// of [`CHUNK_ALIGNMENT`]: `length` bytes of no meaning follow.
     Padding = 4,
+    /// Encrypted segments of format version 3 only: a chunk whose data its
+    /// writer sealed itself, stored as given (`length` bytes) and followed
+    /// by their CRC32, like a chunk of a plain segment.
+    PresealedChunk = 5,
 }
 
 impl RecordKind {
@@ -353,8 +371,15 @@ impl RecordKind {
             2 => Some(RecordKind::Commit),
             3 => Some(RecordKind::Rollback),
             4 => Some(RecordKind::Padding),
+            5 => Some(RecordKind::PresealedChunk),
             _ => None,
         }
+    }
+
+    /// Whether the record is a chunk of an entry (of either kind).
+    #[must_use]
+    pub fn is_chunk(self) -> bool {
+        matches!(self, RecordKind::Chunk | RecordKind::PresealedChunk)
     }
 }
 
@@ -397,7 +422,7 @@ impl RecordHeader {
     #[must_use]
     pub fn record_len(&self) -> u64 {
         match self.kind {
-            RecordKind::Chunk => {
+            RecordKind::Chunk | RecordKind::PresealedChunk => {
                 RECORD_HEADER_SIZE as u64 + u64::from(self.length) + CHUNK_TRAILER_SIZE as u64
             }
             RecordKind::Commit | RecordKind::Rollback => RECORD_HEADER_SIZE as u64,
@@ -432,7 +457,10 @@ impl RecordHeader {
         if header_crc(salt, &bytes[..21]) != stored {
             return Err(RecordError::BadChecksum);
         }
-        let kind = RecordKind::from_byte(bytes[0]).ok_or(RecordError::BadKind(bytes[0]))?;
+        // Pre-sealed chunks exist only in encrypted segments.
+        let kind = RecordKind::from_byte(bytes[0])
+            .filter(|kind| *kind != RecordKind::PresealedChunk)
+            .ok_or(RecordError::BadKind(bytes[0]))?;
         Ok(Self {
             kind,
             entry_id: u64::from_le_bytes(bytes[1..9].try_into().expect("8 bytes")),

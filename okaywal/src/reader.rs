@@ -47,6 +47,9 @@ pub struct ChunkReader {
     stored_crc: Option<u32>,
     /// The frames of a chunk in an encrypted segment.
     frames: Option<Box<Frames>>,
+    /// A pre-sealed chunk of an encrypted segment: its bytes are as its
+    /// writer gave them, checked by their CRC only.
+    presealed: bool,
 }
 
 /// The frames of an encrypted chunk, opened one at a time.
@@ -87,7 +90,14 @@ impl ChunkReader {
             prefetched: None,
             stored_crc: None,
             frames: None,
+            presealed: false,
         }
+    }
+
+    /// Marks the chunk as pre-sealed (see [`ChunkReader::is_presealed`]).
+    pub(crate) fn with_presealed(mut self, presealed: bool) -> Self {
+        self.presealed = presealed;
+        self
     }
 
     /// A reader over a chunk of an encrypted segment whose frames start at
@@ -134,6 +144,17 @@ impl ChunkReader {
     #[must_use]
     pub fn position(&self) -> LogPosition {
         self.position
+    }
+
+    /// Whether the chunk was written with
+    /// [`EntryWriter::write_presealed_chunk`](crate::EntryWriter::write_presealed_chunk)
+    /// into an encrypted log: its bytes are the writer's own sealed bytes,
+    /// checked against their CRC32 (torn or damaged writes fail as
+    /// `InvalidData`) but not authenticated by the log. `false` for every
+    /// other chunk, and for every chunk of a log without encryption.
+    #[must_use]
+    pub fn is_presealed(&self) -> bool {
+        self.presealed
     }
 
     /// The length of the chunk's data.
@@ -331,7 +352,7 @@ pub(crate) fn chunk_at(
     let (header, index) = layout
         .decode(header, position.file_id, position.offset)
         .map_err(|e| invalid(&format!("{e:?}")))?;
-    if header.kind != RecordKind::Chunk {
+    if !header.kind.is_chunk() {
         return Err(invalid("the record there is not a chunk"));
     }
     if position.offset + layout.record_len(&header) > limit {
@@ -339,6 +360,9 @@ pub(crate) fn chunk_at(
     }
     Ok(match layout {
         Layout::Plain => ChunkReader::new(file.clone(), position, header_end, header.length),
+        Layout::Sealed(_) if header.kind == RecordKind::PresealedChunk => {
+            ChunkReader::new(file.clone(), position, header_end, header.length).with_presealed(true)
+        }
         Layout::Sealed(seal) => ChunkReader::sealed(
             file.clone(),
             position,

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use crate::encryption::{Cipher, Seal, SealingKey, NONCE_BYTES, TAG_BYTES};
 use crate::format::{
     frame_span, peek_sealed_record, sealed_record_crc, sealed_record_len, RecordError,
-    RecordHeader, RecordKind, SealedSegmentHeader, SegmentHeader, FRAME_OVERHEAD, MAX_VERSION_INFO,
-    RECORD_HEADER_SIZE, SEALED_HEADER_BODY, SEALED_RECORD_BODY, SEALED_RECORD_CRC_AT,
-    SEALED_RECORD_HEADER_SIZE,
+    RecordHeader, RecordKind, SealedSegmentHeader, SegmentHeader, ENCRYPTED_FORMAT_VERSION,
+    FRAME_OVERHEAD, MAX_VERSION_INFO, RECORD_HEADER_SIZE, SEALED_HEADER_BODY, SEALED_RECORD_BODY,
+    SEALED_RECORD_CRC_AT, SEALED_RECORD_HEADER_SIZE,
 };
 
 /// The context of every segment header's key check.
@@ -44,6 +44,8 @@ pub(crate) struct SegmentSeal {
     id: u64,
     generation: [u8; NONCE_BYTES],
     key: SealingKey,
+    /// Format version 3: the segment may hold pre-sealed chunks.
+    presealed: bool,
 }
 
 impl fmt::Debug for SegmentSeal {
@@ -82,6 +84,7 @@ impl SegmentSeal {
         body[16] = info.len() as u8;
         body[17..17 + info.len()].copy_from_slice(info);
         let mut raw = SealedSegmentHeader {
+            version: ENCRYPTED_FORMAT_VERSION,
             first_entry_id: header.first_entry_id,
             key_check: check.to_bytes(),
             body_nonce: [0; NONCE_BYTES],
@@ -96,6 +99,7 @@ impl SegmentSeal {
             id: header.first_entry_id,
             generation: check.nonce,
             key,
+            presealed: true,
         };
         Ok((seal, raw.encode()))
     }
@@ -138,6 +142,7 @@ impl SegmentSeal {
             id: raw.first_entry_id,
             generation: check.nonce,
             key,
+            presealed: raw.version >= ENCRYPTED_FORMAT_VERSION,
         };
         Ok((seal, header))
     }
@@ -170,7 +175,7 @@ impl SegmentSeal {
         offset: u64,
     ) -> io::Result<[u8; SEALED_RECORD_HEADER_SIZE]> {
         let (length, number) = match header.kind {
-            RecordKind::Chunk => (header.length, number),
+            RecordKind::Chunk | RecordKind::PresealedChunk => (header.length, number),
             RecordKind::Commit => (0, header.length),
             RecordKind::Rollback => (0, 0),
             RecordKind::Padding => (header.length, 0),
@@ -202,6 +207,9 @@ impl SegmentSeal {
         offset: u64,
     ) -> Result<(RecordHeader, u32), RecordError> {
         let (kind, length) = peek_sealed_record(bytes, self.id)?;
+        if kind == RecordKind::PresealedChunk && !self.presealed {
+            return Err(RecordError::BadKind(kind as u8));
+        }
         let seal = Seal {
             key_id: self.key.id(),
             nonce: bytes[5..29].try_into().expect("24 bytes"),
@@ -380,12 +388,36 @@ impl Layout {
 
     /// The length of a chunk record holding `length` bytes of data.
     pub fn chunk_record_len(&self, length: u32) -> u64 {
+        self.chunk_record_len_of(RecordKind::Chunk, length)
+    }
+
+    /// The length of a chunk record of `kind` holding `length` bytes of
+    /// data.
+    pub fn chunk_record_len_of(&self, kind: RecordKind, length: u32) -> u64 {
         self.record_len(&RecordHeader {
-            kind: RecordKind::Chunk,
+            kind,
             entry_id: 0,
             length,
             durable_mark: 0,
         })
+    }
+
+    /// Whether a chunk record of `kind` stores its data as given,
+    /// followed by their CRC32 (every chunk of a plain segment, and a
+    /// pre-sealed one), rather than in sealed frames.
+    pub fn stores_plain_data(&self, kind: RecordKind) -> bool {
+        matches!(self, Layout::Plain) || kind == RecordKind::PresealedChunk
+    }
+
+    /// The kind of record [`EntryWriter::write_presealed_chunk`]
+    /// (crate::EntryWriter::write_presealed_chunk) writes in this
+    /// segment: a pre-sealed chunk where the format has them, an ordinary
+    /// chunk otherwise.
+    pub fn presealed_kind(&self) -> RecordKind {
+        match self {
+            Layout::Sealed(seal) if seal.presealed => RecordKind::PresealedChunk,
+            _ => RecordKind::Chunk,
+        }
     }
 
     /// Decodes the record header at `offset` in segment `salt` from the

@@ -114,18 +114,75 @@ impl<'log> EntryWriter<'log> {
     /// thread, before the log's lock is taken (small chunks) or after its
     /// room is reserved (large ones): writers encrypt in parallel.
     pub fn write_chunk(&mut self, data: &[u8]) -> io::Result<ChunkRecord> {
+        self.write_chunk_of(RecordKind::Chunk, data)
+    }
+
+    /// Appends `data`, which the caller has already encrypted and
+    /// authenticated itself, as one chunk of this entry.
+    ///
+    /// In an encrypted log the chunk is stored as given, followed by the
+    /// CRC32 of its bytes, instead of being encrypted a second time: only
+    /// its record header (its entry, its place in the entry and in the
+    /// file) is sealed by the log. Readers see such a chunk through
+    /// [`EntryChunk::is_presealed`](crate::EntryChunk::is_presealed) and
+    /// [`ChunkReader::is_presealed`](crate::ChunkReader::is_presealed):
+    /// its bytes are checked against their CRC, which catches torn and
+    /// damaged writes, but only the caller's own seal can tell bytes that
+    /// someone changed on purpose, so a caller must open (authenticate)
+    /// them itself before it trusts them. Use it only for bytes that
+    /// carry their own authentication; anything else goes through
+    /// [`EntryWriter::write_chunk`].
+    ///
+    /// In a log without encryption this is [`EntryWriter::write_chunk`].
+    ///
+    /// ```rust
+    /// use okaywal::encryption::StaticKey;
+    /// use okaywal::Configuration;
+    /// use std::io::Read;
+    ///
+    /// # fn main() -> std::io::Result<()> {
+    /// let dir = tempfile::tempdir()?;
+    /// let config = Configuration::default_for(dir.path()).encryption(StaticKey::new([7; 32]));
+    /// let log = config.open(okaywal::LogVoid)?;
+    /// let mut entry = log.begin_entry()?;
+    /// // Bytes the application sealed with its own key (here: pretend).
+    /// let sealed_by_the_application = b"nonce|ciphertext|tag";
+    /// let record = entry.write_presealed_chunk(sealed_by_the_application)?;
+    /// entry.write_chunk(b"an ordinary chunk, sealed by the log")?;
+    /// entry.commit()?;
+    ///
+    /// let mut chunk = log.read_at(record.position)?;
+    /// assert!(chunk.is_presealed());
+    /// let mut bytes = Vec::new();
+    /// chunk.read_to_end(&mut bytes)?;
+    /// assert_eq!(bytes, sealed_by_the_application);
+    /// assert!(chunk.crc_is_valid()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn write_presealed_chunk(&mut self, data: &[u8]) -> io::Result<ChunkRecord> {
+        let kind = self.segment.layout().presealed_kind();
+        self.write_chunk_of(kind, data)
+    }
+
+    /// Appends `data` as one chunk record of `kind` (an ordinary or a
+    /// pre-sealed chunk).
+    fn write_chunk_of(&mut self, kind: RecordKind, data: &[u8]) -> io::Result<ChunkRecord> {
         self.check_usable()?;
         let length = chunk_length(data.len())?;
         let crc = crc32fast::hash(data);
         let inner = &self.log.inner;
-        let header = self.header(RecordKind::Chunk, length, 0);
+        let header = self.header(kind, length, 0);
         let chunk = self.next_chunk(length);
-        let seal = self.segment.layout().seal().cloned();
+        let seal = match kind {
+            RecordKind::PresealedChunk => None,
+            _ => self.segment.layout().seal().cloned(),
+        };
         let offset = if data.len() <= INLINE_CHUNK_LIMIT {
             // Small chunks go through the segment's write buffer: no
             // system call here, one `pwrite` per sync for everyone.
             let result = match &seal {
-                None => inner.append(&self.segment, header, Some((data, crc)), false, 0),
+                None => inner.append(&self.segment, header, Some((data, crc)), false, chunk.index),
                 Some(seal) => {
                     // The data is sealed now, outside the lock; only the
                     // record header, which binds the offset and durable

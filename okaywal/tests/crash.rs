@@ -37,6 +37,7 @@ fn workload(threads: usize, entries_per_thread: usize) -> Workload {
             max_chunk: 3000,
             multi_chunk: 25,
             streamed: 25,
+            presealed: 30,
             rollback: 10,
             drop: 5,
             unfinished: 3,

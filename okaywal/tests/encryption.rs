@@ -215,7 +215,7 @@ fn every_reader_reads_an_encrypted_log_with_its_key() {
     assert!(matches!(
         records.header,
         okaywal::HeaderStatus::Valid {
-            format_version: 2,
+            format_version: 3,
             ..
         }
     ));
@@ -285,6 +285,16 @@ fn large_encrypted_chunks_of_every_size_read_back_and_leave_no_plaintext() {
 /// chunks, each committed durably, so that every record carries a durable
 /// mark past the entries before it. Returns the files and the entries.
 fn small_encrypted_log(fs: &CrashFileSystem, shapes: &[&[usize]]) -> (Files, Entries) {
+    small_encrypted_log_with(fs, shapes, false)
+}
+
+/// As [`small_encrypted_log`]; with `presealed`, every chunk is written
+/// with `write_presealed_chunk` (stored as given, with a CRC32).
+fn small_encrypted_log_with(
+    fs: &CrashFileSystem,
+    shapes: &[&[usize]],
+    presealed: bool,
+) -> (Files, Entries) {
     let log = one_segment(fs).open(LogVoid).unwrap();
     let mut rng = Rng::new(77);
     let mut entries = Vec::new();
@@ -297,7 +307,11 @@ fn small_encrypted_log(fs: &CrashFileSystem, shapes: &[&[usize]]) -> (Files, Ent
             .map(|(i, len)| payload(&mut rng, id, i, *len))
             .collect();
         for chunk in &chunks {
-            entry.write_chunk(chunk).unwrap();
+            if presealed {
+                entry.write_presealed_chunk(chunk).unwrap();
+            } else {
+                entry.write_chunk(chunk).unwrap();
+            }
         }
         entry.commit().unwrap();
         entries.push((id, chunks));
@@ -405,8 +419,20 @@ fn with_segment(files: &[(String, Vec<u8>)], name: &str, bytes: Vec<u8>) -> Vec<
 
 #[test]
 fn a_flipped_bit_anywhere_in_an_encrypted_segment_is_an_error_or_a_cut_never_wrong_bytes() {
+    flip_every_bit(false);
+}
+
+#[test]
+fn a_flipped_bit_anywhere_in_presealed_chunks_is_an_error_or_a_cut_never_wrong_bytes() {
+    flip_every_bit(true);
+}
+
+/// Flips one bit at a time in the header and in every byte of every
+/// record of a small encrypted log (every chunk pre-sealed, or none).
+fn flip_every_bit(presealed: bool) {
     let fs = CrashFileSystem::new();
-    let (files, entries) = small_encrypted_log(&fs, &[&[300], &[40, 0], &[30, 70, 1]]);
+    let (files, entries) =
+        small_encrypted_log_with(&fs, &[&[300], &[40, 0], &[30, 70, 1]], presealed);
     let (name, spans) = record_spans(&files);
     let original = files.iter().find(|(n, _)| *n == name).unwrap().1.clone();
     let ids: Vec<u64> = entries.iter().map(|(id, _)| *id).collect();
@@ -552,17 +578,16 @@ fn swapped_or_moved_encrypted_records_are_an_error_or_a_cut_never_wrong_bytes() 
     assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}");
 }
 
-#[test]
-fn bytes_of_an_earlier_generation_of_a_segment_file_are_never_read_back() {
-    // The same segment id, another generation: a log whose first segment
-    // (id 1) holds six entries, and another one, under the same key,
-    // whose first segment (also id 1) holds two. The first one's records
-    // past the second one's end verify in everything but their
-    // generation.
+/// The same segment id, another generation: a log whose first segment
+/// (id 1) holds six entries, and another one, under the same key, whose
+/// first segment (also id 1) holds two. The first one's records past the
+/// second one's end verify in everything but their generation (with
+/// `presealed`, their data's CRCs verify too).
+fn records_of_another_generation_past_the_tail(presealed: bool) {
     let fs = CrashFileSystem::new();
-    let (long, _) = small_encrypted_log(&fs, &[&[64_usize][..]; 6]);
+    let (long, _) = small_encrypted_log_with(&fs, &[&[64_usize][..]; 6], presealed);
     let fs = CrashFileSystem::new();
-    let (short, entries) = small_encrypted_log(&fs, &[&[64_usize][..]; 2]);
+    let (short, entries) = small_encrypted_log_with(&fs, &[&[64_usize][..]; 2], presealed);
     let (name, spans) = record_spans(&short);
     let tail = spans.last().unwrap().2 as usize;
     let long_bytes = long.iter().find(|(n, _)| *n == name).unwrap().1.clone();
@@ -583,6 +608,12 @@ fn bytes_of_an_earlier_generation_of_a_segment_file_are_never_read_back() {
         entries.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
         "{what}"
     );
+}
+
+#[test]
+fn bytes_of_an_earlier_generation_of_a_segment_file_are_never_read_back() {
+    records_of_another_generation_past_the_tail(false);
+    records_of_another_generation_past_the_tail(true);
 
     // A recycled file: its old records copied back over the new ones.
     let fs = CrashFileSystem::new();
@@ -836,4 +867,226 @@ fn after_a_rotation_new_segments_use_the_new_key_and_older_ones_need_the_old() {
         Some(&KeyError::Missing(KeyId::new(2))),
         "{error}"
     );
+}
+
+/// An entry's id and its chunks: whether each was pre-sealed, its bytes.
+type FlaggedEntry = (u64, Vec<(bool, Vec<u8>)>);
+
+/// Every entry recovery hands over, with each chunk's bytes and whether
+/// it was pre-sealed; refuses checkpoints, so entries stay in the log.
+#[derive(Debug, Clone, Default)]
+struct ChunkKinds(Arc<parking_lot::Mutex<Vec<FlaggedEntry>>>);
+
+impl okaywal::LogManager for ChunkKinds {
+    fn recover(&mut self, entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
+        let mut chunks = Vec::new();
+        loop {
+            match entry.read_chunk()? {
+                okaywal::ReadChunkResult::Chunk(mut chunk) => {
+                    let presealed = chunk.is_presealed();
+                    chunks.push((presealed, chunk.read_all()?));
+                }
+                okaywal::ReadChunkResult::EndOfEntry => break,
+                okaywal::ReadChunkResult::AbortedEntry => return Ok(()),
+            }
+        }
+        self.0.lock().push((entry.id().0, chunks));
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _: okaywal::EntryId,
+        _: &mut okaywal::SegmentReader,
+        _: &WriteAheadLog,
+    ) -> io::Result<()> {
+        Err(io::Error::other("this test keeps every entry in the log"))
+    }
+}
+
+#[test]
+fn presealed_chunks_are_stored_as_given_and_flagged_to_every_reader() {
+    for encryption in Encryption::BOTH {
+        let dir = tempfile::tempdir().unwrap();
+        let config = || {
+            encryption
+                .configure(Configuration::default_for(dir.path()).checkpoint_after_bytes(1 << 30))
+        };
+        let log = config().open(ChunkKinds::default()).unwrap();
+        let mut rng = Rng::new(11);
+        let mut written = Vec::new();
+        let mut ordinary = Vec::new();
+        let mut presealed = Vec::new();
+        for i in 0..6_usize {
+            let mut entry = log.begin_entry().unwrap();
+            let id = entry.id().0;
+            let plain = payload(&mut rng, id, 0, 300);
+            // Small, empty, and large (written whole by the writer).
+            let sealed_len = [500, 0, 200, 100 * 1024, 1, 70_000][i];
+            // Random bytes, as a sealed chunk's would be (no marker that
+            // the ordinary chunk's windows could share).
+            let sealed = rng.bytes(sealed_len);
+            let plain_at = entry.write_chunk(&plain).unwrap().position;
+            let sealed_at = entry.write_presealed_chunk(&sealed).unwrap().position;
+            entry.commit().unwrap();
+            ordinary.push((plain_at, plain.clone()));
+            presealed.push((sealed_at, sealed.clone()));
+            written.push((id, vec![(false, plain), (encryption.on(), sealed)]));
+        }
+        for (positions, flag) in [(&ordinary, false), (&presealed, encryption.on())] {
+            for (position, data) in positions {
+                let mut chunk = log.read_at(*position).unwrap();
+                assert_eq!(chunk.is_presealed(), flag, "{encryption:?} at {position}");
+                let mut bytes = Vec::new();
+                io::Read::read_to_end(&mut chunk, &mut bytes).unwrap();
+                assert_eq!(&bytes, data, "{encryption:?} at {position}");
+                assert!(chunk.crc_is_valid().unwrap());
+            }
+        }
+        log.shutdown().unwrap();
+        drop(log);
+
+        let files = snapshot(dir.path());
+        if encryption.on() {
+            // The log sealed the ordinary chunks; the pre-sealed ones are
+            // stored as their writer gave them.
+            let ordinary: Vec<Vec<u8>> = ordinary.into_iter().map(|(_, d)| d).collect();
+            let leaks = leaked_windows(&ordinary, &files);
+            assert!(leaks.is_empty(), "plaintext on disk: {leaks:?}");
+            for (_, data) in presealed.iter().filter(|(_, d)| d.len() >= 16) {
+                assert!(
+                    files
+                        .values()
+                        .any(|file| file.windows(data.len()).any(|w| w == data)),
+                    "a pre-sealed chunk of {} bytes is stored as given",
+                    data.len()
+                );
+            }
+        }
+
+        let kinds = ChunkKinds::default();
+        let log = config().open(kinds.clone()).unwrap();
+        assert_eq!(*kinds.0.lock(), written, "{encryption:?}: recovered");
+        log.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_changed_presealed_chunk_whose_crc_is_fixed_reads_back_changed_and_flagged() {
+    // The log's CRC catches torn and damaged bytes of a pre-sealed
+    // chunk, not a deliberate change: the chunk reads back with the
+    // flag that tells its reader to authenticate it with its own seal.
+    let fs = CrashFileSystem::new();
+    let (files, entries) = small_encrypted_log_with(&fs, &[&[64], &[64]], true);
+    let (name, spans) = record_spans(&files);
+    let mut bytes = files.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+    // The first entry's chunk: header (69 bytes), data, CRC.
+    let (kind, start, end) = spans[0];
+    assert_eq!(kind, RecordType::Chunk);
+    let data = (start + 69) as usize..(end - 4) as usize;
+    assert_eq!(&bytes[data.clone()], &entries[0].1[0][..]);
+    bytes[data.start] ^= 0xFF;
+    let crc = crc32fast::hash(&bytes[data.clone()]);
+    bytes[data.end..data.end + 4].copy_from_slice(&crc.to_le_bytes());
+    let fs = fresh_fs(&with_segment(&files, &name, bytes));
+    let kinds = ChunkKinds::default();
+    let log = one_segment(&fs).open(kinds.clone()).unwrap();
+    let seen = kinds.0.lock().clone();
+    log.shutdown().unwrap();
+    assert_eq!(seen.len(), 2);
+    let (presealed, changed) = &seen[0].1[0];
+    assert!(*presealed);
+    assert_ne!(changed, &entries[0].1[0]);
+    assert_eq!(changed[1..], entries[0].1[0][1..]);
+}
+
+/// Byte `k` of chunk `c` of the fixture's entry `i + 1`.
+fn fixture_chunk(i: u64, c: u64, len: usize) -> Vec<u8> {
+    let seed = i * 10 + c;
+    (0..len as u64)
+        .map(|k| ((seed * 31 + k * 7 + k / 256) % 251) as u8)
+        .collect()
+}
+
+fn fixture_entries() -> Vec<FlaggedEntry> {
+    (0..12_u64)
+        .map(|i| {
+            let sizes = match i {
+                5 => vec![70 * 1024],
+                7 => vec![0, 10, 3000],
+                _ => vec![(i as usize * 377) % 3000 + 1, 64],
+            };
+            let chunks = sizes
+                .iter()
+                .enumerate()
+                .map(|(c, len)| (false, fixture_chunk(i, c as u64, *len)))
+                .collect();
+            (i + 1, chunks)
+        })
+        .collect()
+}
+
+#[test]
+fn a_log_written_in_encrypted_format_version_2_opens_reads_and_goes_on_in_version_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/encrypted-format-2");
+    std::fs::copy(fixture.join("wal-1"), dir.path().join("wal-1")).unwrap();
+    let config = || {
+        Configuration::default_for(dir.path())
+            .encryption(StaticKey::new([0x42; 32]))
+            .checkpoint_after_bytes(1 << 30)
+    };
+    let before = config().inspect_segment(1).unwrap();
+    assert!(
+        matches!(
+            before.header,
+            okaywal::HeaderStatus::Valid {
+                format_version: 2,
+                ..
+            }
+        ),
+        "{:?}",
+        before.header
+    );
+    // A wrong key is a key error, as for any encrypted log.
+    let error = Configuration::default_for(dir.path())
+        .encryption(StaticKey::new([0x43; 32]))
+        .open(ChunkKinds::default())
+        .unwrap_err();
+    assert!(KeyError::of(&error).is_some(), "{error}");
+
+    let kinds = ChunkKinds::default();
+    let log = config().open(kinds.clone()).unwrap();
+    let mut expected = fixture_entries();
+    assert_eq!(*kinds.0.lock(), expected, "the version 2 entries");
+    let mut entry = log.begin_entry().unwrap();
+    let id = entry.id().0;
+    assert_eq!(id, 13);
+    let plain = fixture_chunk(99, 0, 700);
+    let sealed = fixture_chunk(99, 1, 900);
+    entry.write_chunk(&plain).unwrap();
+    let at = entry.write_presealed_chunk(&sealed).unwrap().position;
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+
+    // The new entry went into a new segment, of version 3.
+    assert_ne!(at.file_id, 1);
+    let after = config().inspect_segment(at.file_id).unwrap();
+    assert!(
+        matches!(
+            after.header,
+            okaywal::HeaderStatus::Valid {
+                format_version: 3,
+                ..
+            }
+        ),
+        "{:?}",
+        after.header
+    );
+    let kinds = ChunkKinds::default();
+    let log = config().open(kinds.clone()).unwrap();
+    expected.push((id, vec![(false, plain), (true, sealed)]));
+    assert_eq!(*kinds.0.lock(), expected, "both versions' entries");
+    log.shutdown().unwrap();
 }

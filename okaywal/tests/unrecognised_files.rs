@@ -25,7 +25,7 @@ fn newer_version_header(first_entry_id: u64) -> Vec<u8> {
         version_info: Vec::new(),
     }
     .encode();
-    // Versions 1 (plain) and 2 (encrypted) are this crate's.
+    // Versions 1 (plain), 2 and 3 (encrypted) are this crate's.
     bytes[7] = ENCRYPTED_FORMAT_VERSION + 1;
     let crc_at = HEADER_SIZE as usize - 4;
     let crc = crc32fast::hash(&bytes[..crc_at]);

@@ -134,8 +134,9 @@ fn copy_entries(shared: &Shared, last_id: u64, entries: &mut SegmentReader) -> R
             if sequence <= applied_through {
                 continue;
             }
-            let (chunks, record) = parse_entry(&mut entry, true)
-                .context(|| format!("reading WAL entry {sequence}"))?;
+            let (chunks, record) =
+                parse_entry(&mut entry, true, shared.strata().sealer().is_some())
+                    .context(|| format!("reading WAL entry {sequence}"))?;
             for chunk in chunks {
                 let data = chunk.data.expect("read with data");
                 let stratum =

@@ -42,7 +42,7 @@ impl LogManager for Manager {
         if entry.id().0 <= shared.reclamation().wal_checkpointed_entry() {
             return Ok(());
         }
-        let (chunks, record) = parse_entry(entry, false)?;
+        let (chunks, record) = parse_entry(entry, false, shared.strata().sealer().is_some())?;
         let positions: HashMap<GrainId, LogPosition> =
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
         shared

@@ -12,7 +12,7 @@ use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
 use crate::reclamation::Taken;
 use crate::stratum::Stratum;
-use crate::wal_entry::{encode_data_chunk, encode_record_chunk};
+use crate::wal_entry::{encode_data_chunk, encode_image_chunk, encode_record_chunk};
 
 /// A set of writes, archives, an embedded-header change and a checkpoint
 /// that commit together or not at all.
@@ -149,18 +149,30 @@ impl<'db> Transaction<'db> {
                 self.direct.push(stratum);
             }
         } else {
-            match &sealer {
+            // An encrypted store's chunk holds the blob's sealed image,
+            // which the log stores as it is (`write_presealed_chunk`):
+            // sealing it a second time would protect nothing more. It
+            // names its grain by its place in the commit record.
+            let written = match &sealer {
                 Some(sealer) => {
                     let image = sealer
                         .image(id, &header, data)
                         .context(|| format!("sealing grain {id}"))?;
-                    encode_data_chunk(&mut self.scratch, id, &image);
+                    let number = self.new_grains.len() as u32;
+                    encode_image_chunk(&mut self.scratch, number, &image);
+                    let scratch = std::mem::take(&mut self.scratch);
+                    let written = self.entry().write_presealed_chunk(&scratch);
+                    self.scratch = scratch;
+                    written
                 }
-                None => encode_data_chunk(&mut self.scratch, id, data),
-            }
-            let scratch = std::mem::take(&mut self.scratch);
-            let written = self.entry().write_chunk(&scratch);
-            self.scratch = scratch;
+                None => {
+                    encode_data_chunk(&mut self.scratch, id, data);
+                    let scratch = std::mem::take(&mut self.scratch);
+                    let written = self.entry().write_chunk(&scratch);
+                    self.scratch = scratch;
+                    written
+                }
+            };
             let record = written.context(|| format!("writing grain {id} to the WAL"))?;
             self.positions.insert(id, record.position);
         }

@@ -805,3 +805,267 @@ fn a_damaged_index_copy_is_damage_not_a_key_error() {
         other => panic!("both copies damaged: {:?}", other.map(|_| ())),
     }
 }
+
+const WAL_DIR: &str = "/wal-images";
+
+/// An encrypted store on the simulated disk whose WAL keeps what it holds
+/// (no checkpoint until it is 1 GiB).
+fn open_keeping_the_wal(fs: &CrashFileSystem) -> sediment::Result<Database> {
+    Config::for_directory(WAL_DIR)
+        .file_system(fs.clone())
+        .wal(|wal| {
+            wal.checkpoint_after_bytes(1 << 30)
+                .preallocate_bytes(64 << 10)
+        })
+        .encryption(ring())
+        .open()
+}
+
+/// The power goes out with `db` open: every later operation fails, and
+/// the disk keeps only what was synced.
+fn power_cut(fs: &CrashFileSystem, db: Database) {
+    for operation in [
+        Operation::Write,
+        Operation::Sync,
+        Operation::SyncDir,
+        Operation::Create,
+        Operation::Rename,
+        Operation::Remove,
+        Operation::SetLen,
+    ] {
+        fs.inject(
+            operation,
+            fs.operation_count(operation),
+            FaultKind::PowerOff,
+        );
+    }
+    drop(db);
+    fs.power_loss(PowerLoss::Clean);
+}
+
+/// Committed transactions: each one's blobs, in order.
+type Transactions = Vec<Vec<(GrainId, Vec<u8>)>>;
+
+/// Three committed transactions of three blobs each (the first two of
+/// the same length), still in the WAL when the power goes out.
+fn blobs_left_in_the_wal() -> (CrashFileSystem, Transactions) {
+    let fs = CrashFileSystem::new();
+    let db = open_keeping_the_wal(&fs).unwrap();
+    let mut transactions = Vec::new();
+    for round in 0..3_u64 {
+        let blobs: Vec<Vec<u8>> = [900, 900, 3000]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| blob(round << 16 | (i as u64) << 12 | len as u64, len))
+            .collect();
+        let ids = commit(&db, &blobs);
+        transactions.push(ids.into_iter().zip(blobs).collect());
+    }
+    power_cut(&fs, db);
+    (fs, transactions)
+}
+
+/// Every WAL entry's chunks, read with okaywal itself: whether each was
+/// pre-sealed, and its bytes.
+#[derive(Debug, Clone, Default)]
+struct WalChunks(Arc<parking_lot::Mutex<Vec<WalEntryChunks>>>);
+
+/// One WAL entry's chunks: whether each was pre-sealed, its bytes.
+type WalEntryChunks = Vec<(bool, Vec<u8>)>;
+
+impl okaywal::LogManager for WalChunks {
+    fn recover(&mut self, entry: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
+        let mut chunks = Vec::new();
+        while let okaywal::ReadChunkResult::Chunk(mut chunk) = entry.read_chunk()? {
+            chunks.push((chunk.is_presealed(), chunk.read_all()?));
+        }
+        self.0.lock().push(chunks);
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _: okaywal::EntryId,
+        _: &mut okaywal::SegmentReader,
+        _: &okaywal::WriteAheadLog,
+    ) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn wal_config(fs: &CrashFileSystem) -> okaywal::Configuration {
+    okaywal::Configuration::default_for(WAL_DIR)
+        .file_system(fs.clone())
+        .encryption(ring())
+}
+
+#[test]
+fn blobs_enter_an_encrypted_wal_as_images_sealed_once_and_replay_from_it() {
+    let (fs, transactions) = blobs_left_in_the_wal();
+    let chunks = WalChunks::default();
+    let log = wal_config(&fs).open_read_only(chunks.clone()).unwrap();
+    drop(log);
+    let entries = chunks.0.lock().clone();
+    assert_eq!(entries.len(), 3);
+    for (entry, written) in entries.iter().zip(&transactions) {
+        let (record, images) = entry.split_last().unwrap();
+        // The commit record is sealed by the log; each blob's image by
+        // the store, and the log stores it as it is.
+        assert!(!record.0);
+        assert_eq!(record.1[0], 2);
+        assert_eq!(images.len(), written.len());
+        for (n, ((presealed, bytes), (_, data))) in images.iter().zip(written).enumerate() {
+            assert!(*presealed);
+            assert_eq!(bytes[0], 3, "an image chunk");
+            assert_eq!(
+                bytes[1..5],
+                (n as u32).to_le_bytes(),
+                "its place in the record"
+            );
+            assert!(bytes.len() > 5 + data.len(), "the image carries its seals");
+            if data.len() >= 16 {
+                assert!(!bytes.windows(16).any(|w| w == &data[..16]));
+            }
+        }
+    }
+    // Replayed from the WAL, then checkpointed into the strata.
+    let stored: BTreeMap<GrainId, Vec<u8>> = transactions.into_iter().flatten().collect();
+    let db = open_keeping_the_wal(&fs).unwrap();
+    check(&db, &stored, "replayed from the WAL");
+    db.verify().unwrap();
+    db.shutdown().unwrap();
+    let db = open_keeping_the_wal(&fs).unwrap();
+    check(&db, &stored, "after the checkpoint");
+    db.verify().unwrap();
+    db.shutdown().unwrap();
+}
+
+/// The WAL file and the (offset, length) of the data of every image
+/// chunk in it, in order.
+fn image_chunks(fs: &CrashFileSystem) -> (PathBuf, Vec<(usize, usize)>) {
+    let inspection = wal_config(fs).inspect().unwrap();
+    assert_eq!(inspection.segments.len(), 1);
+    let listing = wal_config(fs)
+        .inspect_segment(inspection.segments[0].id)
+        .unwrap();
+    let bytes = fs.contents(&listing.path).unwrap();
+    let images = listing
+        .records
+        .iter()
+        .filter(|record| record.kind == okaywal::RecordType::Chunk)
+        .map(|record| (record.offset as usize + 69, record.length as usize))
+        .filter(|(at, _)| bytes[*at] == 3)
+        .collect();
+    (listing.path, images)
+}
+
+/// Changes the data at `at..at + len` of the WAL file with `edit`, and
+/// writes the CRC that follows it again, as someone who meant it would.
+fn edit_image_chunk(
+    fs: &CrashFileSystem,
+    path: &Path,
+    at: usize,
+    len: usize,
+    edit: impl FnOnce(&mut [u8]),
+) {
+    let mut bytes = fs.contents(path).unwrap();
+    edit(&mut bytes[at..at + len]);
+    let crc = crc32fast::hash(&bytes[at..at + len]);
+    bytes[at + len..at + len + 4].copy_from_slice(&crc.to_le_bytes());
+    assert!(fs.set_contents(path, bytes));
+}
+
+/// Every blob reads back as written, except `damaged`, which must fail
+/// (in the WAL and, after a checkpoint, in the strata), never read back.
+fn only_these_are_damaged(
+    fs: &CrashFileSystem,
+    transactions: &[Vec<(GrainId, Vec<u8>)>],
+    damaged: &[GrainId],
+    what: &str,
+) {
+    for pass in ["replayed from the WAL", "after the checkpoint"] {
+        let db = open_keeping_the_wal(fs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (id, data) in transactions.iter().flatten() {
+            match db.get(*id) {
+                Ok(Some(bytes)) if bytes == *data && !damaged.contains(id) => {}
+                Err(_) if damaged.contains(id) => {}
+                other => panic!(
+                    "{what}, {pass}: {id} gave {:?}",
+                    other.map(|b| b.map(|b| b.len()))
+                ),
+            }
+        }
+        let report = db.verify_report(|_, _| {}).unwrap();
+        for id in damaged {
+            assert!(
+                report.problems.iter().any(|p| p.grain == Some(*id)),
+                "{what}, {pass}: verify does not name {id}: {report}"
+            );
+        }
+        db.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn a_changed_image_in_the_wal_with_its_crc_fixed_is_damage_never_data() {
+    let (fs, transactions) = blobs_left_in_the_wal();
+    let (path, images) = image_chunks(&fs);
+    assert_eq!(images.len(), 9);
+    // The second blob of the second transaction: one byte of its image.
+    let (at, len) = images[4];
+    edit_image_chunk(&fs, &path, at, len, |data| data[len / 2] ^= 1);
+    only_these_are_damaged(
+        &fs,
+        &transactions,
+        &[transactions[1][1].0],
+        "a changed image",
+    );
+}
+
+#[test]
+fn images_renumbered_in_the_wal_are_damage_never_each_others_bytes() {
+    let (fs, transactions) = blobs_left_in_the_wal();
+    let (path, images) = image_chunks(&fs);
+    // The first two blobs of the last transaction (of the same length, so
+    // each image fits the other's grains) swap their grains.
+    let (first, second) = (images[6], images[7]);
+    edit_image_chunk(&fs, &path, first.0, first.1, |data| {
+        data[1..5].copy_from_slice(&1_u32.to_le_bytes())
+    });
+    edit_image_chunk(&fs, &path, second.0, second.1, |data| {
+        data[1..5].copy_from_slice(&0_u32.to_le_bytes())
+    });
+    only_these_are_damaged(
+        &fs,
+        &transactions,
+        &[transactions[2][0].0, transactions[2][1].0],
+        "two images renumbered",
+    );
+}
+
+#[test]
+fn a_presealed_wal_chunk_made_into_a_commit_record_is_refused() {
+    let (fs, _) = blobs_left_in_the_wal();
+    let (path, images) = image_chunks(&fs);
+    let (at, len) = images[0];
+    edit_image_chunk(&fs, &path, at, len, |data| data[0] = 2);
+    let error = open_keeping_the_wal(&fs).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("a chunk the log did not seal has tag 2"),
+        "{error}"
+    );
+    // A renumbering past the record's new grains is refused too.
+    let (fs, _) = blobs_left_in_the_wal();
+    let (path, images) = image_chunks(&fs);
+    let (at, len) = images[0];
+    edit_image_chunk(&fs, &path, at, len, |data| {
+        data[1..5].copy_from_slice(&7_u32.to_le_bytes())
+    });
+    let error = open_keeping_the_wal(&fs).unwrap_err();
+    assert!(
+        error.to_string().contains("names new grain 7 of 3"),
+        "{error}"
+    );
+}

@@ -160,7 +160,8 @@ fn segment_ids(fs: &dyn FileSystem, directory: &Path) -> io::Result<(Vec<u64>, V
 
 /// The data of a chunk as far as it is in the file; in an encrypted
 /// segment, the plaintext of its frames up to the first that does not
-/// authenticate (bytes that do not are never shown).
+/// authenticate (bytes that do not are never shown), or a pre-sealed
+/// chunk's bytes as its writer sealed them.
 fn read_chunk(
     file: &Arc<dyn FileHandle>,
     layout: &Layout,
@@ -168,26 +169,31 @@ fn read_chunk(
     location: ChunkLocation,
 ) -> io::Result<Vec<u8>> {
     let start = location.offset + layout.header_size() as u64;
-    if let Layout::Sealed(seal) = layout {
-        let chunk = ChunkId {
-            entry_id,
-            index: location.index,
-            length: location.length,
-        };
-        let position = LogPosition {
-            file_id: 0,
-            offset: location.offset,
-        };
-        let mut reader =
-            ChunkReader::sealed(file.clone(), position, start, seal.clone(), chunk, None);
-        let mut data = Vec::new();
-        let mut piece = vec![0; 64 * 1024];
-        loop {
-            match reader.read(&mut piece) {
-                Ok(0) | Err(_) => return Ok(data),
-                Ok(n) => data.extend_from_slice(&piece[..n]),
+    match layout {
+        Layout::Sealed(seal) if !location.presealed => {
+            let chunk = ChunkId {
+                entry_id,
+                index: location.index,
+                length: location.length,
+            };
+            let position = LogPosition {
+                file_id: 0,
+                offset: location.offset,
+            };
+            let mut reader =
+                ChunkReader::sealed(file.clone(), position, start, seal.clone(), chunk, None);
+            let mut data = Vec::new();
+            let mut piece = vec![0; 64 * 1024];
+            loop {
+                match reader.read(&mut piece) {
+                    Ok(0) | Err(_) => return Ok(data),
+                    Ok(n) => data.extend_from_slice(&piece[..n]),
+                }
             }
         }
+        // A plain segment's chunk, or a pre-sealed one: the bytes as
+        // stored.
+        _ => {}
     }
     let len = file.len()?;
     let end = (start + u64::from(location.length)).min(len);

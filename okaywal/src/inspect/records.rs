@@ -119,7 +119,9 @@ impl RecordType {
 impl From<RecordKind> for RecordType {
     fn from(kind: RecordKind) -> Self {
         match kind {
-            RecordKind::Chunk => RecordType::Chunk,
+            // A pre-sealed chunk is a chunk: only who sealed its data
+            // differs.
+            RecordKind::Chunk | RecordKind::PresealedChunk => RecordType::Chunk,
             RecordKind::Commit => RecordType::Commit,
             RecordKind::Rollback => RecordType::Rollback,
             RecordKind::Padding => RecordType::Padding,

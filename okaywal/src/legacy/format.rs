@@ -402,6 +402,7 @@ pub(crate) fn scan(
                         offset: at,
                         length,
                         index: 0,
+                        presealed: false,
                     });
                     at = record_end;
                 }

@@ -88,7 +88,7 @@ impl ReadWindow {
 fn records_end<'a>(layout: &Layout, entries: impl Iterator<Item = &'a Vec<ChunkLocation>>) -> u64 {
     entries
         .filter_map(|chunks| chunks.last())
-        .map(|last| last.offset + layout.chunk_record_len(last.length))
+        .map(|last| last.offset + last.record_len(layout))
         .max()
         .unwrap_or(0)
 }
@@ -320,7 +320,7 @@ impl<'a> Entry<'a> {
         let header_size = self.layout.header_size();
         let mut large_header = [0_u8; SEALED_RECORD_HEADER_SIZE];
         let bytes: &[u8] = if small {
-            let len = self.layout.chunk_record_len(location.length) as usize;
+            let len = location.record_len(self.layout) as usize;
             self.window.get(&**self.file, location.offset, len)?
         } else {
             let header = &mut large_header[..header_size];
@@ -332,7 +332,8 @@ impl<'a> Entry<'a> {
             .decode(&bytes[..header_size], self.segment_id, location.offset)
         {
             Ok((h, index))
-                if h.kind == RecordKind::Chunk
+                if h.kind.is_chunk()
+                    && (h.kind == RecordKind::PresealedChunk) == location.presealed
                     && h.entry_id == self.id.0
                     && h.length == location.length
                     && index == location.index => {}
@@ -345,6 +346,14 @@ impl<'a> Entry<'a> {
         let data_offset = location.offset + header_size as u64;
         let prefetched = small.then(|| bytes[header_size..].to_vec());
         let reader = match (self.layout, prefetched) {
+            (Layout::Sealed(_), Some(data)) if location.presealed => {
+                ChunkReader::prefetched(self.file.clone(), position, data_offset, data)
+                    .with_presealed(true)
+            }
+            (Layout::Sealed(_), None) if location.presealed => {
+                ChunkReader::new(self.file.clone(), position, data_offset, location.length)
+                    .with_presealed(true)
+            }
             (Layout::Sealed(seal), raw) => {
                 let chunk = ChunkId {
                     entry_id: self.id.0,
@@ -408,6 +417,16 @@ impl EntryChunk<'_> {
     #[must_use]
     pub fn bytes_remaining(&self) -> u32 {
         self.reader.bytes_remaining()
+    }
+
+    /// Whether the chunk was written with
+    /// [`EntryWriter::write_presealed_chunk`](crate::EntryWriter::write_presealed_chunk)
+    /// into an encrypted log: its bytes are as its writer sealed them,
+    /// checked against their CRC32 but not authenticated by the log (see
+    /// [`ChunkReader::is_presealed`](crate::ChunkReader::is_presealed)).
+    #[must_use]
+    pub fn is_presealed(&self) -> bool {
+        self.reader.is_presealed()
     }
 
     /// The length of the chunk's data.

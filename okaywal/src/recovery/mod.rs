@@ -85,10 +85,11 @@ impl Look {
 pub(crate) fn other_version_error(path: &Path, version: u8) -> io::Error {
     invalid(format!(
         "{}: written in okaywal segment format version {version}, which this version of the \
-         crate (format version {}) cannot read; open the log with the okaywal that wrote it, \
-         or move the file away. It was left as it was",
+         crate (format versions {} to {}) cannot read; open the log with the okaywal that \
+         wrote it, or move the file away. It was left as it was",
         path.display(),
-        crate::format::FORMAT_VERSION
+        crate::format::FORMAT_VERSION,
+        crate::format::ENCRYPTED_FORMAT_VERSION
     ))
 }
 

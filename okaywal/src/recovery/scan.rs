@@ -24,6 +24,20 @@ pub(crate) struct ChunkLocation {
     /// The chunk's index in its entry, as an encrypted segment's record
     /// header has it (its frames are bound to it); 0 in a plain segment.
     pub index: u32,
+    /// A pre-sealed chunk of an encrypted segment: its data is stored as
+    /// in a plain segment, followed by its CRC32.
+    pub presealed: bool,
+}
+
+impl ChunkLocation {
+    /// The bytes the chunk's record takes in a segment of `layout`.
+    pub fn record_len(&self, layout: &Layout) -> u64 {
+        let kind = match self.presealed {
+            true => RecordKind::PresealedChunk,
+            false => RecordKind::Chunk,
+        };
+        layout.chunk_record_len_of(kind, self.length)
+    }
 }
 
 /// What walking a segment found.
@@ -371,7 +385,7 @@ impl SegmentScanner {
                     scan.damage = found;
                 }
             }
-            if header.kind != RecordKind::Chunk {
+            if !header.kind.is_chunk() {
                 if let Some(listed) = listed.as_mut() {
                     listed.push(ListedRecord {
                         offset,
@@ -381,11 +395,12 @@ impl SegmentScanner {
                 }
             }
             match header.kind {
-                RecordKind::Chunk => {
+                RecordKind::Chunk | RecordKind::PresealedChunk => {
                     let location = ChunkLocation {
                         offset,
                         length: header.length,
                         index,
+                        presealed: header.kind == RecordKind::PresealedChunk,
                     };
                     let valid = chunk_data_ok(
                         reader,
@@ -521,6 +536,7 @@ fn chunk_data_ok(
 ) -> io::Result<bool> {
     let data_offset = chunk.offset + layout.header_size() as u64;
     match layout {
+        _ if chunk.presealed => chunk_crc_matches(reader, data_offset, chunk.length, buffer_bytes),
         Layout::Plain => chunk_crc_matches(reader, data_offset, chunk.length, buffer_bytes),
         Layout::Sealed(seal) => {
             let id = ChunkId {

@@ -552,7 +552,7 @@ impl Segments {
         seg.reserved_end = offset + record_len;
         seg.data_in_flight.insert(offset);
         seg.buffer(offset, &[&encoded]);
-        if let Layout::Plain = layout {
+        if layout.stores_plain_data(header.kind) {
             seg.buffer(
                 offset + record_len - CHUNK_TRAILER_SIZE as u64,
                 &[&crc.to_le_bytes()],
@@ -583,8 +583,8 @@ impl Segments {
     /// Places a small record (with its data and CRC for a chunk) in
     /// `segment`'s write buffer, its durable mark filled in; for a commit
     /// record, notes the committed id. In an encrypted segment `data` is
-    /// the chunk's sealed frames (its CRC is not stored) and `index` the
-    /// chunk's index in its entry.
+    /// the chunk's sealed frames (its CRC is not stored), or a pre-sealed
+    /// chunk's data, and `index` the chunk's index in its entry.
     pub fn append_record(
         &mut self,
         segment: u64,
@@ -608,15 +608,15 @@ impl Segments {
         if header.kind == RecordKind::Commit {
             seg.highest_committed_id = seg.highest_committed_id.max(Some(header.entry_id));
         }
-        match (data, layout) {
-            (Some((bytes, crc)), Layout::Plain) => {
+        match data {
+            Some((bytes, crc)) if layout.stores_plain_data(header.kind) => {
                 seg.buffer(offset, &[&encoded, bytes, &crc.to_le_bytes()]);
             }
-            (Some((sealed, _)), Layout::Sealed(_)) => {
+            Some((sealed, _)) => {
                 debug_assert_eq!(offset + encoded.len() as u64 + sealed.len() as u64, end);
                 seg.buffer(offset, &[&encoded, sealed]);
             }
-            (None, _) => seg.buffer(offset, &[&encoded]),
+            None => seg.buffer(offset, &[&encoded]),
         }
         seg.note_size(full_at);
         let checkpointable = seg.ready_for_checkpoint();

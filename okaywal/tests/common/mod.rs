@@ -65,11 +65,14 @@ pub enum End {
     UnfinishedChunk,
 }
 
-/// One chunk: its bytes and whether it is streamed through `begin_chunk`.
+/// One chunk: its bytes and whether it is streamed through `begin_chunk`
+/// or written with `write_presealed_chunk` (stored as given in an
+/// encrypted log).
 #[derive(Debug, Clone)]
 pub struct PlannedChunk {
     pub data: Vec<u8>,
     pub streamed: bool,
+    pub presealed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +96,8 @@ pub struct Mix {
     pub multi_chunk: u64,
     /// Percent of chunks written with `begin_chunk`.
     pub streamed: u64,
+    /// Percent of the other chunks written with `write_presealed_chunk`.
+    pub presealed: u64,
     pub rollback: u64,
     pub drop: u64,
     pub unfinished: u64,
@@ -108,6 +113,7 @@ impl Default for Mix {
             max_chunk: 8 * 1024,
             multi_chunk: 25,
             streamed: 25,
+            presealed: 30,
             rollback: 6,
             drop: 6,
             unfinished: 0,
@@ -144,9 +150,13 @@ pub fn random_plan(rng: &mut Rng, mix: &Mix) -> Plan {
             } else {
                 rng.below(mix.max_chunk as u64 + 1) as usize
             };
+            let data = rng.bytes(len);
+            let streamed = rng.percent(mix.streamed);
+            let presealed = !streamed && mix.presealed > 0 && rng.percent(mix.presealed);
             PlannedChunk {
-                data: rng.bytes(len),
-                streamed: rng.percent(mix.streamed),
+                data,
+                streamed,
+                presealed,
             }
         })
         .collect();
@@ -219,6 +229,8 @@ pub fn execute(log: &WriteAheadLog, plan: &Plan, rng: &mut Rng) -> Done {
     for chunk in &plan.chunks {
         let result = if chunk.streamed {
             write_streamed(&mut entry, &chunk.data, rng)
+        } else if chunk.presealed {
+            entry.write_presealed_chunk(&chunk.data)
         } else {
             entry.write_chunk(&chunk.data)
         };

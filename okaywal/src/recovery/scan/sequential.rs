@@ -131,9 +131,9 @@ impl<'a> Sequential<'a> {
                 return Ok(None);
             }
             for i in 0..=(bytes.len() - shortest) {
-                // A record starts with its kind (1–4): skip everything else,
+                // A record starts with its kind (1–5): skip everything else,
                 // which makes zeroed space cheap to cross.
-                if !(1..=4).contains(&bytes[i]) {
+                if !(1..=5).contains(&bytes[i]) {
                     continue;
                 }
                 let offset = at + i as u64;
