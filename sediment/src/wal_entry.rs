@@ -279,7 +279,10 @@ mod tests {
         assert_eq!(reader, b"sealed image");
         for cut in 0..IMAGE_PREFIX {
             assert_eq!(data_of_chunk(&bytes[..cut]), None, "cut at {cut}");
-            assert!(skip_data_prefix(&mut &bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                skip_data_prefix(&mut &bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
         let error = skip_data_prefix(&mut &[9_u8, 0, 0, 0, 0][..]).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
