@@ -321,13 +321,42 @@ impl Sealer {
     }
 
     /// The whole image of a blob, as [`Sealer::seal_image`] makes it.
+    #[cfg(test)]
     pub fn image(&self, id: GrainId, header: &GrainHeader, data: &[u8]) -> io::Result<Vec<u8>> {
         let mut image = Vec::new();
-        self.seal_image(id, header, data, |_, piece| {
-            image.extend_from_slice(piece);
-            Ok(())
-        })?;
+        self.append_image(id, header, data, &mut image)?;
         Ok(image)
+    }
+
+    /// Appends the whole image of a blob, as [`Sealer::seal_image`] makes
+    /// it, to `out`: sealed in place there, with no copy in between.
+    pub fn append_image(
+        &self,
+        id: GrainId,
+        header: &GrainHeader,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        let len = data.len() as u64;
+        out.reserve(sealed_image_len(len).unwrap_or(0) as usize);
+        let start = out.len();
+        out.resize(start + SEAL_BYTES, 0);
+        out.extend_from_slice(&header.encode());
+        let seal = self.seal(&self.head_ad(id), &mut out[start + SEAL_BYTES..])?;
+        out[start..start + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+        for chunk in 0..sealed_chunks(len) {
+            let (_, plain) = sealed_chunk_span(len, chunk);
+            let at = out.len();
+            out.resize(at + SEAL_BYTES, 0);
+            let from = (chunk * crate::format::SEALED_CHUNK) as usize;
+            out.extend_from_slice(&data[from..from + plain]);
+            let seal = self.seal(
+                &self.chunk_ad(id, header, chunk),
+                &mut out[at + SEAL_BYTES..],
+            )?;
+            out[at..at + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+        }
+        Ok(())
     }
 
     /// Opens the first [`SEALED_IMAGE_HEAD`] bytes of an image of grain
@@ -755,12 +784,34 @@ mod tests {
             length: data.len() as u32,
             crc: crate::format::grain_crc(7, &data),
         };
+        // The same layout whichever way it is made: whole, in pieces
+        // handed out at their offsets, or appended after other bytes.
+        let mut pieces = Vec::new();
+        sealer
+            .seal_image(id, &header, &data, |at, piece| {
+                assert_eq!(at as usize, pieces.len());
+                pieces.extend_from_slice(piece);
+                Ok(())
+            })
+            .unwrap();
+        let mut appended = b"prefix".to_vec();
+        sealer
+            .append_image(id, &header, &data, &mut appended)
+            .unwrap();
+        assert_eq!(&appended[..6], b"prefix");
         let image = sealer.image(id, &header, &data).unwrap();
+        assert!(!image.windows(16).any(|w| data.windows(16).any(|d| d == w)));
+        for image in [image, pieces, appended[6..].to_vec()] {
+            image_opens(&sealer, id, &header, &data, &image);
+        }
+    }
+
+    fn image_opens(sealer: &Sealer, id: GrainId, header: &GrainHeader, data: &[u8], image: &[u8]) {
+        let header = *header;
         assert_eq!(
             image.len() as u64,
             sealed_image_len(data.len() as u64).unwrap()
         );
-        assert!(!image.windows(16).any(|w| data.windows(16).any(|d| d == w)));
         let mut head = image[..SEALED_IMAGE_HEAD as usize].to_vec();
         let (opened, _) = sealer.open_image_head(id, &mut head, &"test").unwrap();
         assert_eq!(opened, header);

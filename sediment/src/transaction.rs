@@ -12,7 +12,7 @@ use crate::format::{grain_crc, GrainHeader, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
 use crate::reclamation::Taken;
 use crate::stratum::Stratum;
-use crate::wal_entry::{encode_data_chunk, encode_image_chunk, encode_record_chunk};
+use crate::wal_entry::{begin_image_chunk, encode_data_chunk, encode_record_chunk};
 
 /// A set of writes, archives, an embedded-header change and a checkpoint
 /// that commit together or not at all.
@@ -155,11 +155,11 @@ impl<'db> Transaction<'db> {
             // names its grain by its place in the commit record.
             let written = match &sealer {
                 Some(sealer) => {
-                    let image = sealer
-                        .image(id, &header, data)
-                        .context(|| format!("sealing grain {id}"))?;
                     let number = self.new_grains.len() as u32;
-                    encode_image_chunk(&mut self.scratch, number, &image);
+                    begin_image_chunk(&mut self.scratch, number);
+                    sealer
+                        .append_image(id, &header, data, &mut self.scratch)
+                        .context(|| format!("sealing grain {id}"))?;
                     let scratch = std::mem::take(&mut self.scratch);
                     let written = self.entry().write_presealed_chunk(&scratch);
                     self.scratch = scratch;

@@ -37,11 +37,18 @@ pub(crate) fn encode_data_chunk(out: &mut Vec<u8>, id: GrainId, data: &[u8]) {
 
 /// Replaces `out` with the image chunk of the `number`th new grain of the
 /// transaction, holding its sealed `image`.
+#[cfg(test)]
 pub(crate) fn encode_image_chunk(out: &mut Vec<u8>, number: u32, image: &[u8]) {
+    begin_image_chunk(out, number);
+    out.extend_from_slice(image);
+}
+
+/// Replaces `out` with the start of the image chunk of the `number`th
+/// new grain of the transaction: its image is appended next.
+pub(crate) fn begin_image_chunk(out: &mut Vec<u8>, number: u32) {
     out.clear();
     out.push(IMAGE_CHUNK);
     out.extend_from_slice(&number.to_le_bytes());
-    out.extend_from_slice(image);
 }
 
 /// Replaces `out` with the chunk holding `record`.
