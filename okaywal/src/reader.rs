@@ -1,6 +1,6 @@
 //! Reading one chunk's data, checking its CRC at the end (or, in an
 //! encrypted log, authenticating every frame before any of its bytes are
-//! returned).
+//! returned; a pre-sealed chunk's CRC is checked as in a plain log).
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -27,7 +27,10 @@ use crate::segment::Segment;
 /// each authenticated on its own: the reader opens a frame before it
 /// returns any byte of it, so it never returns bytes that do not
 /// authenticate. Reading fails with `InvalidData` at the first frame that
-/// does not, and [`ChunkReader::crc_is_valid`] then returns `false`.
+/// does not, and [`ChunkReader::crc_is_valid`] then returns `false`. A
+/// pre-sealed chunk ([`ChunkReader::is_presealed`]) is the exception: its
+/// bytes are read and checked against their CRC as in a log without
+/// encryption, and its writer's own seal authenticates them.
 #[derive(Debug)]
 pub struct ChunkReader {
     // Holding the file (not just a path) keeps the segment from being
@@ -171,7 +174,8 @@ impl ChunkReader {
 
     /// Reads (and hashes) any unread data, then compares the CRC of the
     /// whole chunk with the one stored on disk. In an encrypted log: reads
-    /// any unread data and returns whether every frame authenticated.
+    /// any unread data and returns whether every frame authenticated (for
+    /// a pre-sealed chunk, whether its CRC matches).
     pub fn crc_is_valid(&mut self) -> io::Result<bool> {
         if self.frames.is_some() {
             let mut buffer = vec![0_u8; (self.bytes_remaining() as usize).min(256 * 1024)];
