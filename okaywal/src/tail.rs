@@ -21,6 +21,8 @@ type Located = (Vec<ChunkLocation>, u64);
 pub struct LiveEntry {
     id: EntryId,
     chunks: Vec<Vec<u8>>,
+    /// Whether each chunk is pre-sealed.
+    presealed: Vec<bool>,
 }
 
 impl LiveEntry {
@@ -40,6 +42,17 @@ impl LiveEntry {
     #[must_use]
     pub fn into_chunks(self) -> Vec<Vec<u8>> {
         self.chunks
+    }
+
+    /// Whether chunk `index` was written with
+    /// [`EntryWriter::write_presealed_chunk`](crate::EntryWriter::write_presealed_chunk)
+    /// into an encrypted log, so that only its writer's own seal
+    /// authenticates it (see
+    /// [`EntryChunk::is_presealed`](crate::EntryChunk::is_presealed));
+    /// `false` for every other chunk and for an index past the last.
+    #[must_use]
+    pub fn is_presealed(&self, index: usize) -> bool {
+        self.presealed.get(index).copied().unwrap_or(false)
     }
 }
 
@@ -312,13 +325,17 @@ impl LogEntries {
             );
             while let Some(mut entry) = reader.read_entry()? {
                 let id = entry.id();
-                let chunks = entry.read_all_chunks()?.ok_or_else(|| {
+                let (chunks, presealed) = entry.read_all_chunks_flagged()?.ok_or_else(|| {
                     io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!("entry {id} changed while being read"),
                     )
                 })?;
-                self.ready.push_back(LiveEntry { id, chunks });
+                self.ready.push_back(LiveEntry {
+                    id,
+                    chunks,
+                    presealed,
+                });
             }
         }
         Ok(())

@@ -933,6 +933,26 @@ fn presealed_chunks_are_stored_as_given_and_flagged_to_every_reader() {
             presealed.push((sealed_at, sealed.clone()));
             written.push((id, vec![(false, plain), (encryption.on(), sealed)]));
         }
+        // A follower of the live log sees the same flags.
+        let followed: Vec<_> = log
+            .entries_from(okaywal::EntryId(0))
+            .map(|entry| {
+                let entry = entry.unwrap();
+                let flags = (0..3).map(|i| entry.is_presealed(i)).collect::<Vec<_>>();
+                (entry.id().0, entry.into_chunks(), flags)
+            })
+            .collect();
+        assert_eq!(followed.len(), written.len());
+        for ((id, chunks, flags), (written_id, written_chunks)) in followed.iter().zip(&written) {
+            assert_eq!(id, written_id);
+            let expected: Vec<Vec<u8>> = written_chunks.iter().map(|(_, d)| d.clone()).collect();
+            assert_eq!(chunks, &expected, "{encryption:?}: followed entry {id}");
+            assert_eq!(
+                flags,
+                &[false, encryption.on(), false],
+                "{encryption:?}: entry {id}"
+            );
+        }
         for (positions, flag) in [(&ordinary, false), (&presealed, encryption.on())] {
             for (position, data) in positions {
                 let mut chunk = log.read_at(*position).unwrap();

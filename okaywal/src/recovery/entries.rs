@@ -386,16 +386,29 @@ impl<'a> Entry<'a> {
     /// turned out to be aborted, and an `InvalidData` error if a chunk fails
     /// its CRC.
     pub fn read_all_chunks(&mut self) -> io::Result<Option<Vec<Vec<u8>>>> {
-        let mut chunks = Vec::with_capacity(self.chunks.len() - self.next);
+        Ok(self.read_all_chunks_flagged()?.map(|(chunks, _)| chunks))
+    }
+
+    /// As [`Entry::read_all_chunks`], with whether each chunk is
+    /// pre-sealed ([`EntryChunk::is_presealed`]).
+    pub(crate) fn read_all_chunks_flagged(&mut self) -> io::Result<Option<FlaggedChunks>> {
+        let left = self.chunks.len() - self.next;
+        let (mut chunks, mut presealed) = (Vec::with_capacity(left), Vec::with_capacity(left));
         loop {
             match self.read_chunk()? {
-                ReadChunkResult::Chunk(mut chunk) => chunks.push(chunk.read_all()?),
-                ReadChunkResult::EndOfEntry => return Ok(Some(chunks)),
+                ReadChunkResult::Chunk(mut chunk) => {
+                    presealed.push(chunk.is_presealed());
+                    chunks.push(chunk.read_all()?);
+                }
+                ReadChunkResult::EndOfEntry => return Ok(Some((chunks, presealed))),
                 ReadChunkResult::AbortedEntry => return Ok(None),
             }
         }
     }
 }
+
+/// An entry's chunks, and whether each one is pre-sealed.
+pub(crate) type FlaggedChunks = (Vec<Vec<u8>>, Vec<bool>);
 
 /// One chunk of an [`Entry`]: read its data with [`Read`].
 #[derive(Debug)]
