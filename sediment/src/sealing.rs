@@ -280,6 +280,17 @@ impl Sealer {
             .u64(chunk)
     }
 
+    /// Appends `plain` sealed with `ad` to `out`: the seal, then the
+    /// ciphertext (encrypted in place there).
+    fn push_sealed(&self, ad: &Ad, plain: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+        let at = out.len();
+        out.resize(at + SEAL_BYTES, 0);
+        out.extend_from_slice(plain);
+        let seal = self.seal(ad, &mut out[at + SEAL_BYTES..])?;
+        out[at..at + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+        Ok(())
+    }
+
     /// Seals the image of a blob (`header` describes `data`) for grain
     /// `id`, handing it to `emit` in pieces of about 1 MiB with their
     /// offset in the image.
@@ -295,29 +306,36 @@ impl Sealer {
         let mut out = Vec::with_capacity(
             (sealed_image_len(len).unwrap_or(u64::MAX) as usize).min(BATCH + (80 << 10)),
         );
-        let mut head = header.encode();
-        let seal = self.seal(&self.head_ad(id), &mut head)?;
-        out.extend_from_slice(&seal.to_bytes());
-        out.extend_from_slice(&head);
+        self.push_sealed(&self.head_ad(id), &header.encode(), &mut out)?;
         let mut out_at = 0_u64;
         for chunk in 0..sealed_chunks(len) {
-            let (offset, plain) = sealed_chunk_span(len, chunk);
+            let (offset, _) = sealed_chunk_span(len, chunk);
             if out.len() >= BATCH {
                 emit(out_at, &out)?;
                 out.clear();
                 out_at = offset;
             }
-            let start = out.len();
-            out.resize(start + SEAL_BYTES, 0);
-            let from = (chunk * crate::format::SEALED_CHUNK) as usize;
-            out.extend_from_slice(&data[from..from + plain]);
-            let seal = self.seal(
-                &self.chunk_ad(id, header, chunk),
-                &mut out[start + SEAL_BYTES..],
-            )?;
-            out[start..start + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+            self.push_chunk(id, header, data, chunk, &mut out)?;
         }
         emit(out_at, &out)
+    }
+
+    /// Appends chunk `chunk` of the image of `data` to `out`.
+    fn push_chunk(
+        &self,
+        id: GrainId,
+        header: &GrainHeader,
+        data: &[u8],
+        chunk: u64,
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        let (_, plain) = sealed_chunk_span(data.len() as u64, chunk);
+        let from = (chunk * crate::format::SEALED_CHUNK) as usize;
+        self.push_sealed(
+            &self.chunk_ad(id, header, chunk),
+            &data[from..from + plain],
+            out,
+        )
     }
 
     /// The whole image of a blob, as [`Sealer::seal_image`] makes it.
@@ -339,22 +357,9 @@ impl Sealer {
     ) -> io::Result<()> {
         let len = data.len() as u64;
         out.reserve(sealed_image_len(len).unwrap_or(0) as usize);
-        let start = out.len();
-        out.resize(start + SEAL_BYTES, 0);
-        out.extend_from_slice(&header.encode());
-        let seal = self.seal(&self.head_ad(id), &mut out[start + SEAL_BYTES..])?;
-        out[start..start + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+        self.push_sealed(&self.head_ad(id), &header.encode(), out)?;
         for chunk in 0..sealed_chunks(len) {
-            let (_, plain) = sealed_chunk_span(len, chunk);
-            let at = out.len();
-            out.resize(at + SEAL_BYTES, 0);
-            let from = (chunk * crate::format::SEALED_CHUNK) as usize;
-            out.extend_from_slice(&data[from..from + plain]);
-            let seal = self.seal(
-                &self.chunk_ad(id, header, chunk),
-                &mut out[at + SEAL_BYTES..],
-            )?;
-            out[at..at + SEAL_BYTES].copy_from_slice(&seal.to_bytes());
+            self.push_chunk(id, header, data, chunk, out)?;
         }
         Ok(())
     }

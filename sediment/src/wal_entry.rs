@@ -148,6 +148,17 @@ pub(crate) fn parse_entry(
     // Image chunks: (number in the record's new grains, position, bytes).
     let mut images: Vec<(u32, LogPosition, Option<Vec<u8>>)> = Vec::new();
     let mut record = None;
+    // Where the rest of a blob's chunk is, and (`with_data`) its bytes.
+    let blob_of = |chunk: EntryChunk<'_>| -> io::Result<(LogPosition, Option<Vec<u8>>)> {
+        let position = chunk.position();
+        let bytes = match with_data {
+            true => Some(read_verified(chunk, || {
+                format!("WAL entry {id}: chunk at {position} failed its CRC")
+            })?),
+            false => None,
+        };
+        Ok((position, bytes))
+    };
     loop {
         let mut chunk = match entry.read_chunk()? {
             ReadChunkResult::Chunk(chunk) => chunk,
@@ -171,14 +182,7 @@ pub(crate) fn parse_entry(
                 chunk.read_exact(&mut raw)?;
                 let grain = GrainId::from_bytes(raw)
                     .map_err(|e| invalid(format!("WAL entry {id}: {e}")))?;
-                let position = chunk.position();
-                let bytes = if with_data {
-                    Some(read_verified(chunk, || {
-                        format!("WAL entry {id}: chunk at {position} failed its CRC")
-                    })?)
-                } else {
-                    None
-                };
+                let (position, bytes) = blob_of(chunk)?;
                 data.push(DataChunk {
                     id: grain,
                     position,
@@ -189,14 +193,7 @@ pub(crate) fn parse_entry(
                 let mut raw = [0_u8; 4];
                 chunk.read_exact(&mut raw)?;
                 let number = u32::from_le_bytes(raw);
-                let position = chunk.position();
-                let bytes = if with_data {
-                    Some(read_verified(chunk, || {
-                        format!("WAL entry {id}: chunk at {position} failed its CRC")
-                    })?)
-                } else {
-                    None
-                };
+                let (position, bytes) = blob_of(chunk)?;
                 images.push((number, position, bytes));
             }
             RECORD_CHUNK => {

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{blob, Rng};
-use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
+use common::{blob, power_cut, Rng};
+use okaywal::fs::CrashFileSystem;
 use sediment::{Config, Database, GrainId, SequenceId};
 
 const DIR: &str = "/buffered-db";
@@ -22,34 +22,6 @@ fn config(fs: &CrashFileSystem) -> Config {
 
 fn open(fs: &CrashFileSystem) -> Database {
     config(fs).open().expect("open the database")
-}
-
-/// The power goes out now: every later write, sync, directory sync,
-/// creation, rename, removal and resize fails and reaches nothing.
-fn cut_power_now(fs: &CrashFileSystem) {
-    for operation in [
-        Operation::Write,
-        Operation::Sync,
-        Operation::SyncDir,
-        Operation::Create,
-        Operation::Rename,
-        Operation::Remove,
-        Operation::SetLen,
-    ] {
-        fs.inject(
-            operation,
-            fs.operation_count(operation),
-            FaultKind::PowerOff,
-        );
-    }
-}
-
-/// Cuts the power with `db` still open, drops it and reboots the disk
-/// with only what was synced.
-fn power_cut(fs: &CrashFileSystem, db: Database) {
-    cut_power_now(fs);
-    drop(db);
-    fs.power_loss(PowerLoss::Clean);
 }
 
 fn write_one(db: &Database, data: &[u8], buffered: bool) -> (GrainId, SequenceId) {

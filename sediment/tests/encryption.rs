@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::{blob, free, seed, Rng};
+use common::{blob, free, power_cut, seed, Rng};
 use okaywal::encryption::{Key, KeyError, KeyId, Keyring, StaticKey};
 use okaywal::fs::{CrashFileSystem, FaultKind, FileSystem, OpenMode, Operation, PowerLoss};
 use sediment::format::{grain_size, Layout};
@@ -819,28 +819,6 @@ fn open_keeping_the_wal(fs: &CrashFileSystem) -> sediment::Result<Database> {
         })
         .encryption(ring())
         .open()
-}
-
-/// The power goes out with `db` open: every later operation fails, and
-/// the disk keeps only what was synced.
-fn power_cut(fs: &CrashFileSystem, db: Database) {
-    for operation in [
-        Operation::Write,
-        Operation::Sync,
-        Operation::SyncDir,
-        Operation::Create,
-        Operation::Rename,
-        Operation::Remove,
-        Operation::SetLen,
-    ] {
-        fs.inject(
-            operation,
-            fs.operation_count(operation),
-            FaultKind::PowerOff,
-        );
-    }
-    drop(db);
-    fs.power_loss(PowerLoss::Clean);
 }
 
 /// Committed transactions: each one's blobs, in order.

@@ -6,6 +6,7 @@ pub mod crash;
 
 use std::path::Path;
 
+use okaywal::fs::{CrashFileSystem, FaultKind, Operation, PowerLoss};
 use sediment::{Config, Database, GrainId};
 
 #[allow(unused_imports)]
@@ -350,4 +351,32 @@ impl Mode {
 /// The key of the encrypted runs (key id 1).
 pub fn test_key() -> okaywal::encryption::StaticKey {
     okaywal::encryption::StaticKey::new([0x5E; 32])
+}
+
+/// The power goes out now: every later write, sync, directory sync,
+/// creation, rename, removal and resize fails and reaches nothing.
+pub fn cut_power_now(fs: &CrashFileSystem) {
+    for operation in [
+        Operation::Write,
+        Operation::Sync,
+        Operation::SyncDir,
+        Operation::Create,
+        Operation::Rename,
+        Operation::Remove,
+        Operation::SetLen,
+    ] {
+        fs.inject(
+            operation,
+            fs.operation_count(operation),
+            FaultKind::PowerOff,
+        );
+    }
+}
+
+/// Cuts the power with `db` still open, drops it and reboots the disk
+/// with only what was synced.
+pub fn power_cut(fs: &CrashFileSystem, db: Database) {
+    cut_power_now(fs);
+    drop(db);
+    fs.power_loss(PowerLoss::Clean);
 }
