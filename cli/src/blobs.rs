@@ -8,7 +8,7 @@ use indicatif::ProgressBar;
 use sediment::{GrainId, SequenceId, DEFAULT_MAX_BLOB_BYTES};
 use serde::Serialize;
 
-use crate::error::{describe_io, not_allocated, CliError};
+use crate::error::{describe_io, not_allocated, one_line, CliError};
 use crate::inspect::write_json;
 use crate::progress::{busy, bytes_bar};
 use crate::store::{
@@ -131,50 +131,206 @@ pub fn put(
         }
         bar.finish_and_clear();
         let sequence = busy("committing", || tx.commit())?;
-        for (file, (id, length)) in files.iter().zip(stored) {
-            if json {
-                let line = JsonPut {
-                    file: file.display().to_string(),
-                    id: id.to_string(),
-                    length,
-                    sequence: sequence.0,
-                };
-                write_json(out, &line)?;
-            } else {
-                writeln!(out, "{id}").map_err(CliError::output)?;
+        let report = (|| {
+            for (file, (id, length)) in files.iter().zip(&stored) {
+                if json {
+                    let line = JsonPut {
+                        file: file.display().to_string(),
+                        id: id.to_string(),
+                        length: *length,
+                        sequence: sequence.0,
+                    };
+                    write_json(out, &line)?;
+                } else {
+                    writeln!(out, "{id}").map_err(CliError::output)?;
+                }
             }
-        }
-        out.flush().map_err(CliError::output)
+            out.flush().map_err(CliError::output)
+        })();
+        reported(report, sequence, || {
+            let ids: Vec<String> = stored.iter().map(|(id, _)| id.to_string()).collect();
+            format!(
+                "the blobs' grain ids, in the order of the files: {}",
+                ids.join(" ")
+            )
+        })
     })
+}
+
+/// The end of a command whose transaction committed as `sequence`: what
+/// it printed about it. The transaction is in the store whatever happens
+/// to that report, so a failure to write the report is a warning on
+/// stderr that says what the report would have said (`lost`), and the
+/// command still succeeds: a script that runs a failed command again
+/// would commit it twice. (A reader that went away is no warning.)
+fn reported(
+    report: Result<(), CliError>,
+    sequence: SequenceId,
+    lost: impl FnOnce() -> String,
+) -> Result<(), CliError> {
+    match report {
+        Err(err) if err.code != 0 => {
+            let why = err.message.as_deref().unwrap_or("unknown error");
+            // Nothing more can be done if stderr is gone too.
+            let _ = writeln!(
+                io::stderr().lock(),
+                "sediment: warning: sequence {sequence} committed, but {}; {}",
+                one_line(why),
+                lost()
+            );
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Where `get` writes.
 enum Sink<'a> {
     Stdout(&'a mut dyn Write),
+    /// Written in place: a device or a pipe (`-o /dev/null`).
     File(File, &'a Path),
+    /// A regular file, new or existing, written under a temporary name in
+    /// its directory and renamed over it only once the blob is whole,
+    /// checked and synced (see [`Staged`]).
+    Staged(Staged, &'a Path),
     /// Reads the blob only to check its checksum.
     Discard,
 }
 
 impl Sink<'_> {
     fn write_all(&mut self, bytes: &[u8]) -> Result<(), CliError> {
+        let (result, path) = match self {
+            Sink::Stdout(out) => return out.write_all(bytes).map_err(CliError::output),
+            Sink::File(file, path) => (file.write_all(bytes), *path),
+            Sink::Staged(staged, path) => (staged.file.write_all(bytes), *path),
+            Sink::Discard => return Ok(()),
+        };
+        result.map_err(|e| writing_failed(path, &e))
+    }
+
+    fn finish(self) -> Result<(), CliError> {
         match self {
-            Sink::Stdout(out) => out.write_all(bytes).map_err(CliError::output),
-            Sink::File(file, path) => file.write_all(bytes).map_err(|e| {
-                CliError::failure(format!("writing {}: {}", path.display(), describe_io(&e)))
-            }),
+            Sink::Stdout(out) => out.flush().map_err(CliError::output),
+            // A device or a pipe: nothing to sync (`fsync` of one fails).
+            Sink::File(mut file, path) => file.flush().map_err(|e| writing_failed(path, &e)),
+            Sink::Staged(staged, path) => staged
+                .replace_target()
+                .map_err(|e| writing_failed(path, &e)),
             Sink::Discard => Ok(()),
         }
     }
 
-    fn finish(&mut self) -> Result<(), CliError> {
+    /// After a failure: no partial blob is left behind, and a file that
+    /// was at the output path stays as it was.
+    fn abandon(self) {
         match self {
-            Sink::Stdout(out) => out.flush().map_err(CliError::output),
-            Sink::File(file, path) => file.sync_all().map_err(|e| {
-                CliError::failure(format!("writing {}: {}", path.display(), describe_io(&e)))
-            }),
-            Sink::Discard => Ok(()),
+            Sink::File(file, path) => discard_partial(file, path),
+            Sink::Staged(staged, _) => staged.remove(),
+            Sink::Stdout(_) | Sink::Discard => {}
         }
+    }
+}
+
+fn writing_failed(path: &Path, err: &io::Error) -> CliError {
+    CliError::failure(format!("writing {}: {}", path.display(), describe_io(err)))
+}
+
+/// A `get -o` output written beside its target under a temporary name.
+struct Staged {
+    file: File,
+    temp: PathBuf,
+    target: PathBuf,
+}
+
+impl Staged {
+    /// Creates the temporary file for `target` (a resolved path whose
+    /// parent exists) in the same directory, with `target`'s permissions
+    /// if it exists.
+    fn create(target: PathBuf, existing: Option<&fs::Metadata>) -> io::Result<Self> {
+        let dir = target.parent().unwrap_or(Path::new("."));
+        let name = target
+            .file_name()
+            .map_or_else(|| "blob".into(), |name| name.to_string_lossy().into_owned());
+        let mut attempt = 0_u32;
+        loop {
+            let temp = dir.join(format!(
+                ".{name}.sediment-get-{}-{attempt}",
+                std::process::id()
+            ));
+            match fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temp)
+            {
+                Ok(file) => {
+                    let staged = Self { file, temp, target };
+                    if let Some(existing) = existing {
+                        if let Err(err) = fs::set_permissions(&staged.temp, existing.permissions())
+                        {
+                            staged.remove();
+                            return Err(err);
+                        }
+                    }
+                    return Ok(staged);
+                }
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => {
+                    attempt += 1;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Syncs the file and renames it over the target, then syncs the
+    /// directory (best effort: the blob is in place either way).
+    fn replace_target(self) -> io::Result<()> {
+        let result = self
+            .file
+            .sync_all()
+            .and_then(|()| fs::rename(&self.temp, &self.target));
+        if let Err(err) = result {
+            self.remove();
+            return Err(err);
+        }
+        if let Some(dir) = self.target.parent() {
+            let _ = File::open(dir).and_then(|dir| dir.sync_all());
+        }
+        Ok(())
+    }
+
+    fn remove(self) {
+        drop(self.file);
+        let _ = fs::remove_file(&self.temp);
+    }
+}
+
+/// Opens where `get -o path` writes: a regular file (or a path where none
+/// exists yet) is staged beside its target, anything else is written in
+/// place.
+fn output_sink(path: &Path) -> Result<Sink<'_>, CliError> {
+    let cannot_create = |e: &io::Error| CliError::io("cannot create", path, e);
+    let target = resolve_output(path).map_err(|e| cannot_create(&e))?;
+    match fs::metadata(&target) {
+        Ok(metadata) if !metadata.is_file() => {
+            if metadata.is_dir() {
+                return Err(CliError::input(format!(
+                    "{}: is a directory",
+                    path.display()
+                )));
+            }
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .map_err(|e| cannot_create(&e))?;
+            Ok(Sink::File(file, path))
+        }
+        Ok(metadata) => Staged::create(target, Some(&metadata))
+            .map(|staged| Sink::Staged(staged, path))
+            .map_err(|e| cannot_create(&e)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Staged::create(target, None)
+            .map(|staged| Sink::Staged(staged, path))
+            .map_err(|e| cannot_create(&e)),
+        Err(err) => Err(cannot_create(&err)),
     }
 }
 
@@ -207,19 +363,16 @@ pub fn get(
                 .ok_or_else(|| CliError::input(not_allocated(id)))?;
         }
         let mut sink = match output {
-            Some(path) => Sink::File(
-                File::create(path).map_err(|e| CliError::io("cannot create", path, &e))?,
-                path,
-            ),
+            Some(path) => output_sink(path)?,
             None => Sink::Stdout(out),
         };
-        let result = copy_blob(db, id, &mut reader, &mut sink);
-        if result.is_err() {
-            if let Sink::File(file, path) = sink {
-                discard_partial(file, path);
+        match copy_blob(db, id, &mut reader, &mut sink) {
+            Ok(()) => sink.finish(),
+            Err(err) => {
+                sink.abandon();
+                Err(err)
             }
         }
-        result
     })
 }
 
@@ -320,7 +473,7 @@ fn copy_blob(
         Ok(())
     })?;
     bar.finish_and_clear();
-    sink.finish()
+    Ok(())
 }
 
 /// `archive --json`.
@@ -342,6 +495,12 @@ pub fn archive(
         .iter()
         .map(|g| parse_grain(g))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = ids.iter().find(|id| !seen.insert(**id)) {
+        return Err(CliError::input(format!(
+            "grain {twice} is given more than once"
+        )));
+    }
     let db = store::open(db_path, Create::Never)?;
     run_commit_then_shutdown(db, |db| {
         let mut tx = db.begin_transaction()?;
@@ -349,20 +508,25 @@ pub fn archive(
             tx.archive(*id)?;
         }
         let sequence = busy("committing", || tx.commit())?;
-        if json {
+        let report = if json {
             let report = JsonArchive {
                 archived: ids.iter().map(ToString::to_string).collect(),
                 sequence: sequence.0,
             };
-            return write_json(out, &report);
+            write_json(out, &report)
+        } else {
+            writeln!(
+                out,
+                "archived {} grain(s) in sequence {sequence}; `sediment checkpoint {} {sequence}` frees them",
+                ids.len(),
+                db_path.display()
+            )
+            .map_err(CliError::output)
         }
-        writeln!(
-            out,
-            "archived {} grain(s) in sequence {sequence}; `sediment checkpoint {} {sequence}` frees them",
-            ids.len(),
-            db_path.display()
-        )
-        .map_err(CliError::output)
+        .and_then(|()| out.flush().map_err(CliError::output));
+        reported(report, sequence, || {
+            format!("it archived {} grain(s)", ids.len())
+        })
     })
 }
 
@@ -398,13 +562,15 @@ pub fn checkpoint(
                     sequence: None,
                     freed: Vec::new(),
                 };
-                return write_json(out, &report);
+                write_json(out, &report)?;
+            } else {
+                writeln!(
+                    out,
+                    "already checkpointed to sequence {current}: nothing to do"
+                )
+                .map_err(CliError::output)?;
             }
-            return writeln!(
-                out,
-                "already checkpointed to sequence {current}: nothing to do"
-            )
-            .map_err(CliError::output);
+            return out.flush().map_err(CliError::output);
         }
         let mut tx = db.begin_transaction()?;
         tx.checkpoint_to(SequenceId(to))?;
@@ -413,7 +579,7 @@ pub fn checkpoint(
         let freed: Vec<GrainId> = record
             .as_ref()
             .map_or_else(Vec::new, |record| record.freed.clone());
-        if json {
+        let report = if json {
             let report = JsonCheckpoint {
                 checkpointed_to: record
                     .as_ref()
@@ -422,14 +588,17 @@ pub fn checkpoint(
                 sequence: Some(at.0),
                 freed: freed.iter().map(ToString::to_string).collect(),
             };
-            return write_json(out, &report);
+            write_json(out, &report)
+        } else {
+            writeln!(
+                out,
+                "checkpointed to sequence {to} in sequence {at}: freed {} grain(s)",
+                freed.len()
+            )
+            .map_err(CliError::output)
         }
-        writeln!(
-            out,
-            "checkpointed to sequence {to} in sequence {at}: freed {} grain(s)",
-            freed.len()
-        )
-        .map_err(CliError::output)
+        .and_then(|()| out.flush().map_err(CliError::output));
+        reported(report, at, || format!("it freed {} grain(s)", freed.len()))
     })
 }
 

@@ -50,7 +50,8 @@ Exit codes: 0 success; 1 verify found problems; 2 bad input (usage, missing
 directory, not a store, malformed or free grain id, sequence in the future,
 `get -o` into the store directory); 3 other failures (damaged files, I/O
 errors). Once put, archive or checkpoint committed, they exit 0 even if
-closing the store fails afterwards (with a warning on stderr).
+closing the store or printing their output fails afterwards (with a
+warning on stderr that says what they did).
 
 Grain ids are written basin-stratum-index-count (e.g. 3-0-17-20); a raw u64
 in decimal or 0x hex is accepted too.";
@@ -97,7 +98,8 @@ enum Command {
         /// The grain id, as printed by `put` or `ls`.
         grain: String,
         /// Write the blob to this file instead of standard output (never
-        /// inside the store directory).
+        /// inside the store directory). It is replaced only once the whole
+        /// blob is written and verified: a failed get leaves it as it was.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
@@ -231,7 +233,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
     };
     let flushed = out.flush().map_err(CliError::output);
-    result.and(flushed)
+    // A committing command that returns `Ok` has reported (or warned
+    // about) its output itself; what its report left in the buffer
+    // failed to write once already.
+    let committed = matches!(
+        cli.command,
+        Command::Put { .. } | Command::Archive { .. } | Command::Checkpoint { .. }
+    );
+    match result {
+        Ok(()) if committed => Ok(()),
+        result => result.and(flushed),
+    }
 }
 
 fn main() -> ExitCode {

@@ -290,6 +290,12 @@ fn archive_checkpoint_and_log() {
         2,
         "already archived",
     );
+    // A grain given twice is bad input, not "already archived".
+    assert_error(
+        &sediment(&[&"archive", &db, &ids[0], &ids[0]]),
+        2,
+        &format!("grain {} is given more than once", ids[0]),
+    );
 
     let log = ok(sediment(&[&"log", &db])).stdout;
     let lines: Vec<&str> = log.lines().collect();
@@ -449,16 +455,30 @@ fn verify_finds_a_damaged_grain() {
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "healthy");
 }
 
-/// A failed `get -o` removes the partial file it wrote, but nothing the path
-/// only leads to: a symbolic link stays (its target emptied), and a device
-/// is left alone (`-o /dev/stdout` must never delete `/dev/stdout`).
+/// A failed `get -o` leaves the output path as it was: an existing file
+/// keeps its contents (also through a symbolic link, which stays), a new
+/// path gets no partial file, a device is left alone (`-o /dev/stdout` must
+/// never delete `/dev/stdout`), and no temporary file is left beside any of
+/// them. A `get -o` that succeeds replaces an existing file whole and keeps
+/// its permissions.
 #[test]
-fn a_failed_get_removes_only_a_regular_output_file() {
+fn a_failed_get_leaves_the_output_path_as_it_was() {
+    use std::os::unix::fs::PermissionsExt;
     let needle = b"THIS BLOB WILL BE DAMAGED AS WELL 0123456789";
-    let (temp, db, ids) = store_with(&[needle]);
+    let (temp, db, ids) = store_with(&[needle, b"healthy blob"]);
     damage(&db, needle);
+    let out = temp.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let listing = || {
+        let mut names: Vec<String> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
 
-    let to_device = temp.path().join("to-null");
+    let to_device = out.join("to-null");
     std::os::unix::fs::symlink("/dev/null", &to_device).unwrap();
     assert_error(
         &sediment(&[&"get", &db, &ids[0], &"-o", &to_device]),
@@ -470,28 +490,138 @@ fn a_failed_get_removes_only_a_regular_output_file() {
         "the link to /dev/null was deleted"
     );
 
-    let target = temp.path().join("target.txt");
+    let target = out.join("target.txt");
     fs::write(&target, b"old contents").unwrap();
-    let link = temp.path().join("link");
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o640)).unwrap();
+    let link = out.join("link");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    assert_error(
-        &sediment(&[&"get", &db, &ids[0], &"-o", &link]),
-        3,
-        "checksum",
-    );
+    for path in [&target, &link] {
+        assert_error(
+            &sediment(&[&"get", &db, &ids[0], &"-o", path]),
+            3,
+            "checksum",
+        );
+        assert_eq!(
+            fs::read(&target).unwrap(),
+            b"old contents",
+            "a failed get through {} changed the file",
+            path.display()
+        );
+    }
     assert!(
         fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()),
         "the link was deleted"
     );
-    assert_eq!(fs::read(&target).unwrap(), b"", "a partial blob was left");
 
-    let plain = temp.path().join("plain");
+    let plain = out.join("plain");
     assert_error(
         &sediment(&[&"get", &db, &ids[0], &"-o", &plain]),
         3,
         "checksum",
     );
     assert!(!plain.exists(), "a failed get leaves no partial file");
+    assert_eq!(
+        listing(),
+        ["link", "target.txt", "to-null"],
+        "files left behind"
+    );
+
+    // Success: through the link, the file is replaced whole, the link
+    // stays a link and the file keeps its permissions.
+    ok(sediment(&[&"get", &db, &ids[1], &"-o", &link]));
+    assert_eq!(fs::read(&target).unwrap(), b"healthy blob");
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    ok(sediment(&[&"get", &db, &ids[1], &"-o", &to_device]));
+    assert_eq!(
+        listing(),
+        ["link", "target.txt", "to-null"],
+        "files left behind"
+    );
+}
+
+/// Runs `sediment` with its standard output on `/dev/full`: every write
+/// to it fails with "no space left on device".
+fn sediment_to_full_stdout(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_sediment"))
+        .args(args.iter().map(|a| a.as_ref()))
+        .stdin(Stdio::null())
+        .stdout(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .stderr(Stdio::piped())
+        .output()
+        .expect("the binary runs");
+    Run {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::new(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Once `put`, `archive` or `checkpoint` committed, a failure to print
+/// what it did is a warning that says it (the ids `put` stored), and the
+/// command exits 0: a script that runs a failed command again would store
+/// the files twice. A command that committed nothing still fails.
+#[test]
+fn a_committed_command_whose_output_fails_exits_0_and_names_what_it_did() {
+    let (temp, db, _) = store_with(&[b"first"]);
+    let file = temp.path().join("second");
+    fs::write(&file, b"second blob").unwrap();
+    let run = sediment_to_full_stdout(&[&"put", &db, &file, &file]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("sediment: warning: sequence 2 committed")
+            && run.stderr.contains("No space left on device"),
+        "{}",
+        run.stderr
+    );
+    // The ids the warning names are the blobs that were stored.
+    let listed = ok(sediment(&[&"ls", &db, &"--json"])).stdout;
+    let named: Vec<&str> = run
+        .stderr
+        .trim_end()
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(' ')
+        .collect();
+    assert_eq!(named.len(), 2, "{}", run.stderr);
+    for id in &named {
+        assert_eq!(
+            ok(sediment(&[&"get", &db, id])).stdout,
+            "second blob",
+            "{id}: {listed}"
+        );
+    }
+
+    let run = sediment_to_full_stdout(&[&"archive", &db, &named[0]]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("sequence 3 committed"),
+        "{}",
+        run.stderr
+    );
+    let run = sediment_to_full_stdout(&[&"checkpoint", &db, &"3", &"--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains("freed 1 grain"), "{}", run.stderr);
+    assert_error(&sediment(&[&"get", &db, &named[0]]), 2, "not allocated");
+
+    // Nothing committed: the failure to print is an error.
+    let run = sediment_to_full_stdout(&[&"checkpoint", &db, &"3"]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    let run = sediment_to_full_stdout(&[&"ls", &db]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
 }
 
 /// A damaged blob larger than one read: `get` to standard output writes
