@@ -48,40 +48,51 @@ fn read_copy(file: &File, len: u64, slot: u64, slot_size: u64) -> io::Result<Vec
 
 /// Whether copy `slot`, which failed with `error`, is damage rather than a
 /// copy that was never written. Copy 0 is written when the file is created
-/// and only rewritten after that, so it never legitimately reads as zeros;
-/// copy 1 may (until the first update), or be missing from a short file.
-fn is_damage(slot: u64, error: &HeaderError, bytes: &[u8]) -> bool {
-    match error {
-        HeaderError::Truncated => false,
-        HeaderError::BadMagic => slot == 0 || bytes.iter().any(|b| *b != 0),
-        _ => true,
-    }
+/// and only rewritten after that, so it never legitimately reads as zeros.
+/// Copy 1 may (or be missing from a short file) until the first update,
+/// which writes both: once the other copy's generation is past the first,
+/// a missing copy 1 was written once and is gone.
+fn is_damage(slot: u64, error: &HeaderError, bytes: &[u8], other_generation: u64) -> bool {
+    let unwritten = match error {
+        HeaderError::Truncated => true,
+        HeaderError::BadMagic => bytes.iter().all(|b| *b == 0),
+        _ => false,
+    };
+    !unwritten || slot == 0 || other_generation > 1
 }
 
-/// Checks the two copies of one header; reports a bad one only when the
-/// other verifies (with both bad, opening fails and says so itself).
+/// Checks the two copies of one header (`generation` reads a decoded
+/// one's); reports a bad one only when the other verifies (with both bad,
+/// opening fails and says so itself).
 fn check_pair<T>(
     path: &Path,
     what: &str,
     copies: [(Vec<u8>, Result<T, HeaderError>); 2],
+    generation: impl Fn(&T) -> u64,
     out: &mut Vec<BadCopy>,
 ) {
     let [(first_bytes, first), (second_bytes, second)] = copies;
     let pairs = [(0, &first_bytes, &first), (1, &second_bytes, &second)];
     for (slot, bytes, decoded) in pairs {
-        let other_ok = if slot == 0 {
-            second.is_ok()
-        } else {
-            first.is_ok()
+        let other = if slot == 0 { &second } else { &first };
+        let Ok(other) = other else {
+            continue;
         };
         if let Err(error) = decoded {
-            if other_ok && is_damage(slot, error, bytes) {
+            if is_damage(slot, error, bytes, generation(other)) {
+                let found = if bytes.iter().all(|b| *b == 0) {
+                    "the copy is missing (all zeros, or past the end of the file) although \
+                     the other copy shows that both were written"
+                        .to_string()
+                } else {
+                    format!("{error} (damaged, or torn by a write a crash cut short")
+                };
+                let close = if found.ends_with("short") { ")" } else { "" };
                 out.push(BadCopy {
                     location: format!("{} (header copy {slot})", path.display()),
                     description: format!(
-                        "{what}: {error} (damaged, or torn by a write a crash cut short; \
-                         the other copy is intact, and `sediment repair` rewrites this one \
-                         from it)"
+                        "{what}: {found}; the other copy is intact, and `sediment repair` \
+                         rewrites this one from it{close}"
                     ),
                 });
             }
@@ -105,7 +116,13 @@ pub fn bad_copies(directory: &Path) -> Vec<BadCopy> {
                 })
             });
             if let [Ok(first), Ok(second)] = copies {
-                check_pair(&index, "index header", [first, second], &mut out);
+                check_pair(
+                    &index,
+                    "index header",
+                    [first, second],
+                    |h: &IndexHeader| h.generation,
+                    &mut out,
+                );
             }
         }
     }
@@ -136,7 +153,13 @@ pub fn bad_copies(directory: &Path) -> Vec<BadCopy> {
             })
         });
         if let [Ok(first), Ok(second)] = copies {
-            check_pair(&path, "stratum header", [first, second], &mut out);
+            check_pair(
+                &path,
+                "stratum header",
+                [first, second],
+                |h: &StratumHeader| h.generation,
+                &mut out,
+            );
         }
     }
     out
@@ -162,10 +185,15 @@ mod tests {
 
     #[test]
     fn never_written_copies_are_not_damage() {
-        assert!(!is_damage(1, &HeaderError::BadMagic, &[0; 64]));
-        assert!(!is_damage(1, &HeaderError::Truncated, &[]));
-        assert!(is_damage(0, &HeaderError::BadMagic, &[0; 64]));
-        assert!(is_damage(1, &HeaderError::BadMagic, &[1; 64]));
-        assert!(is_damage(1, &HeaderError::BadChecksum, &[0; 64]));
+        // Beside a copy of the first generation, copy 1 may be unwritten.
+        assert!(!is_damage(1, &HeaderError::BadMagic, &[0; 64], 1));
+        assert!(!is_damage(1, &HeaderError::Truncated, &[], 1));
+        // Once an update wrote both, it may not.
+        assert!(is_damage(1, &HeaderError::BadMagic, &[0; 64], 2));
+        assert!(is_damage(1, &HeaderError::Truncated, &[], 7));
+        // Copy 0 is always written first; other errors are always damage.
+        assert!(is_damage(0, &HeaderError::BadMagic, &[0; 64], 1));
+        assert!(is_damage(1, &HeaderError::BadMagic, &[1; 64], 1));
+        assert!(is_damage(1, &HeaderError::BadChecksum, &[0; 64], 1));
     }
 }

@@ -659,16 +659,30 @@ fn verify_reports_a_damaged_header_copy() {
     let slot = sediment::format::stratum_slot_size(id.basin());
     let index_slot = sediment::format::INDEX_SLOT_SIZE;
     // (file, offset, bytes written there, copy, what the problem says)
-    let cases: [(&str, u64, Vec<u8>, u32, &str); 4] = [
-        (&stratum, 40, vec![0x5A], 0, "checksum"),
-        (&stratum, slot + 40, vec![0x5A], 1, "checksum"),
-        (&stratum, 0, vec![0; 4096], 0, "magic"),
-        ("index", index_slot + 20, vec![0x5A], 1, "checksum"),
+    // (A zeroed copy 1 is damage here: both copies were written by the
+    // checkpoint `put` ended with. `None` cuts the file after copy 0.)
+    let cases: [(&str, u64, Option<Vec<u8>>, u32, &str); 7] = [
+        (&stratum, 40, Some(vec![0x5A]), 0, "checksum"),
+        (&stratum, slot + 40, Some(vec![0x5A]), 1, "checksum"),
+        (&stratum, 0, Some(vec![0; 4096]), 0, "magic"),
+        (&stratum, slot, Some(vec![0; slot as usize]), 1, "missing"),
+        ("index", index_slot + 20, Some(vec![0x5A]), 1, "checksum"),
+        (
+            "index",
+            index_slot,
+            Some(vec![0; index_slot as usize]),
+            1,
+            "missing",
+        ),
+        ("index", index_slot, None, 1, "missing"),
     ];
     for (name, at, bytes, copy, says) in cases {
         let path = db.join(name);
         let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(&bytes, at).unwrap();
+        match bytes {
+            Some(bytes) => file.write_all_at(&bytes, at).unwrap(),
+            None => file.set_len(at).unwrap(),
+        }
         file.sync_all().unwrap();
         drop(file);
 

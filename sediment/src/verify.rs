@@ -43,28 +43,57 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     let sealer = shared.strata().sealer().cloned();
     let mut key_ids: BTreeSet<KeyId> = BTreeSet::new();
     let index_path = shared.directory().join(INDEX_FILE);
+    // Each copy: its generation if it verifies, `None` if it was never
+    // written (all zeros, or past the end of the file), or the problem.
+    let mut copies = Vec::with_capacity(2);
     for slot in 0..2_u64 {
         let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
         let read = store.read_index_copy(slot, &mut bytes);
         let zero = bytes.iter().all(|b| *b == 0);
         let decode = |bytes: &[u8]| match &sealer {
             Some(sealer) => decode_sealed_index(sealer, bytes, slot, &index_path),
-            None => IndexHeader::decode(bytes).map(|_| None),
+            None => IndexHeader::decode(bytes).map(|header| (header.generation, None)),
         };
-        match read.map(|()| decode(&bytes)) {
-            Ok(Ok(key_id)) => key_ids.extend(key_id),
-            Ok(Err(e)) if !damaged(&e, zero) => {}
-            Ok(Err(e)) => report.problems.push(problem(
+        copies.push(match read.map(|()| decode(&bytes)) {
+            Ok(Ok((generation, key_id))) => {
+                key_ids.extend(key_id);
+                Ok(Some(generation))
+            }
+            Ok(Err(e)) if !damaged(&e, zero) => Ok(None),
+            Ok(Err(e)) => Err(problem(
                 format!("{} (header copy {slot})", index_path.display()),
                 None,
                 format!("index header: {e}"),
             )),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && slot == 1 => {}
-            Err(e) => report.problems.push(problem(
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && slot == 1 => Ok(None),
+            Err(e) => Err(problem(
                 index_path.display().to_string(),
                 None,
                 format!("cannot read index header: {e}"),
             )),
+        });
+    }
+    // A new store writes copy 0 alone (generation 1); the first checkpoint
+    // or open for writing writes copy 1. A missing copy beside one of a
+    // later generation was written once and is gone: a truncated or zeroed
+    // index, which an open for writing repairs from the other copy.
+    for (slot, copy) in copies.iter().enumerate() {
+        match copy {
+            Err(found) => report.problems.push(found.clone()),
+            Ok(None) => {
+                let fresh = slot == 1 && matches!(copies[0], Ok(Some(1)));
+                if !fresh {
+                    report.problems.push(problem(
+                        format!("{} (header copy {slot})", index_path.display()),
+                        None,
+                        "index header: the copy is missing (all zeros, or past the end of \
+                         the file) although the other copy shows that both were written; an \
+                         open for writing rewrites it from the other copy"
+                            .to_string(),
+                    ));
+                }
+            }
+            Ok(Some(_)) => {}
         }
     }
 
@@ -617,7 +646,7 @@ fn decode_sealed_index(
     bytes: &[u8],
     slot: u64,
     path: &Path,
-) -> Result<Option<KeyId>, HeaderError> {
+) -> Result<(u64, Option<KeyId>), HeaderError> {
     if version_of(bytes, INDEX_MAGIC_BYTES) != Some(SEALED_FORMAT_VERSION) {
         // Zeros, or not a sealed copy at all.
         return IndexHeader::decode(bytes).and(Err(HeaderError::UnknownVersion(1)));
@@ -625,8 +654,8 @@ fn decode_sealed_index(
     let envelope = open_envelope(bytes, INDEX_MAGIC_BYTES, SEALED_INDEX_BODY)?;
     match Sealer::open_index(sealer.provider(), &envelope, slot, &path.display()) {
         Ok((body, key_id)) => {
-            crate::format::SealedIndex::decode_body(&body)?;
-            Ok(Some(key_id))
+            let index = crate::format::SealedIndex::decode_body(&body)?;
+            Ok((index.header.generation, Some(key_id)))
         }
         Err(Unsealed::Damaged) => Err(HeaderError::NotAuthentic),
         Err(Unsealed::Key(error)) => Err(HeaderError::Inconsistent(error.to_string())),

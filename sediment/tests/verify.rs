@@ -459,6 +459,66 @@ fn an_index_copy_left_a_checkpoint_behind_is_caught_up_at_open() {
     db.shutdown().unwrap();
 }
 
+/// A new store writes index copy 0 alone; every checkpoint writes both.
+/// So a missing copy 1 (the file cut to one slot, or the slot zeroed)
+/// beside a copy of a later generation is damage: a read-only `verify`
+/// reports it, an open for writing rewrites it and loses nothing. Beside a
+/// copy of the first generation it is a store no checkpoint has touched
+/// yet, and no problem.
+#[test]
+fn a_missing_second_index_copy_is_reported_unless_the_store_is_new() {
+    let missing = |report: &VerifyReport| {
+        report
+            .problems
+            .iter()
+            .filter(|p| {
+                p.location.ends_with("index (header copy 1)") && p.description.contains("missing")
+            })
+            .count()
+    };
+    for cut in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, _) = two_checkpoints(dir.path());
+        let index = dir.path().join("index");
+        let mut bytes = std::fs::read(&index).unwrap();
+        if cut {
+            bytes.truncate(INDEX_SLOT_SIZE as usize);
+        } else {
+            bytes[INDEX_SLOT_SIZE as usize..].fill(0);
+        }
+        std::fs::write(&index, &bytes).unwrap();
+
+        let db = Database::open_read_only(dir.path()).unwrap();
+        let report = report_of(db.verify());
+        assert_eq!(missing(&report), 1, "cut {cut}: {report:?}");
+        assert_eq!(report.problems.len(), 1, "cut {cut}: {report:?}");
+        db.shutdown().unwrap();
+        assert_eq!(std::fs::read(&index).unwrap(), bytes, "verify wrote");
+
+        let db = Database::recover(dir.path()).unwrap();
+        assert_blob(&db, a.0, &a.1, "a");
+        assert_blob(&db, b.0, &b.1, "b");
+        db.verify().unwrap();
+        db.shutdown().unwrap();
+        assert_index_copies_alike(dir.path(), b.0);
+    }
+
+    // A store whose index holds one copy of the first generation, as
+    // creating one leaves it until its first checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    Database::recover(dir.path()).unwrap().shutdown().unwrap();
+    let first = IndexHeader {
+        generation: 1,
+        ..IndexHeader::default()
+    };
+    let mut bytes = first.encode();
+    bytes.resize(INDEX_SLOT_SIZE as usize, 0);
+    std::fs::write(dir.path().join("index"), &bytes).unwrap();
+    let db = Database::open_read_only(dir.path()).unwrap();
+    db.verify().unwrap();
+    db.shutdown().unwrap();
+}
+
 #[test]
 fn both_index_copies_damaged_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
