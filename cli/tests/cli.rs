@@ -661,7 +661,8 @@ fn verify_reports_a_damaged_header_copy() {
     // (file, offset, bytes written there, copy, what the problem says)
     // (A zeroed copy 1 is damage here: both copies were written by the
     // checkpoint `put` ended with. `None` cuts the file after copy 0.)
-    let cases: [(&str, u64, Option<Vec<u8>>, u32, &str); 7] = [
+    type Case<'a> = (&'a str, u64, Option<Vec<u8>>, u32, &'a str);
+    let cases: [Case; 7] = [
         (&stratum, 40, Some(vec![0x5A]), 0, "checksum"),
         (&stratum, slot + 40, Some(vec![0x5A]), 1, "checksum"),
         (&stratum, 0, Some(vec![0; 4096]), 0, "magic"),
