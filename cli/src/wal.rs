@@ -163,6 +163,11 @@ pub struct EndInfo {
     pub torn: bool,
     /// Why the walk stopped there.
     pub reason: String,
+    /// Entries whose commit record verifies past `offset`: recovery drops
+    /// them (a power cut while they were written, or damage after they
+    /// committed, which the log cannot tell apart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commits_past_end: Vec<u64>,
 }
 
 /// Everything `wal-dump` shows about one segment file.
@@ -363,11 +368,13 @@ pub fn scan_segment(
             offset: end.offset,
             torn: false,
             reason: "end of file".into(),
+            commits_past_end: Vec::new(),
         },
         Some(torn) => EndInfo {
             offset: end.offset,
             torn: true,
             reason: torn_reason(torn, id, len - end.offset),
+            commits_past_end: end.commits_past_end,
         },
     });
     Ok(dump)

@@ -180,6 +180,29 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
         if let Some(end) = &segment.end {
             if end.torn {
                 writeln!(out, "  torn tail at offset {} ({})", end.offset, end.reason)?;
+                if !end.commits_past_end.is_empty() {
+                    let ids: Vec<String> =
+                        end.commits_past_end.iter().map(u64::to_string).collect();
+                    writeln!(
+                        out,
+                        "  BUT the commit records of entr{} {} verify past it: recovery drops \
+                         {} (a power cut while {} written leaves this; otherwise {} damaged \
+                         after committing)",
+                        if ids.len() == 1 { "y" } else { "ies" },
+                        ids.join(", "),
+                        if ids.len() == 1 { "it" } else { "them" },
+                        if ids.len() == 1 {
+                            "it was being"
+                        } else {
+                            "they were being"
+                        },
+                        if ids.len() == 1 {
+                            "it was"
+                        } else {
+                            "they were"
+                        },
+                    )?;
+                }
             } else {
                 writeln!(
                     out,

@@ -1172,6 +1172,74 @@ fn verify_names_a_damaged_wal_entry_and_the_blobs_it_took() {
     assert!(before == snapshot(&dir), "verify changed the store");
 }
 
+/// A committed transaction whose WAL entry is damaged in the last segment,
+/// which nothing written later vouches for: the log reads it as a torn
+/// tail and an open for writing drops the transaction, which is right only
+/// if a power cut interrupted its writing. `verify` cannot tell, so it
+/// says so (exit 1), naming the transaction and, when its chunks can be
+/// read, its blobs, and writes nothing; `wal-dump` says the same.
+#[test]
+fn verify_names_a_transaction_that_a_damaged_last_wal_segment_would_drop() {
+    // (where the byte is flipped, what verify must name)
+    for (in_header, needle) in [(true, "past offset 512"), (false, "does not verify")] {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("db");
+        let db = sediment::Config::for_directory(&dir).open().unwrap();
+        let mut tx = db.begin_transaction().unwrap();
+        let written: Vec<GrainId> = [40, 300, 17]
+            .iter()
+            .map(|&len| tx.write(&vec![3_u8; len]).unwrap())
+            .collect();
+        tx.commit().unwrap();
+        drop(db);
+        let segment = dir.join("wal-1");
+        let mut bytes = fs::read(&segment).unwrap();
+        // The first record (offset 512): its header's entry id, or its data.
+        let at = if in_header { 512 + 3 } else { 512 + 25 + 20 };
+        bytes[at] ^= 0x01;
+        fs::write(&segment, &bytes).unwrap();
+
+        let before = snapshot(&dir);
+        let run = sediment(&[&"verify", &dir]);
+        assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+        let problems: Vec<&str> = run
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("problem:"))
+            .collect();
+        assert!(
+            problems.iter().any(|p| p.contains("wal-1")
+                && p.contains("transaction 1 ")
+                && p.contains(needle)
+                && p.contains("power cut")),
+            "{}",
+            run.stdout
+        );
+        if !in_header {
+            for id in &written {
+                assert!(
+                    problems.iter().any(|p| p.contains(&id.to_string())),
+                    "{id} not named: {}",
+                    run.stdout
+                );
+            }
+        }
+        let dump = ok(sediment(&[&"wal-dump", &dir])).stdout;
+        if in_header {
+            assert!(
+                dump.contains("BUT the commit records of entry 1 verify past it"),
+                "{dump}"
+            );
+        } else {
+            assert!(dump.contains("entry 1: incomplete"), "{dump}");
+        }
+        assert!(
+            before == snapshot(&dir),
+            "verify or wal-dump changed the store"
+        );
+    }
+}
+
 /// Parses every line of `stdout` as one JSON object.
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout

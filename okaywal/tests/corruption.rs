@@ -101,7 +101,7 @@ fn commit_end(listing: &okaywal::SegmentRecords, id: u64, chunks: &[Vec<u8>], re
     assert_eq!(commit.entry_id, id);
     assert_eq!(commit.length as usize, chunks.len());
     listing.records.get(first + chunks.len() + 1).map_or_else(
-        || listing.end.expect("records end").offset,
+        || listing.end.as_ref().expect("records end").offset,
         |next| next.offset,
     )
 }

@@ -398,7 +398,7 @@ fn record_spans(files: &[(String, Vec<u8>)]) -> (String, Vec<(RecordType, u64, u
         let end = listing
             .records
             .get(i + 1)
-            .map_or_else(|| listing.end.unwrap().offset, |next| next.offset);
+            .map_or_else(|| listing.end.as_ref().unwrap().offset, |next| next.offset);
         spans.push((record.kind, record.offset, end));
     }
     (name.clone(), spans)

@@ -401,10 +401,16 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
         .iter()
         .map(|problem| problem.path.as_path())
         .collect();
+    let checkpointed = shared.reclamation().wal_checkpointed_entry();
     for segment in &inspection.segments {
         if !damaged.contains(&segment.path.as_path()) {
-            // Incomplete entries elsewhere are writes a crash cut short,
-            // never acknowledged.
+            // Nothing written later proves these entries were synced: a
+            // power cut while they were written leaves them so, and then
+            // they were never acknowledged. So can damage to transactions
+            // that committed, and the log cannot tell which; an open for
+            // writing drops them. Said, so that a store that lost
+            // committed transactions never verifies clean.
+            unproven_entries(segment, checkpointed, report);
             continue;
         }
         for entry in &segment.incomplete {
@@ -439,6 +445,66 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reports the transactions of `segment` (one no damage was proven in)
+/// that recovery drops although their commit records verify: entries
+/// whose chunks do not all verify, and entries whose commit record lies
+/// past the torn tail where the walk stopped. Those at or below
+/// `checkpointed` are in the strata already and lose nothing.
+fn unproven_entries(
+    segment: &okaywal::InspectedSegment,
+    checkpointed: u64,
+    report: &mut VerifyReport,
+) {
+    const EITHER: &str = "a power cut while it was being written leaves this (then it was \
+                          never acknowledged), and so does damage after it committed, which \
+                          nothing written later in the WAL can prove; opening the store for \
+                          writing drops it";
+    let path = segment.path.display();
+    for entry in segment.incomplete.iter().filter(|e| e.id.0 > checkpointed) {
+        let at = format!("{path} offset {}", entry.commit_offset);
+        let (grains, named_by) = lost_grains(entry);
+        report.problems.push(Problem {
+            location: at.clone(),
+            grain: None,
+            description: format!(
+                "transaction {} has a commit record in the write-ahead log, but its entry \
+                 does not verify: {EITHER}, with every later transaction in this segment",
+                entry.id
+            ),
+        });
+        for grain in grains {
+            report.problems.push(Problem {
+                location: at.clone(),
+                grain: Some(grain),
+                description: format!(
+                    "dropped at the next open for writing: written by transaction {}, whose \
+                     WAL entry does not verify (named by {named_by})",
+                    entry.id
+                ),
+            });
+        }
+    }
+    let end = segment.end;
+    let why = match &segment.stopped {
+        Some((at, why)) if *at == end => format!("a record there does not verify ({why})"),
+        _ => "an earlier transaction there does not verify".to_string(),
+    };
+    for id in segment
+        .committed_past_end
+        .iter()
+        .filter(|id| id.0 > checkpointed)
+    {
+        report.problems.push(Problem {
+            location: format!("{path} offset {end}"),
+            grain: None,
+            description: format!(
+                "transaction {id} has a commit record in the write-ahead log past offset \
+                 {end}, where the log ends because {why}: {EITHER}"
+            ),
+        });
+    }
 }
 
 /// The blobs a damaged WAL entry of a transaction wrote: those its commit

@@ -79,6 +79,17 @@ pub struct InspectedSegment {
     /// Where the walk stopped, and why: the torn or unwritten tail, or
     /// damage (then also in [`LogInspection::problems`]).
     pub stopped: Option<(u64, String)>,
+    /// Committed entries whose commit record verifies *past* `end`, where
+    /// recovery ends the segment: past a record that does not verify while
+    /// no later record's durable mark proves it was synced (a torn tail, as
+    /// far as the log can tell), or past an [`incomplete`](Self::incomplete)
+    /// entry nothing proves was synced. Recovery drops them. A power cut
+    /// while they were being written leaves this (then none was
+    /// acknowledged); so does damage to entries that were committed, which
+    /// nothing written after them can prove. An inspection cannot tell the
+    /// two apart: an application that knows no power cut interrupted
+    /// these writes has lost them. Empty when the log simply ends.
+    pub committed_past_end: Vec<EntryId>,
 }
 
 /// A committed entry whose chunks do not all verify: its commit record is
@@ -248,7 +259,7 @@ impl Configuration {
         let mut segments = Vec::with_capacity(found.segments.len());
         for segment in &found.segments {
             let mut incomplete = Vec::with_capacity(segment.scan.incomplete.len());
-            for entry in &segment.scan.incomplete {
+            for entry in segment.scan.incomplete.iter().chain(&segment.scan.unproven) {
                 let mut chunks = Vec::with_capacity(entry.chunks.len());
                 for chunk in &entry.chunks {
                     chunks.push(InspectedChunk {
@@ -287,6 +298,12 @@ impl Configuration {
                 incomplete,
                 end: segment.scan.end,
                 stopped: segment.scan.stopped.clone(),
+                committed_past_end: segment
+                    .scan
+                    .commits_past_stop
+                    .iter()
+                    .map(|id| EntryId(*id))
+                    .collect(),
             });
         }
         let problems = found

@@ -149,7 +149,7 @@ pub struct InspectedRecord {
 }
 
 /// Where a segment's records end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordsEnd {
     /// The offset of the first byte not part of a verified record.
@@ -157,6 +157,11 @@ pub struct RecordsEnd {
     /// Why the records end before the end of the file; `None` when they
     /// end exactly there.
     pub torn: Option<TornRecord>,
+    /// Entries whose commit record verifies past `offset` (see
+    /// [`InspectedSegment::committed_past_end`](crate::InspectedSegment::committed_past_end)):
+    /// recovery drops them, and only a power cut while they were written
+    /// makes that no loss.
+    pub commits_past_end: Vec<u64>,
 }
 
 /// Why the record at the end of a segment's records does not verify.
@@ -314,6 +319,7 @@ impl Configuration {
         records.end = Some(RecordsEnd {
             offset: scan.end,
             torn: scan.stop.map(TornRecord::from),
+            commits_past_end: scan.commits_past_stop,
         });
         Ok(records)
     }

@@ -401,7 +401,21 @@ fn judge_failed_commits(segments: &mut [FoundSegment]) {
             }
         } else if segment.scan.damage.is_none() {
             if let Some(failed) = segment.scan.failed_commit.take() {
-                segment.scan.truncate(failed.commit);
+                let scan = &mut segment.scan;
+                scan.unproven = scan
+                    .incomplete
+                    .iter()
+                    .filter(|entry| entry.commit >= failed.commit)
+                    .cloned()
+                    .collect();
+                let cut_off: Vec<u64> = scan
+                    .committed
+                    .iter()
+                    .filter(|(_, (_, commit))| *commit >= failed.commit)
+                    .map(|(id, _)| *id)
+                    .collect();
+                scan.commits_past_stop.splice(0..0, cut_off);
+                scan.truncate(failed.commit);
             }
         }
     }

@@ -52,6 +52,18 @@ pub(crate) struct SegmentScan {
     pub max_entry_id: Option<u64>,
     /// Where the walk stopped before `limit`, and why.
     pub stopped: Option<(u64, String)>,
+    /// Entries whose commit record verifies past the record the walk
+    /// stopped at (a torn tail, as far as durable marks tell), in file
+    /// order, and complete entries recovery cut off with an incomplete one
+    /// before them (see `unproven`). A power cut while they were written
+    /// can leave this; so can damage to records that were durable, which
+    /// nothing written later proves. Either way recovery drops them.
+    pub commits_past_stop: Vec<u64>,
+    /// Incomplete entries that recovery cut the segment at, with nothing
+    /// to prove they were synced (the first one's commit record is where
+    /// the segment ends): no longer in `incomplete` once the segment is
+    /// truncated there, kept for inspection.
+    pub unproven: Vec<IncompleteEntry>,
     /// Why the walk stopped before `limit` (the reason of `stopped`).
     pub stop: Option<Stop>,
     /// Entries that were rolled back or never finished.
@@ -317,6 +329,7 @@ impl SegmentScanner {
         let listed = &mut self.listed;
         scan.stopped = None;
         scan.stop = None;
+        scan.commits_past_stop.clear();
         let mut offset = self.offset;
         while offset < limit {
             let bytes = reader.bytes_at(offset, header_size)?;
@@ -344,6 +357,7 @@ impl SegmentScanner {
                     let mut resume = None;
                     let mut from = offset + 1;
                     let mut damaged = false;
+                    let mut commits = Vec::new();
                     while let Some((next_offset, next_header, next_len)) =
                         reader.next_record(from, limit, salt, Probe::Layout(layout))?
                     {
@@ -352,8 +366,12 @@ impl SegmentScanner {
                             damaged = true;
                             break;
                         }
+                        if next_header.kind == RecordKind::Commit {
+                            commits.push(next_header.entry_id);
+                        }
                         from = next_offset + next_len;
                     }
+                    scan.commits_past_stop = if damaged { Vec::new() } else { commits };
                     if damaged {
                         if scan.damage.is_none() {
                             scan.damage = Some((offset, reason.clone()));
