@@ -552,6 +552,7 @@ pub fn checkpoint(
     let to = parse_sequence(sequence)?;
     let db = store::open(db_path, Create::Never)?;
     run_commit_then_shutdown(db, |db| {
+        store::warn_if_commit_log_damaged(db);
         let current = db.checkpointed_to();
         if to <= current.0 {
             // A checkpoint never moves back: committing one would only add

@@ -261,6 +261,7 @@ fn wal_state(dir: &Path, name: &str, bytes: u64) -> String {
 pub fn stats(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let db = store::open_read_only(db_path)?;
     let (stats, header, wal_files, wal) = run_then_shutdown(db, |db| {
+        store::warn_if_commit_log_damaged(db);
         let stats = db.stats()?;
         let wal = db.wal_stats().unwrap_or_default();
         let wal_files: Vec<JsonWalFile> = stats

@@ -46,6 +46,7 @@ fn ls_line(info: &GrainInfo) -> String {
 pub fn ls(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let db = store::open_read_only(db_path)?;
     run_then_shutdown(db, |db| {
+        store::warn_if_commit_log_damaged(db);
         // A blob whose header cannot be read is reported and skipped: the
         // others are still worth listing.
         let mut unreadable = 0_u64;

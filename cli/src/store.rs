@@ -4,7 +4,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::Path;
 
-use sediment::{Database, GrainId};
+use sediment::{Database, GrainId, SequenceId};
 
 use crate::error::{one_line, CliError};
 use crate::keys;
@@ -209,6 +209,22 @@ pub fn parse_sequence(text: &str) -> Result<u64, CliError> {
             "{text:?} is not a sequence number (expected a non-negative integer)"
         ))
     })
+}
+
+/// Warns on stderr when commit log bytes are damaged: the store then does
+/// not know which grains the hidden records archived, so `ls` and `stats`
+/// show them as live and no checkpoint frees them (their space is kept
+/// rather than risk freeing a newer blob). Said once per command, so that
+/// a count of archived or freed grains is never taken at face value.
+pub fn warn_if_commit_log_damaged(db: &Database) {
+    let since = SequenceId(db.checkpointed_to().0.saturating_add(1));
+    if let Err(sediment::Error::CommitLogDamaged(damage)) = db.commit_log(since) {
+        eprintln!(
+            "sediment: warning: {}; grains archived by the transactions it hides show as \
+             live and no checkpoint frees them (`sediment verify` lists the damage)",
+            one_line(&damage.to_string())
+        );
+    }
 }
 
 #[cfg(test)]

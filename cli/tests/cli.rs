@@ -1068,6 +1068,26 @@ fn a_damaged_commit_log_is_reported_by_log_and_verify_and_blobs_still_read() {
         "{problem}"
     );
     assert!(problem.contains("checksum mismatch"), "{problem}");
+
+    // `ls` and `stats` still work, and warn that archived flags the hidden
+    // records set are unknown; so does `checkpoint`, which cannot free
+    // them. A store whose commit log is intact gets no warning.
+    for args in [
+        &[&"ls" as &dyn AsRef<std::ffi::OsStr>, &db][..],
+        &[&"stats", &db],
+    ] {
+        let run = ok(sediment(args));
+        assert!(
+            run.stderr.starts_with("sediment: warning: ")
+                && run.stderr.contains("commits-1")
+                && run.stderr.contains("no checkpoint frees them"),
+            "{}",
+            run.stderr
+        );
+    }
+    let (_clean_temp, clean, _) = store_with(&[b"clean"]);
+    assert_eq!(ok(sediment(&[&"ls", &clean])).stderr, "");
+    assert_eq!(ok(sediment(&[&"stats", &clean])).stderr, "");
 }
 
 /// `get`, `log`, `stats`, `verify` and `wal-dump` open the store
