@@ -241,10 +241,21 @@ fn open_index(
             // being written when a crash hit, or has decayed since: make it
             // a copy of the good one again.
             let other = 1 - slot as u64;
-            encode_index(sealer.as_deref(), &header, other)
+            let repaired = encode_index(sealer.as_deref(), &header, other)
                 .and_then(|bytes| file.write_all_at(&bytes, other * INDEX_SLOT_SIZE))
-                .and_then(|()| file.sync_data())
-                .context(|| format!("repairing a header copy of {}", path.display()))?;
+                .and_then(|()| file.sync_data());
+            match repaired {
+                // An index no checkpoint has written yet (generation 1, the
+                // other copy never written): on a full disk the first
+                // checkpoint writes both copies instead (see `Stratum::open`).
+                Err(err)
+                    if err.kind() == io::ErrorKind::StorageFull
+                        && header.generation == 1
+                        && copies[1 - slot].is_err() => {}
+                repaired => {
+                    repaired.context(|| format!("repairing a header copy of {}", path.display()))?
+                }
+            }
         }
         Ok(OpenedIndex {
             file,

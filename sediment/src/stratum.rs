@@ -215,7 +215,7 @@ impl Stratum {
             // decayed since: make it a copy of the good one again, so that
             // damage to either one later loses nothing.
             let other = 1 - slot as u64;
-            match (sealer, &stamps) {
+            let repaired = match (sealer, &stamps) {
                 (Some(sealer), Some(stamps)) => {
                     sealed::write_copy(&*file, sealer, &state.header, other, stamps, true)
                 }
@@ -224,8 +224,23 @@ impl Stratum {
                     other * Layout::Plain.slot_size(basin),
                 ),
             }
-            .and_then(|()| file.sync_data())
-            .context(|| format!("repairing a header copy of {}", path.display()))?;
+            .and_then(|()| file.sync_data());
+            match repaired {
+                // A stratum no checkpoint has written yet (generation 1,
+                // the other copy never written) holds no checkpointed blob,
+                // and its first checkpoint writes both copies. On a full
+                // disk (the copy's place may be a hole in the file) the
+                // repair waits for that rather than keep the store from
+                // opening, when archiving and checkpointing is what frees
+                // space.
+                Err(err)
+                    if err.kind() == std::io::ErrorKind::StorageFull
+                        && state.header.generation == 1
+                        && copies[1 - slot].is_err() => {}
+                repaired => {
+                    repaired.context(|| format!("repairing a header copy of {}", path.display()))?
+                }
+            }
         }
         Ok(Self::from_parts(
             basin,
