@@ -87,9 +87,9 @@ fn a_checkpointed_header_whose_second_copy_is_gone_still_fails_on_a_full_disk() 
     assert!(fs.set_contents(&path, bytes));
 
     fill_disk(&fs, 2);
-    let err = open(&fs)
-        .err()
-        .expect("the repair's failure fails the open");
+    let Err(err) = open(&fs) else {
+        panic!("the repair's failure should fail the open");
+    };
     assert!(err.to_string().contains("repairing a header copy"), "{err}");
     fs.clear_faults();
     let db = open(&fs).unwrap();
