@@ -185,7 +185,8 @@ enum Command {
     /// Open the store for writing once, to repair what opening repairs.
     ///
     /// Rewrites a damaged header copy from its intact twin, replays the
-    /// WAL into the strata and removes files a crash left unfinished, then
+    /// WAL into the strata and finishes or removes files whose creation a
+    /// crash cut short (a stratum left empty stays, for new blobs), then
     /// closes the store. The read-only commands (get, log, stats, verify,
     /// wal-dump) never do this.
     Repair {

@@ -10,6 +10,9 @@ use crate::progress::bytes_bar;
 use crate::store::require_dir;
 use crate::wal::{self, EntryStatus, HeaderInfo, SegmentDump, WalName};
 
+/// Entries with more chunks than this are summed up on their line.
+const LISTED_CHUNKS: usize = 16;
+
 /// A reusable file in the dump.
 #[derive(Serialize)]
 struct Reusable {
@@ -150,6 +153,22 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
         for entry in &segment.entries {
             let chunks = if entry.chunks.is_empty() {
                 "no chunks".to_string()
+            } else if entry.chunks.len() > LISTED_CHUNKS {
+                // One line per entry stays readable: a summary, with the
+                // chunks that fail their CRC (`--json` lists every chunk).
+                let bytes: u64 = entry.chunks.iter().map(|c| u64::from(c.length)).sum();
+                let bad: Vec<String> = entry
+                    .chunks
+                    .iter()
+                    .filter(|c| !c.crc_ok)
+                    .map(|c| format!("offset {}", c.offset))
+                    .collect();
+                let state = if bad.is_empty() {
+                    "all ok".to_string()
+                } else {
+                    format!("CRC MISMATCH at {}", bad.join(", "))
+                };
+                format!("{} chunk(s) of {bytes} bytes, {state}", entry.chunks.len())
             } else {
                 let list = entry
                     .chunks

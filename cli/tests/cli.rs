@@ -1260,6 +1260,55 @@ fn verify_names_a_transaction_that_a_damaged_last_wal_segment_would_drop() {
     }
 }
 
+/// An entry of many chunks is one short line in `wal-dump`: their count,
+/// their bytes and the offsets of those that fail their CRC (`--json`
+/// still lists every chunk).
+#[test]
+fn wal_dump_sums_up_an_entry_of_many_chunks() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("wal");
+    let log = WriteAheadLog::recover(&dir, LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    let chunks: Vec<_> = (0..40_u8)
+        .map(|i| entry.write_chunk(&[i; 10]).unwrap())
+        .collect();
+    let id = entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+
+    let dump = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    let line = format!(
+        "  entry {}: committed, 40 chunk(s) of 400 bytes, all ok",
+        id.0
+    );
+    assert!(dump.lines().any(|l| l == line), "{dump}");
+
+    let damaged = chunks[4].position;
+    let segment = dir.join(format!("wal-{}", damaged.file_id));
+    let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    file.write_all_at(b"X", damaged.offset + 25 + 3).unwrap();
+    drop(file);
+    let dump = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(
+        dump.lines()
+            .any(|l| l.starts_with(&format!("  entry {}: incomplete", id.0))
+                && l.ends_with(&format!(
+                    "40 chunk(s) of 400 bytes, CRC MISMATCH at offset {}",
+                    damaged.offset
+                ))),
+        "{dump}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json"])).stdout).unwrap();
+    assert_eq!(
+        json["segments"][0]["entries"][0]["chunks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        40
+    );
+}
+
 /// Parses every line of `stdout` as one JSON object.
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
