@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::encryption::{Cipher, KeyProvider};
 use crate::format::MAX_VERSION_INFO;
 use crate::fs::{FileSystem, StdFileSystem};
+use crate::tuning::{MAX_BUFFER_BYTES, MAX_PREALLOCATE_BYTES};
 use crate::{LogManager, WriteAheadLog};
 
 /// Default preallocated size of a segment: 32 MiB.
@@ -143,13 +144,15 @@ impl IntoVersionInfo for String {
 pub struct Configuration {
     /// The directory holding the segment files.
     pub directory: PathBuf,
-    /// Bytes each new segment file is zero-filled to. On a disk too full
-    /// for that, a new file gets half as much, and so on down to 64 KiB
-    /// (segments grow past their preallocation as records need).
+    /// Bytes each new segment file is zero-filled to, at most 4 GiB. On a
+    /// disk too full for that, a new file gets half as much, and so on
+    /// down to 64 KiB (segments grow past their preallocation as records
+    /// need).
     pub preallocate_bytes: u64,
     /// Bytes after which the active segment is checkpointed.
     pub checkpoint_after_bytes: u64,
-    /// Buffer size for streaming writes and sequential reads.
+    /// Buffer size for streaming writes and sequential reads, 1 byte to
+    /// 256 MiB.
     pub buffer_bytes: usize,
     /// User version information stored in every segment header (≤ 255
     /// bytes).
@@ -199,7 +202,8 @@ impl Configuration {
         }
     }
 
-    /// Sets how many bytes each new segment file is zero-filled to.
+    /// Sets how many bytes each new segment file is zero-filled to (at
+    /// most 4 GiB; [`Configuration::open`] rejects more).
     #[must_use]
     pub fn preallocate_bytes(mut self, bytes: u64) -> Self {
         self.preallocate_bytes = bytes;
@@ -213,7 +217,8 @@ impl Configuration {
         self
     }
 
-    /// Sets the buffer size for streaming writes and sequential reads.
+    /// Sets the buffer size for streaming writes and sequential reads (1
+    /// byte to 256 MiB; [`Configuration::open`] rejects other values).
     #[must_use]
     pub fn buffer_bytes(mut self, bytes: usize) -> Self {
         self.buffer_bytes = bytes;
@@ -355,7 +360,7 @@ impl Configuration {
         WriteAheadLog::open(self, Box::new(manager))
     }
 
-    fn validate(&self) -> io::Result<()> {
+    pub(crate) fn validate(&self) -> io::Result<()> {
         if self.version_info.len() > MAX_VERSION_INFO {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -365,10 +370,23 @@ impl Configuration {
                 ),
             ));
         }
-        if self.buffer_bytes == 0 {
+        if self.buffer_bytes == 0 || self.buffer_bytes > MAX_BUFFER_BYTES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "buffer_bytes must be at least 1",
+                format!(
+                    "buffer_bytes is {}; it must be between 1 and {MAX_BUFFER_BYTES} (256 MiB)",
+                    self.buffer_bytes
+                ),
+            ));
+        }
+        if self.preallocate_bytes > MAX_PREALLOCATE_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "preallocate_bytes is {}; at most {MAX_PREALLOCATE_BYTES} (4 GiB): every \
+                     segment file is zero-filled to it",
+                    self.preallocate_bytes
+                ),
             ));
         }
         Ok(())

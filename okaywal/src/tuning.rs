@@ -69,6 +69,15 @@ pub(crate) const PROGRESS_WAIT: Duration = Duration::from_millis(10);
 /// `Inner::create_spare`).
 pub(crate) const MIN_PREALLOCATE_BYTES: u64 = 64 << 10;
 
+/// The largest `Configuration::preallocate_bytes` an open accepts: every
+/// spare segment file is zero-filled to it, and on a disk too full for
+/// that, filled again at half the size.
+pub(crate) const MAX_PREALLOCATE_BYTES: u64 = 4 << 30;
+
+/// The largest `Configuration::buffer_bytes` an open accepts: every
+/// segment scan allocates a read buffer of this size.
+pub(crate) const MAX_BUFFER_BYTES: usize = 256 << 20;
+
 /// How long `begin_entry` waits for the entries still open in a full
 /// active segment to finish before it starts the next segment anyway.
 pub(crate) const DRAIN_WAIT: Duration = Duration::from_millis(100);

@@ -437,6 +437,35 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
     assert_eq!(id, EntryId(u64::MAX - 1));
     assert!(log.begin_entry().is_err());
     log.shutdown().unwrap();
+    drop(log);
+
+    // Sizes no open can honour are refused by every open, writable or
+    // not, before anything is read or written: a buffer of `usize::MAX`
+    // used to panic at the first scan, a preallocation of `u64::MAX`
+    // filled the disk again and again.
+    for config in [
+        Configuration::default_for(dir.path()).buffer_bytes(usize::MAX),
+        Configuration::default_for(dir.path()).buffer_bytes(0),
+        Configuration::default_for(dir.path()).preallocate_bytes(u64::MAX),
+        Configuration::default_for(dir.path()).preallocate_bytes((4 << 30) + 1),
+    ] {
+        let before = std::fs::read_dir(dir.path()).unwrap().count();
+        let err = config.clone().open(LogVoid).expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        let err = config.clone().open_read_only(LogVoid).expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        assert_eq!(
+            config.inspect().unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), before);
+    }
+    // The largest accepted values open a log that holds entries.
+    let log = Configuration::default_for(dir.path())
+        .buffer_bytes(256 << 20)
+        .open(LogVoid)
+        .unwrap();
+    log.shutdown().unwrap();
 }
 
 /// A manager may use the log it is handed in `checkpoint_to`: read the

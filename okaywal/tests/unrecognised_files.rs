@@ -91,3 +91,31 @@ fn a_spare_or_recycled_file_with_foreign_bytes_is_refused_and_left_as_it_was() {
     newer.resize(8192, 0);
     assert_refused_and_untouched(dir.path(), "wal-recycled-6", &newer);
 }
+
+/// A file named as okaywal 0.3 names a checkpointed segment (`wal-N-cp`)
+/// whose bytes are of neither format: every open refuses it with the same
+/// error (a read-only open used to call it a 0.3 log to convert, which an
+/// open for writing then refused), and it is left as it was.
+#[test]
+fn a_foreign_file_named_like_a_checkpointed_0_3_segment_is_refused_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    commit_one(dir.path());
+    let path = dir.path().join("wal-7-cp");
+    std::fs::write(&path, b"junk").unwrap();
+    let writable = Configuration::default_for(dir.path())
+        .open(LogVoid)
+        .unwrap_err();
+    let read_only = Configuration::default_for(dir.path())
+        .open_read_only(LogVoid)
+        .map(drop)
+        .unwrap_err();
+    for err in [&writable, &read_only] {
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(
+            err.to_string().contains("wal-7-cp")
+                && err.to_string().contains("not a segment of this log"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"junk");
+}

@@ -119,20 +119,35 @@ fn open_index(
     let mut exists = fs
         .exists(&path)
         .context(|| format!("checking {}", path.display()))?;
-    if !writable && (!exists || !index_has_a_valid_copy(fs, &path)?) && strata + logs + wal == 0 {
+    let valid = exists && index_has_a_valid_copy(fs, &path)?;
+    if !writable && !valid && strata + logs + wal == 0 {
         return Err(Error::Io {
             context: format!("opening the store in {} read-only", directory.display()),
             source: io::Error::new(
                 io::ErrorKind::NotFound,
-                "the directory holds no store (no index file)",
+                if exists {
+                    "the directory holds no store (its index file is not a sediment index)"
+                } else {
+                    "the directory holds no store (no index file)"
+                },
             ),
         });
     }
-    if exists && strata + logs + wal == 0 && !index_has_a_valid_copy(fs, &path)? {
+    if exists && !valid && strata + logs + wal == 0 {
         // The index is the first file a store creates, and the only one
-        // here: its creation was cut short (a file system may make the new
-        // name durable before the data, e.g. when another file's sync
-        // commits the journal). Nothing was ever stored; start afresh.
+        // here. If it is what a cut-short creation leaves (a file system
+        // may make the new name durable before the data, e.g. when another
+        // file's sync commits the journal), nothing was ever stored: start
+        // afresh. Any other file of that name is not ours to replace.
+        if !unfinished_index(fs, &path)? {
+            return Err(Error::Corrupt {
+                path,
+                what: "the file is not a sediment index (it does not start with the index \
+                       magic) and the directory holds no other store file: it is not a \
+                       store, and the file is left as it is"
+                    .to_string(),
+            });
+        }
         fs.remove_file(&path)
             .context(|| format!("removing the unfinished {}", path.display()))?;
         exists = false;
@@ -268,12 +283,16 @@ fn open_index(
         // stratum or commit log file exists, so finding those without it is
         // damage. A fresh index would forget the embedded header and every
         // checkpointed strata count; refuse instead.
-        if strata + logs > 0 {
+        if strata + logs + wal > 0 {
+            // The WAL too is created after the index: a directory with WAL
+            // files and no index is an okaywal log of its own, or a store
+            // that lost its index; creating one would write into either.
             return Err(Error::Corrupt {
                 path,
                 what: format!(
-                    "the index file is missing, but the directory holds {strata} stratum \
-                     and {logs} commit log files"
+                    "the index file is missing, but the directory holds {strata} stratum, \
+                     {logs} commit log and {wal} write-ahead log file(s) (an okaywal log, or \
+                     a store that lost its index)"
                 ),
             });
         }
@@ -304,6 +323,23 @@ fn open_index(
             sealer,
         })
     }
+}
+
+/// Whether the index file at `path` (no copy of which decodes) is what a
+/// cut-short creation leaves: empty, all zeros, or the start of a header
+/// copy (the index magic, or a prefix of it, then anything).
+fn unfinished_index(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .context(|| format!("opening {}", path.display()))?;
+    let len = file
+        .len()
+        .context(|| format!("reading {}", path.display()))?;
+    let mut bytes = vec![0; len.min(INDEX_SLOT_SIZE) as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .context(|| format!("reading {}", path.display()))?;
+    let magic = &INDEX_MAGIC_BYTES[..bytes.len().min(INDEX_MAGIC_BYTES.len())];
+    Ok(bytes.iter().all(|b| *b == 0) || bytes.starts_with(magic))
 }
 
 /// Whether either copy of the index header at `path` decodes.

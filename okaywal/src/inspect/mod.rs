@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Configuration;
-use crate::fs::{FileHandle, FileSystem, LockGuard};
+use crate::format::HEADER_SIZE;
+use crate::fs::{FileHandle, FileSystem, LockGuard, OpenMode};
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::position::{EntryId, LogPosition};
 use crate::reader::ChunkReader;
@@ -244,6 +245,7 @@ impl Configuration {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn inspect(&self) -> io::Result<LogInspection> {
+        self.validate()?;
         let fs = &*self.file_system;
         let (ids, mut older_format) = segment_ids(fs, &self.directory)?;
         let found = find_segments(
@@ -360,6 +362,7 @@ impl Configuration {
         self,
         mut manager: Manager,
     ) -> io::Result<ReadOnlyLog> {
+        self.validate()?;
         let fs = self.file_system.clone();
         let directory = self.directory.clone();
         let lock = fs.lock_shared(&directory.join(LOCK_FILE))?;
@@ -372,6 +375,15 @@ impl Configuration {
             self.encryption.as_ref(),
             Look::ReadOnly(self.recovery_mode),
         )?;
+        for path in &older {
+            // A file named as 0.3 names a checkpointed segment, but with
+            // contents of neither format, is refused as an open for
+            // writing refuses it.
+            let file = fs.open(path, OpenMode::Read)?;
+            let mut header = vec![0; file.len()?.min(HEADER_SIZE) as usize];
+            file.read_exact_at(&mut header, 0)?;
+            crate::legacy::refuse_foreign(path, &header)?;
+        }
         if let Some(path) = older
             .first()
             .or_else(|| found.legacy.first().map(|legacy| &legacy.path))

@@ -247,6 +247,7 @@ impl Configuration {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn inspect_segment(&self, id: u64) -> io::Result<SegmentRecords> {
+        self.validate()?;
         let path = FileName::Segment(id).path_in(&self.directory);
         let file = self.file_system.open(&path, OpenMode::Read)?;
         let len = file.len()?;
