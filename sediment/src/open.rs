@@ -115,7 +115,10 @@ fn open_index(
         .iter()
         .filter(|n| crate::commit_log::parse_file_name(n).is_some())
         .count();
-    let wal = names.iter().filter(|n| n.starts_with("wal-")).count();
+    let wal = names
+        .iter()
+        .filter(|n| okaywal::LogFileName::parse(n).is_some())
+        .count();
     let mut exists = fs
         .exists(&path)
         .context(|| format!("checking {}", path.display()))?;
@@ -329,12 +332,7 @@ fn open_index(
 /// cut-short creation leaves: empty, all zeros, or the start of a header
 /// copy (the index magic, or a prefix of it, then anything).
 fn unfinished_index(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
-    let file = fs
-        .open(path, OpenMode::Read)
-        .context(|| format!("opening {}", path.display()))?;
-    let len = file
-        .len()
-        .context(|| format!("reading {}", path.display()))?;
+    let (file, len) = open_index_file(fs, path)?;
     let mut bytes = vec![0; len.min(INDEX_SLOT_SIZE) as usize];
     file.read_exact_at(&mut bytes, 0)
         .context(|| format!("reading {}", path.display()))?;
@@ -342,14 +340,20 @@ fn unfinished_index(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
     Ok(bytes.iter().all(|b| *b == 0) || bytes.starts_with(magic))
 }
 
-/// Whether either copy of the index header at `path` decodes.
-fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
+/// The index file at `path`, opened for reading, and its length.
+fn open_index_file(fs: &dyn FileSystem, path: &Path) -> Result<(Arc<dyn FileHandle>, u64)> {
     let file = fs
         .open(path, OpenMode::Read)
         .context(|| format!("opening {}", path.display()))?;
     let len = file
         .len()
         .context(|| format!("reading {}", path.display()))?;
+    Ok((file, len))
+}
+
+/// Whether either copy of the index header at `path` decodes.
+fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
+    let (file, len) = open_index_file(fs, path)?;
     for slot in 0..2 {
         let start = slot * INDEX_SLOT_SIZE;
         let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];

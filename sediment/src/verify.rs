@@ -431,20 +431,26 @@ fn check_wal(db: &Database, report: &mut VerifyReport) -> Result<()> {
                     ),
                 });
             }
-            for grain in grains {
-                report.problems.push(Problem {
-                    location: at.clone(),
-                    grain: Some(grain),
-                    description: format!(
-                        "lost: written by transaction {}, whose WAL entry is damaged \
-                         (named by {named_by})",
-                        entry.id
-                    ),
-                });
-            }
+            let description = format!(
+                "lost: written by transaction {}, whose WAL entry is damaged (named by \
+                 {named_by})",
+                entry.id
+            );
+            name_blobs(report, &at, grains, &description);
         }
     }
     Ok(())
+}
+
+/// One problem per blob in `grains`, at `at`, each described so.
+fn name_blobs(report: &mut VerifyReport, at: &str, grains: Vec<GrainId>, description: &str) {
+    for grain in grains {
+        report.problems.push(Problem {
+            location: at.to_string(),
+            grain: Some(grain),
+            description: description.to_string(),
+        });
+    }
 }
 
 /// Reports the transactions of `segment` (one no damage was proven in)
@@ -474,17 +480,12 @@ fn unproven_entries(
                 entry.id
             ),
         });
-        for grain in grains {
-            report.problems.push(Problem {
-                location: at.clone(),
-                grain: Some(grain),
-                description: format!(
-                    "dropped at the next open for writing: written by transaction {}, whose \
-                     WAL entry does not verify (named by {named_by})",
-                    entry.id
-                ),
-            });
-        }
+        let description = format!(
+            "dropped at the next open for writing: written by transaction {}, whose WAL entry \
+             does not verify (named by {named_by})",
+            entry.id
+        );
+        name_blobs(report, &at, grains, &description);
     }
     let end = segment.end;
     let why = match &segment.stopped {
