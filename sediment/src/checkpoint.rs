@@ -94,9 +94,15 @@ impl Store {
         self.commit_log.bytes()
     }
 
-    /// Reads the raw bytes of index header copy `slot` into `bytes`.
-    pub fn read_index_copy(&self, slot: u64, bytes: &mut [u8]) -> io::Result<()> {
-        self.index_file.read_exact_at(bytes, slot * INDEX_SLOT_SIZE)
+    /// The raw bytes of index header copy `slot`, as far as the file
+    /// holds them (as an open reads them: a copy that a torn write left
+    /// short may still hold a whole header).
+    pub fn read_index_copy(&self, slot: u64) -> io::Result<Vec<u8>> {
+        let start = slot * INDEX_SLOT_SIZE;
+        let len = self.index_file.len()?;
+        let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
+        self.index_file.read_exact_at(&mut bytes, start)?;
+        Ok(bytes)
     }
 }
 

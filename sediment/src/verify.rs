@@ -13,8 +13,8 @@ use crate::db::Database;
 use crate::error::{Context, Result};
 use crate::format::{
     fit, grain_crc, newest, open_envelope, placement, sealed_image_len, version_of, GrainHeader,
-    HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE, INDEX_MAGIC_BYTES, INDEX_SLOT_SIZE,
-    MAX_GRAINS_PER_BLOB, SEALED_FORMAT_VERSION, SEALED_INDEX_BODY,
+    HeaderError, IndexHeader, BASINS, GRAIN_HEADER_SIZE, INDEX_MAGIC_BYTES, MAX_GRAINS_PER_BLOB,
+    SEALED_FORMAT_VERSION, SEALED_INDEX_BODY,
 };
 use crate::grain_id::GrainId;
 use crate::open::INDEX_FILE;
@@ -22,11 +22,6 @@ use crate::sealing::{Sealer, Unsealed};
 use crate::stratum::{stamp_of, CopyError, Stratum};
 use crate::verify_report::{Problem, VerifyReport};
 use crate::wal_entry::{data_of_chunk, grain_of_data_chunk, record_of_chunk};
-
-/// A header copy that was never written reads as zeros: not a problem.
-fn damaged(error: &HeaderError, bytes_were_zero: bool) -> bool {
-    !(bytes_were_zero && *error == HeaderError::BadMagic)
-}
 
 pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Result<VerifyReport> {
     let shared = db.shared();
@@ -47,25 +42,23 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
     // written (all zeros, or past the end of the file), or the problem.
     let mut copies = Vec::with_capacity(2);
     for slot in 0..2_u64 {
-        let mut bytes = vec![0; INDEX_SLOT_SIZE as usize];
-        let read = store.read_index_copy(slot, &mut bytes);
-        let zero = bytes.iter().all(|b| *b == 0);
         let decode = |bytes: &[u8]| match &sealer {
             Some(sealer) => decode_sealed_index(sealer, bytes, slot, &index_path),
             None => IndexHeader::decode(bytes).map(|header| (header.generation, None)),
         };
-        copies.push(match read.map(|()| decode(&bytes)) {
-            Ok(Ok((generation, key_id))) => {
-                key_ids.extend(key_id);
-                Ok(Some(generation))
-            }
-            Ok(Err(e)) if !damaged(&e, zero) => Ok(None),
-            Ok(Err(e)) => Err(problem(
-                format!("{} (header copy {slot})", index_path.display()),
-                None,
-                format!("index header: {e}"),
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && slot == 1 => Ok(None),
+        copies.push(match store.read_index_copy(slot) {
+            Ok(bytes) if bytes.iter().all(|b| *b == 0) => Ok(None),
+            Ok(bytes) => match decode(&bytes) {
+                Ok((generation, key_id)) => {
+                    key_ids.extend(key_id);
+                    Ok(Some(generation))
+                }
+                Err(e) => Err(problem(
+                    format!("{} (header copy {slot})", index_path.display()),
+                    None,
+                    format!("index header: {e}"),
+                )),
+            },
             Err(e) => Err(problem(
                 index_path.display().to_string(),
                 None,
