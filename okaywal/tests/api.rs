@@ -438,6 +438,21 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
     assert!(log.begin_entry().is_err());
     log.shutdown().unwrap();
     drop(log);
+    // A stray empty file named with the largest id leaves no id for a new
+    // entry; the error says where to look.
+    let stray = tempfile::tempdir().unwrap();
+    std::fs::write(stray.path().join(format!("wal-{}", u64::MAX)), b"").unwrap();
+    let log = Configuration::default_for(stray.path())
+        .open(LogVoid)
+        .unwrap();
+    let err = log.begin_entry().map(drop).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("u64::MAX") && message.contains(&stray.path().display().to_string()),
+        "{message}"
+    );
+    log.shutdown().unwrap();
+    drop(log);
 
     // Sizes no open can honour are refused by every open, writable or
     // not, before anything is read or written: a buffer of `usize::MAX`

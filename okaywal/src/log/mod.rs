@@ -314,7 +314,12 @@ impl Inner {
         state.next_entry_id = id.checked_add(1).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "every entry id up to u64::MAX has been used",
+                format!(
+                    "every entry id up to u64::MAX has been used: ids go on above every id \
+                     the log's file names in {} show (a stray file such as \
+                     wal-18446744073709551615 leaves none)",
+                    self.directory().display()
+                ),
             )
         })?;
         state.open_ids.insert(id, std::thread::current().id());
