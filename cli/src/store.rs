@@ -21,6 +21,10 @@ pub enum DirState {
     Store,
     /// A directory with other files and no `index`.
     NotStore,
+    /// A directory whose `index` file is no sediment index and no index
+    /// whose creation a crash cut short (empty, zeros, or the start of
+    /// one): a file of the user's that happens to have that name.
+    ForeignIndex,
 }
 
 /// Whether a command may create a new store.
@@ -47,7 +51,12 @@ pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
         )));
     }
     match fs::metadata(path.join("index")) {
-        Ok(index) if index.is_file() => return Ok(DirState::Store),
+        Ok(index) if index.is_file() => {
+            return Ok(match index_is_foreign(&path.join("index")) {
+                true => DirState::ForeignIndex,
+                false => DirState::Store,
+            })
+        }
         Ok(_) => return Ok(DirState::NotStore),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         Err(err) => return Err(CliError::io("cannot access", &path.join("index"), &err)),
@@ -58,6 +67,26 @@ pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
     } else {
         DirState::NotStore
     })
+}
+
+/// Whether the file at `path` is neither a sediment index nor what a
+/// cut-short creation of one leaves. Unreadable files are left to opening
+/// the store to report.
+fn index_is_foreign(path: &Path) -> bool {
+    use sediment::format::INDEX_MAGIC_BYTES;
+    use std::io::Read;
+    let mut start = Vec::with_capacity(INDEX_MAGIC_BYTES.len());
+    let Ok(file) = fs::File::open(path) else {
+        return false;
+    };
+    if file
+        .take(INDEX_MAGIC_BYTES.len() as u64)
+        .read_to_end(&mut start)
+        .is_err()
+    {
+        return false;
+    }
+    !(start.iter().all(|b| *b == 0) || INDEX_MAGIC_BYTES.starts_with(&start))
 }
 
 /// Checks that `path` is a directory, without creating it.
@@ -131,6 +160,13 @@ pub fn prepare(path: &Path, create: Create) -> Result<(), CliError> {
         (DirState::NotStore, Create::Never) => {
             return Err(CliError::input(format!(
                 "{}: not a sediment store (no index file)",
+                path.display()
+            )))
+        }
+        (DirState::ForeignIndex, _) => {
+            return Err(CliError::input(format!(
+                "{}: not a sediment store (its index file is not a sediment index; it is left \
+                 as it is)",
                 path.display()
             )))
         }

@@ -153,6 +153,23 @@ fn put_creates_only_new_or_empty_stores() {
         "not a sediment store",
     );
     assert_eq!(fs::read_dir(&other).unwrap().count(), 1);
+    // Nor one holding a file of the user's named `index`: every command
+    // says it is no store and leaves the file as it was.
+    let foreign = temp.path().join("foreign");
+    fs::create_dir(&foreign).unwrap();
+    fs::write(foreign.join("index"), b"my index of recipes").unwrap();
+    for args in [
+        &[&"put" as &dyn AsRef<std::ffi::OsStr>, &foreign, &file][..],
+        &[&"ls", &foreign],
+        &[&"verify", &foreign],
+    ] {
+        assert_error(&sediment(args), 2, "its index file is not a sediment index");
+    }
+    assert_eq!(
+        fs::read(foreign.join("index")).unwrap(),
+        b"my index of recipes"
+    );
+    assert_eq!(fs::read_dir(&foreign).unwrap().count(), 1);
     let deep = temp.path().join("missing/parent/db");
     assert_error(&sediment(&[&"put", &deep, &file]), 2, "parent directory");
     assert!(!temp.path().join("missing").exists());
