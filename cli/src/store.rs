@@ -23,7 +23,8 @@ pub enum DirState {
     NotStore,
     /// A directory whose `index` file is no sediment index and no index
     /// whose creation a crash cut short (empty, zeros, or the start of
-    /// one): a file of the user's that happens to have that name.
+    /// one), beside no other store file: a file of the user's that
+    /// happens to have that name.
     ForeignIndex,
 }
 
@@ -52,10 +53,11 @@ pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
     }
     match fs::metadata(path.join("index")) {
         Ok(index) if index.is_file() => {
-            return Ok(match index_is_foreign(&path.join("index")) {
+            let foreign = index_is_foreign(&path.join("index")) && !holds_store_files(path);
+            return Ok(match foreign {
                 true => DirState::ForeignIndex,
                 false => DirState::Store,
-            })
+            });
         }
         Ok(_) => return Ok(DirState::NotStore),
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -87,6 +89,21 @@ fn index_is_foreign(path: &Path) -> bool {
         return false;
     }
     !(start.iter().all(|b| *b == 0) || INDEX_MAGIC_BYTES.starts_with(&start))
+}
+
+/// Whether the directory holds a stratum, commit log or WAL file: then
+/// an unreadable index is damage to a store, for opening it to report.
+fn holds_store_files(path: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(path) else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("stratum-")
+            || name.starts_with("commits-")
+            || okaywal::LogFileName::parse(&name).is_some()
+    })
 }
 
 /// Checks that `path` is a directory, without creating it.
