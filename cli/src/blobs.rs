@@ -221,12 +221,11 @@ impl Sink<'_> {
     }
 
     /// After a failure: no partial blob is left behind, and a file that
-    /// was at the output path stays as it was.
+    /// was at the output path stays as it was. (What went to a device or
+    /// a pipe is gone; standard output got nothing of a damaged blob.)
     fn abandon(self) {
-        match self {
-            Sink::File(file, path) => discard_partial(file, path),
-            Sink::Staged(staged, _) => staged.remove(),
-            Sink::Stdout(_) | Sink::Discard => {}
+        if let Sink::Staged(staged, _) = self {
+            staged.remove();
         }
     }
 }
@@ -430,20 +429,6 @@ fn resolve_output(path: &Path) -> io::Result<PathBuf> {
         return Ok(fs::canonicalize(parent)?.join(name));
     }
     Err(io::Error::other("too many levels of symbolic links"))
-}
-
-/// After a failed `get -o PATH`: removes the partly written file, so no
-/// partial blob is left behind. Only a regular file is removed; through a
-/// symbolic link the target is emptied and the link kept, and a device or
-/// pipe (`-o /dev/stdout`, `-o /dev/null`) is left alone.
-fn discard_partial(file: File, path: &Path) {
-    let is_regular = |m: io::Result<fs::Metadata>| m.is_ok_and(|m| m.file_type().is_file());
-    if is_regular(fs::symlink_metadata(path)) {
-        drop(file);
-        let _ = fs::remove_file(path);
-    } else if is_regular(file.metadata()) {
-        let _ = file.set_len(0);
-    }
 }
 
 fn copy_blob(
