@@ -187,8 +187,11 @@ fn reported(
 /// Where `get` writes.
 enum Sink<'a> {
     Stdout(&'a mut dyn Write),
-    /// Written in place: a device or a pipe (`-o /dev/null`).
-    File(File, &'a Path),
+    /// Written in place: a device or a pipe (`-o /dev/null`), or an
+    /// existing regular file (`true`) when no temporary file can be made
+    /// beside it (a directory the user may not write to). The blob is
+    /// checked whole before anything is written there.
+    File(File, &'a Path, bool),
     /// A regular file, new or existing, written under a temporary name in
     /// its directory and renamed over it only once the blob is whole,
     /// checked and synced (see [`Staged`]).
@@ -201,7 +204,7 @@ impl Sink<'_> {
     fn write_all(&mut self, bytes: &[u8]) -> Result<(), CliError> {
         let (result, path) = match self {
             Sink::Stdout(out) => return out.write_all(bytes).map_err(CliError::output),
-            Sink::File(file, path) => (file.write_all(bytes), *path),
+            Sink::File(file, path, _) => (file.write_all(bytes), *path),
             Sink::Staged(staged, path) => (staged.file.write_all(bytes), *path),
             Sink::Discard => return Ok(()),
         };
@@ -211,8 +214,9 @@ impl Sink<'_> {
     fn finish(self) -> Result<(), CliError> {
         match self {
             Sink::Stdout(out) => out.flush().map_err(CliError::output),
+            Sink::File(file, path, true) => file.sync_all().map_err(|e| writing_failed(path, &e)),
             // A device or a pipe: nothing to sync (`fsync` of one fails).
-            Sink::File(mut file, path) => file.flush().map_err(|e| writing_failed(path, &e)),
+            Sink::File(mut file, path, false) => file.flush().map_err(|e| writing_failed(path, &e)),
             Sink::Staged(staged, path) => staged
                 .replace_target()
                 .map_err(|e| writing_failed(path, &e)),
@@ -223,6 +227,15 @@ impl Sink<'_> {
     /// After a failure: no partial blob is left behind, and a file that
     /// was at the output path stays as it was. (What went to a device or
     /// a pipe is gone; standard output got nothing of a damaged blob.)
+    /// Readies the sink once the blob checked out: an existing file
+    /// written in place is emptied only now.
+    fn begin(&mut self) -> Result<(), CliError> {
+        match self {
+            Sink::File(file, path, true) => file.set_len(0).map_err(|e| writing_failed(path, &e)),
+            _ => Ok(()),
+        }
+    }
+
     fn abandon(self) {
         if let Sink::Staged(staged, _) = self {
             staged.remove();
@@ -321,11 +334,18 @@ fn output_sink(path: &Path) -> Result<Sink<'_>, CliError> {
                 .write(true)
                 .open(&target)
                 .map_err(|e| cannot_create(&e))?;
-            Ok(Sink::File(file, path))
+            Ok(Sink::File(file, path, false))
         }
-        Ok(metadata) => Staged::create(target, Some(&metadata))
-            .map(|staged| Sink::Staged(staged, path))
-            .map_err(|e| cannot_create(&e)),
+        Ok(metadata) => match Staged::create(target.clone(), Some(&metadata)) {
+            Ok(staged) => Ok(Sink::Staged(staged, path)),
+            // No file can be made beside it, but it may be writable itself.
+            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .map(|file| Sink::File(file, path, true))
+                .map_err(|_| cannot_create(&err)),
+            Err(err) => Err(cannot_create(&err)),
+        },
         Err(err) if err.kind() == io::ErrorKind::NotFound => Staged::create(target, None)
             .map(|staged| Sink::Staged(staged, path))
             .map_err(|e| cannot_create(&e)),
@@ -350,21 +370,23 @@ pub fn get(
         let Some(mut reader) = db.read(id)? else {
             return Err(CliError::input(not_allocated(id)));
         };
-        if output.is_none() {
+        let mut sink = match output {
+            Some(path) => output_sink(path)?,
+            None => Sink::Stdout(out),
+        };
+        if !matches!(sink, Sink::Staged(..)) {
             // The checksum covers the whole blob and is checked at its
-            // end, and what went to standard output cannot be taken back
-            // (a file can): read it through once first, so that a damaged
-            // blob sends nothing down a pipe that may ignore the exit
-            // status. The second read comes from the page cache.
+            // end, and what went to standard output (or a device, or a
+            // file written in place) cannot be taken back: read it through
+            // once first, so that a damaged blob sends nothing down a pipe
+            // that may ignore the exit status and leaves a file as it was.
+            // The second read comes from the page cache.
             copy_blob(db, id, &mut reader, &mut Sink::Discard)?;
             reader = db
                 .read(id)?
                 .ok_or_else(|| CliError::input(not_allocated(id)))?;
         }
-        let mut sink = match output {
-            Some(path) => output_sink(path)?,
-            None => Sink::Stdout(out),
-        };
+        sink.begin()?;
         match copy_blob(db, id, &mut reader, &mut sink) {
             Ok(()) => sink.finish(),
             Err(err) => {

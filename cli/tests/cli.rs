@@ -563,6 +563,71 @@ fn a_failed_get_leaves_the_output_path_as_it_was() {
     );
 }
 
+/// `get -o` into an existing file that its user may write, in a directory
+/// where they may not create one: written in place, and a damaged blob,
+/// checked before anything is written, leaves the file as it was. Runs as
+/// an unprivileged user through `setpriv`, so only as root.
+#[test]
+fn get_writes_in_place_where_no_temporary_file_can_be_made() {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let is_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n");
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if !is_root || !setpriv.exists() {
+        println!("skipped: needs root and /usr/bin/setpriv to run as another user");
+        return;
+    }
+    let needle = b"A BLOB THAT WILL BE DAMAGED 0123456789";
+    let (temp, db, ids) = store_with(&[b"healthy blob", needle]);
+    let damaged = temp.path().join("damaged");
+    let (_other_temp, other, other_ids) = store_with(&[needle]);
+    fs::rename(&other, &damaged).unwrap();
+    damage(&damaged, needle);
+    let out = temp.path().join("out");
+    fs::create_dir(&out).unwrap();
+    let target = out.join("mine.txt");
+    fs::write(&target, b"old contents").unwrap();
+    chown(&target, Some(65534), Some(65534)).unwrap();
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o555)).unwrap();
+    // Everything else readable by the other user.
+    for path in [temp.path(), db.as_path(), damaged.as_path()] {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for dir in [&db, &damaged] {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let as_nobody = |store: &Path, id: &str| {
+        let output = Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_sediment"))
+            .arg("get")
+            .arg(store)
+            .arg(id)
+            .arg("-o")
+            .arg(&target)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = as_nobody(&damaged, &other_ids[0]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("checksum"), "{stderr}");
+    assert_eq!(fs::read(&target).unwrap(), b"old contents");
+    let (code, stderr) = as_nobody(&db, &ids[0]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fs::read(&target).unwrap(), b"healthy blob");
+    assert_eq!(fs::read_dir(&out).unwrap().count(), 1, "files left behind");
+    fs::set_permissions(&out, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// Runs `sediment` with its standard output on `/dev/full`: every write
 /// to it fails with "no space left on device".
 fn sediment_to_full_stdout(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
