@@ -589,17 +589,24 @@ impl Sealer {
         Ok((body, key_id))
     }
 
-    /// A sealed stamp page ([`STAMP_PAGE_BYTES`] bytes) holding `stamps`
-    /// (at most [`STAMPS_PER_PAGE`]; the rest are zero).
-    pub fn seal_page(&self, place: &PagePlace, stamps: &[u32]) -> io::Result<Vec<u8>> {
-        let mut bytes = vec![0_u8; STAMP_PAGE_BYTES as usize];
+    /// Appends a sealed stamp page ([`STAMP_PAGE_BYTES`] bytes) holding
+    /// `stamps` (at most [`STAMPS_PER_PAGE`]; the rest are zero) to `out`.
+    pub fn append_page(
+        &self,
+        place: &PagePlace,
+        stamps: &[u32],
+        out: &mut Vec<u8>,
+    ) -> io::Result<()> {
+        let start = out.len();
+        out.resize(start + STAMP_PAGE_BYTES as usize, 0);
+        let bytes = &mut out[start..];
         for (i, stamp) in stamps.iter().take(STAMPS_PER_PAGE as usize).enumerate() {
             let at = SEAL_BYTES + 4 * i;
             bytes[at..at + 4].copy_from_slice(&stamp.to_le_bytes());
         }
         let seal = self.seal(&self.page_ad(place), &mut bytes[SEAL_BYTES..])?;
         bytes[..SEAL_BYTES].copy_from_slice(&seal.to_bytes());
-        Ok(bytes)
+        Ok(())
     }
 
     /// Opens a stamp page: its stamps and key id.

@@ -67,6 +67,9 @@ pub(crate) fn stamps_file_name(basin: u8, number: u32) -> String {
     format!("stamps-{basin}-{number}")
 }
 
+/// Bytes of stamp pages written with one `pwrite` at most.
+const MAX_STAMP_RUN_BYTES: usize = 1 << 20;
+
 /// Reads up to `want` bytes at `offset` of `file` (fewer where it ends).
 fn read_up_to(file: &dyn FileHandle, offset: u64, want: u64) -> io::Result<Vec<u8>> {
     let len = file.len()?;
@@ -194,7 +197,17 @@ pub(crate) fn write_copy(
     } else {
         durable.dirty[copy].iter().copied().collect()
     };
-    for &page in &pages {
+    if !pages.is_empty() && stamps.file.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is open read-only", stamps.path.display()),
+        ));
+    }
+    // Pages with consecutive numbers are neighbours in the file: each run
+    // of them goes out as one write.
+    let mut run: Vec<u8> = Vec::new();
+    let mut run_start = 0_u32;
+    for (i, &page) in pages.iter().enumerate() {
         let first = (page * STAMPS_PER_PAGE) as usize;
         let last = (first + STAMPS_PER_PAGE as usize).min(durable.stamps.len());
         let place = PagePlace {
@@ -204,15 +217,16 @@ pub(crate) fn write_copy(
             page,
             version: header.generation,
         };
-        let bytes = sealer.seal_page(&place, &durable.stamps[first..last])?;
-        let Some(stamps_file) = &stamps.file else {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} is open read-only", stamps.path.display()),
-            ));
-        };
-        stamps_file.write_all_at(&bytes, stamp_page_offset(basin, slot, page))?;
+        if run.is_empty() {
+            run_start = page;
+        }
+        sealer.append_page(&place, &durable.stamps[first..last], &mut run)?;
         versions[page as usize] = header.generation;
+        let run_ends = pages.get(i + 1) != Some(&(page + 1)) || run.len() >= MAX_STAMP_RUN_BYTES;
+        if let (true, Some(stamps_file)) = (run_ends, &stamps.file) {
+            stamps_file.write_all_at(&run, stamp_page_offset(basin, slot, run_start))?;
+            run.clear();
+        }
     }
     if let (false, Some(stamps_file)) = (pages.is_empty(), &stamps.file) {
         // The pages are durable before the envelope that lists them is
