@@ -108,6 +108,15 @@ leader_seen_by() {
   curl -s -m 2 "$SCHEME://$(addr "$1")/cluster/metrics" | sed -n 's/.*"current_leader":\([0-9null]*\).*/\1/p'
 }
 
+# A port something else listens on (another cluster's node, say) would
+# send this script's requests there: nothing starts then.
+for id in 1 2 3; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$((BASE_PORT + id))") 2>/dev/null; then
+    echo "port $((BASE_PORT + id)) (node $id) is in use by another process;" \
+      "pick free ports with BASE_PORT=..." >&2
+    exit 1
+  fi
+done
 for id in 1 2 3; do
   "$BIN" node --id "$id" --listen "$(addr "$id")" --dir "$DATA/node-$id" \
     --heartbeat-ms 100 "${NODE_ARGS[@]}" 2>"$DATA/node-$id.log" &
@@ -118,11 +127,31 @@ for id in 1 2 3; do
 done
 echo "3 nodes up in $DATA"
 
-say() { echo; echo "\$ $*"; }
+# Prints a command as it could be pasted into a shell: arguments with
+# characters the shell treats specially are single-quoted.
+say() {
+  local arg out="\$"
+  for arg in "$@"; do
+    if [[ $arg =~ ^[A-Za-z0-9_./:%@=?-]+$ ]]; then
+      out+=" $arg"
+    else
+      out+=" '${arg//\'/\'\\\'\'}'"
+    fi
+  done
+  echo
+  echo "$out"
+}
 run() { say "$@"; "$@"; echo; }
 
-run curl -s -X POST "$SCHEME://$(addr 1)/cluster/init" -H 'content-type: application/json' \
+say curl -s -X POST "$SCHEME://$(addr 1)/cluster/init" -H 'content-type: application/json' \
   -d "{\"members\": {\"1\": \"$(addr 1)\", \"2\": \"$(addr 2)\", \"3\": \"$(addr 3)\"}}"
+init=$(curl -s -X POST "$SCHEME://$(addr 1)/cluster/init" -H 'content-type: application/json' \
+  -d "{\"members\": {\"1\": \"$(addr 1)\", \"2\": \"$(addr 2)\", \"3\": \"$(addr 3)\"}}")
+echo "$init"
+case $init in
+  *'"initialized":true'*) ;;
+  *) echo "init failed; stopping" >&2; exit 1 ;;
+esac
 
 leader=""
 has_leader() {

@@ -18,9 +18,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
 
 use crate::batch::{WriteBatcher, WriteError, Written};
+use crate::identity::{ClusterId, Identity};
 use crate::log_store::LogStore;
 use crate::membership;
 use crate::metrics::{self, Counters, Gauges};
+use crate::network::{holds_data, Network};
 use crate::state_machine::StateMachine;
 use crate::types::{check_key, Node, NodeId, Raft, Request, MAX_VALUE_BYTES};
 use crate::validate::check_addr;
@@ -53,6 +55,12 @@ pub struct App {
     /// `"https"` when the nodes serve TLS, else `"http"`: the scheme of the
     /// leader's URL in a follower's redirect.
     pub scheme: &'static str,
+    /// The cluster and node this node's directory belongs to
+    /// ([`crate::identity`]).
+    pub identity: Arc<Identity>,
+    /// The client this node reaches its peers with (for
+    /// `/cluster/join`).
+    pub peers: Network,
 }
 
 impl std::fmt::Debug for App {
@@ -285,6 +293,16 @@ pub struct InitRequest {
     pub members: BTreeMap<NodeId, String>,
 }
 
+/// The body of `POST /cluster/join`, which a cluster's node sends to a
+/// node it adds (see [`crate::identity`]).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// The cluster's id (32 hex digits).
+    pub cluster: String,
+    /// The id the node has in that cluster.
+    pub id: NodeId,
+}
+
 /// The body of `POST /cluster/add-learner`: `{"id": 4, "addr":
 /// "127.0.0.1:21004"}` (`node_id` is accepted for `id`), or the pair
 /// `[4, "127.0.0.1:21004"]` that openraft's examples send.
@@ -445,6 +463,22 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
             return error(StatusCode::BAD_REQUEST, message);
         }
     }
+    // A node that holds data is initialised already (openraft refuses
+    // below); otherwise the cluster gets its id, and every other member is
+    // joined to it before anything is proposed.
+    if !holds_data(&app.raft) {
+        let cluster = match app.identity.for_init(false) {
+            Ok(cluster) => cluster,
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        };
+        for (&id, addr) in &request.members {
+            if id != app.id {
+                if let Err(not_joined) = join(&app, cluster, id, addr).await {
+                    return not_joined.response();
+                }
+            }
+        }
+    }
     let members: BTreeMap<NodeId, Node> = request
         .members
         .into_iter()
@@ -457,6 +491,92 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
         }
         Err(RaftError::APIError(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// Why a node was not joined.
+enum NotJoined {
+    /// It did not answer: the 503 to give if the caller needs it.
+    Unreachable(Response),
+    /// It refused (409), or answered with another error (503).
+    Refused(Response),
+}
+
+impl NotJoined {
+    fn response(self) -> Response {
+        match self {
+            NotJoined::Unreachable(response) | NotJoined::Refused(response) => response,
+        }
+    }
+}
+
+/// Asks the node at `addr` to join `cluster` as node `id` (`POST
+/// /cluster/join`): the node refuses if it is another node or holds
+/// another cluster's data.
+async fn join(app: &App, cluster: ClusterId, id: NodeId, addr: &str) -> Result<(), NotJoined> {
+    let (client, scheme, token) = app.peers.parts();
+    let mut request = client
+        .post(format!("{scheme}://{addr}/cluster/join"))
+        .timeout(app.write_timeout)
+        .json(&JoinRequest {
+            cluster: cluster.to_string(),
+            id,
+        });
+    if let Some(token) = token {
+        request = request.header(header::AUTHORIZATION, token);
+    }
+    let response = request.send().await.map_err(|e| {
+        NotJoined::Unreachable(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "node {id} at {addr} did not answer (start every member before init): {e}; \
+                 nothing was changed"
+            ),
+        ))
+    })?;
+    if response.status().is_success() {
+        return Ok(());
+    }
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let detail = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or(text);
+    let status = if status == StatusCode::CONFLICT {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Err(NotJoined::Refused(error(
+        status,
+        format!("node {id} at {addr} refused to join: {detail}; nothing was changed"),
+    )))
+}
+
+/// `POST /cluster/join`: see [`crate::identity`]. 200 once the node
+/// belongs to the cluster, 409 if it is another node or holds another
+/// cluster's data.
+async fn join_cluster(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    let request = match json_body::<JoinRequest>(body) {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let Some(cluster) = ClusterId::parse(&request.cluster) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "cluster must be 32 hex digits".to_string(),
+        );
+    };
+    match app
+        .identity
+        .join(cluster, request.id, holds_data(&app.raft))
+    {
+        Ok(Ok(())) => {
+            Json(json!({ "joined": true, "cluster": cluster.to_string() })).into_response()
+        }
+        Ok(Err(refusal)) => error(StatusCode::CONFLICT, refusal.0),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
@@ -509,6 +629,18 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
             );
         }
     }
+    // The new node joins the cluster first: it refuses if it is another
+    // node, or holds another cluster's data, before anything is proposed.
+    // A node that does not answer yet is added all the same (202 below):
+    // until a later add-learner joins it, it refuses the cluster's RPCs.
+    let mut joined = true;
+    if let Some(cluster) = app.identity.cluster() {
+        match join(&app, cluster, request.id, &request.addr).await {
+            Ok(()) => {}
+            Err(NotJoined::Unreachable(_)) => joined = false,
+            Err(NotJoined::Refused(response)) => return response,
+        }
+    }
     let added = tokio::time::timeout(
         app.write_timeout,
         app.raft
@@ -533,12 +665,22 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
             Json(json!({
                 "log_index": log_index,
                 "caught_up": false,
-                "warning": format!(
-                    "node {id} was added as a learner but has not caught up within {} ms \
-                     (is {} reachable?); change-membership will not make it a voter until it has",
-                    app.write_timeout.as_millis(),
-                    request.addr
-                ),
+                "warning": if joined {
+                    format!(
+                        "node {id} was added as a learner but has not caught up within {} ms \
+                         (is {} reachable?); change-membership will not make it a voter until \
+                         it has",
+                        app.write_timeout.as_millis(),
+                        request.addr
+                    )
+                } else {
+                    format!(
+                        "node {id} was added as a learner but did not answer at {}: once it \
+                         runs, call add-learner again to join it to the cluster; \
+                         change-membership will not make it a voter until it has caught up",
+                        request.addr
+                    )
+                },
             })),
         )
             .into_response()
@@ -729,6 +871,7 @@ pub fn routes(app: App) -> Router {
         .route("/kv/", get(empty_key).put(empty_key).delete(empty_key))
         .route("/cluster/init", post(init))
         .route("/cluster/add-learner", post(add_learner))
+        .route("/cluster/join", post(join_cluster))
         .route("/cluster/change-membership", post(change_membership))
         .route("/cluster/snapshot", post(snapshot))
         .route("/cluster/metrics", get(metrics))

@@ -4,7 +4,10 @@
 //! talk HTTP, or HTTPS with a bearer token or mutual TLS ([`security`]),
 //! through a server that caps and times out connections and bounds bodies
 //! ([`server`], [`limits`]) to the Raft RPCs ([`network`]) and the client
-//! API ([`api`]); [`node::start`] starts one.
+//! API ([`api`]); [`node::start`] starts one. A node keeps to its own
+//! cluster and node id ([`identity`]): it refuses RPCs meant for another
+//! node or sent by another cluster, and its data is never replicated into
+//! after it was lost.
 //!
 //! ```no_run
 //! use sediment_raft::node::{self, NodeConfig};
@@ -56,6 +59,7 @@ pub mod api;
 pub mod batch;
 pub mod encryption;
 mod error;
+pub mod identity;
 pub mod journal;
 pub mod limits;
 pub mod log_format;

@@ -4,11 +4,12 @@
 //! Requests are bincode (they carry log entries and snapshot chunks, whose
 //! values are raw bytes); responses are JSON `Result`s.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -25,6 +26,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::identity::{Identity, CLUSTER_HEADER, TARGET_HEADER};
 use crate::security::Token;
 use crate::types::{Node, NodeId, Raft, TypeConfig};
 use crate::validate;
@@ -43,6 +45,8 @@ pub struct Network {
     client: reqwest::Client,
     scheme: &'static str,
     token: Option<HeaderValue>,
+    /// The node's identity, named in every RPC (see [`crate::identity`]).
+    identity: Option<Arc<Identity>>,
 }
 
 impl Network {
@@ -57,6 +61,7 @@ impl Network {
                 .expect("an HTTP client without TLS builds"),
             scheme: "http",
             token: None,
+            identity: None,
         }
     }
 
@@ -79,7 +84,17 @@ impl Network {
             client,
             scheme,
             token: token.map(Token::header_value).transpose()?,
+            identity: None,
         })
+    }
+
+    /// Names `identity`'s cluster and each RPC's target node in every RPC,
+    /// so that a node that is not that target, or not of that cluster,
+    /// refuses it (see [`crate::identity`]).
+    #[must_use]
+    pub fn with_identity(mut self, identity: Arc<Identity>) -> Self {
+        self.identity = Some(identity);
+        self
     }
 }
 
@@ -106,6 +121,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             base: format!("{}://{}", self.scheme, node.addr),
             token: self.token.clone(),
+            identity: self.identity.clone(),
         }
     }
 }
@@ -118,6 +134,7 @@ pub struct Connection {
     base: String,
     /// The `Authorization` header (sensitive: not shown by `Debug`).
     token: Option<HeaderValue>,
+    identity: Option<Arc<Identity>>,
 }
 
 impl Connection {
@@ -140,6 +157,12 @@ impl Connection {
             .timeout(option.hard_ttl());
         if let Some(token) = &self.token {
             request = request.header(AUTHORIZATION, token.clone());
+        }
+        if let Some(identity) = &self.identity {
+            request = request.header(TARGET_HEADER, self.target.to_string());
+            if let Some(cluster) = identity.cluster() {
+                request = request.header(CLUSTER_HEADER, cluster.to_string());
+            }
         }
         let response = request.body(body).send().await.map_err(|e| {
             // A peer that is down is backed off from; other failures
@@ -221,29 +244,80 @@ pub(crate) fn decode<T: DeserializeOwned>(
     Ok(request)
 }
 
-async fn append(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+/// The node's Raft and identity, for the RPC handlers.
+#[derive(Clone)]
+struct Rpc {
+    raft: Arc<Raft>,
+    identity: Arc<Identity>,
+}
+
+/// Whether the node holds any log entry or snapshot.
+pub(crate) fn holds_data(raft: &Raft) -> bool {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    metrics.last_log_index.is_some() || metrics.snapshot.is_some() || metrics.purged.is_some()
+}
+
+/// Checks an RPC's identity headers ([`crate::identity`]): `None` if it
+/// may go on, else the 409 (or 500) that refuses it. A refusal is logged
+/// (at most once per ten seconds): the operator of this node sees why
+/// the cluster's traffic is turned away.
+fn admit(rpc: &Rpc, headers: &HeaderMap) -> Option<Response> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match rpc.identity.admit(
+        header(CLUSTER_HEADER),
+        header(TARGET_HEADER),
+        holds_data(&rpc.raft),
+    ) {
+        Ok(Ok(())) => None,
+        Ok(Err(refusal)) => {
+            static LAST_LOGGED: AtomicU64 = AtomicU64::new(0);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if now >= LAST_LOGGED.load(Ordering::Relaxed) + 10 {
+                LAST_LOGGED.store(now, Ordering::Relaxed);
+                tracing::warn!("refusing Raft RPCs: {refusal}");
+            }
+            Some((StatusCode::CONFLICT, refusal.0).into_response())
+        }
+        Err(error) => Some((StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()),
+    }
+}
+
+async fn append(State(rpc): State<Rpc>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(refused) = admit(&rpc, &headers) {
+        return refused;
+    }
     match decode::<AppendEntriesRequest<TypeConfig>>(&body, validate::check_append) {
-        Ok(request) => Json(raft.append_entries(request).await).into_response(),
+        Ok(request) => Json(rpc.raft.append_entries(request).await).into_response(),
         Err(response) => response,
     }
 }
 
-async fn vote(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+async fn vote(State(rpc): State<Rpc>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(refused) = admit(&rpc, &headers) {
+        return refused;
+    }
     match decode::<VoteRequest<NodeId>>(&body, validate::check_vote_request) {
-        Ok(request) => Json(raft.vote(request).await).into_response(),
+        Ok(request) => Json(rpc.raft.vote(request).await).into_response(),
         Err(response) => response,
     }
 }
 
-async fn snapshot(State(raft): State<Arc<Raft>>, body: Bytes) -> Response {
+async fn snapshot(State(rpc): State<Rpc>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(refused) = admit(&rpc, &headers) {
+        return refused;
+    }
     match decode::<InstallSnapshotRequest<TypeConfig>>(&body, validate::check_install_snapshot) {
-        Ok(request) => Json(raft.install_snapshot(request).await).into_response(),
+        Ok(request) => Json(rpc.raft.install_snapshot(request).await).into_response(),
         Err(response) => response,
     }
 }
 
-/// The server side of the Raft RPCs.
-pub fn routes(raft: Arc<Raft>) -> Router {
+/// The server side of the Raft RPCs, refused where `identity` says they
+/// are not for this node ([`crate::identity`]).
+pub fn routes(raft: Arc<Raft>, identity: Arc<Identity>) -> Router {
     Router::new()
         .route(APPEND_PATH, post(append))
         .route(VOTE_PATH, post(vote))
@@ -253,5 +327,5 @@ pub fn routes(raft: Arc<Raft>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(
             crate::limits::MAX_APPEND_BODY_BYTES,
         ))
-        .with_state(raft)
+        .with_state(Rpc { raft, identity })
 }

@@ -16,6 +16,7 @@ use crate::api::{self, App};
 use crate::batch::WriteBatcher;
 use crate::encryption::{check_node_directory, SharedKeys};
 use crate::error::{Error, Result};
+use crate::identity::Identity;
 use crate::log_store::{LogStore, LogStoreConfig};
 use crate::metrics::Counters;
 use crate::network::{self, Network};
@@ -306,19 +307,24 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         config.directory.clone(),
         config.key_provider.clone(),
     );
-    let (log_store, state_machine) = tokio::task::spawn_blocking(move || {
+    let id = config.id;
+    let (log_store, state_machine, identity) = tokio::task::spawn_blocking(move || {
         // Before anything is opened: a wrong key must not change a byte.
         check_node_directory(&*fs, &directory, keys.as_ref())?;
+        // Nor may a directory of another node.
+        let identity = Identity::load(fs, &directory, keys.clone(), id)?;
         let log_store = LogStore::open_with(log_config)?;
         let state_machine = StateMachine::open_with(sm_config)?;
         if keys.is_some() {
             check_snapshot_covers_purged(&log_store, &state_machine)?;
         }
-        Ok::<_, Error>((log_store, state_machine))
+        Ok::<_, Error>((log_store, state_machine, Arc::new(identity)))
     })
     .await
     .map_err(|e| Error::Raft(e.to_string()))??;
+    let network = network.with_identity(identity.clone());
     let stage_network = network.clone();
+    let peers = network.clone();
     let raft = Raft::new(
         config.id,
         raft_config,
@@ -348,6 +354,8 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         log_store: log_store.clone(),
         counters: counters.clone(),
         scheme: if tls.is_some() { "https" } else { "http" },
+        identity: identity.clone(),
+        peers,
     };
     let policy = Arc::new(Policy {
         token: config.token.clone(),
@@ -357,7 +365,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     // Counting is outermost, so requests refused for their credentials or
     // size are counted too.
     let router = api::routes(app)
-        .merge(network::routes(raft.clone()))
+        .merge(network::routes(raft.clone(), identity))
         .merge(stage::routes(log_store.clone(), config.id))
         .layer(axum::middleware::from_fn_with_state(policy, server::police))
         .layer(axum::middleware::from_fn_with_state(counters, api::record));

@@ -1,0 +1,296 @@
+//! A node keeps to its own cluster and its own id: a follower whose data
+//! was wiped is refused (the leader keeps leading, the cluster keeps
+//! writing) until it is removed and added again; a node started on
+//! another cluster's directory at a member's address gets none of the
+//! cluster's traffic and none of its writes; a node that holds another
+//! cluster's data is not added as a learner; a directory refuses a
+//! `--id` other than its own. Real node processes on 127.0.0.1.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{free_port, Cluster};
+use serde_json::{json, Value};
+
+// 50 ms heartbeats: a 3 s write timeout bounds every answer below.
+const ARGS: &[&str] = &["--heartbeat-ms", "50"];
+
+fn client() -> reqwest::Client {
+    common::plain_client(Duration::from_secs(30))
+}
+
+async fn post(url: String, body: Value) -> (u16, Value) {
+    let response = client()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("the endpoint answers within the client's timeout");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn put(url: String) -> u16 {
+    client()
+        .put(url)
+        .body("v")
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+async fn voters(cluster: &Cluster, id: u64) -> BTreeSet<u64> {
+    let m = cluster.metrics(id).await.expect("metrics");
+    serde_json::from_value(m["membership"]["voters"].clone()).unwrap()
+}
+
+/// Whether node `id`'s process is still running.
+fn running(cluster: &mut Cluster, id: u64) -> bool {
+    let node = cluster.nodes.get_mut(&id).unwrap();
+    node.child
+        .as_mut()
+        .is_some_and(|child| child.try_wait().unwrap().is_none())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
+    let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.init().await;
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    let url = |cluster: &Cluster, path: &str| cluster.nodes[&leader].url(path);
+    for i in 0..20 {
+        assert_eq!(put(url(&cluster, &format!("/kv/before-{i}"))).await, 200);
+    }
+    cluster.wait_caught_up(Duration::from_secs(20)).await;
+
+    // The disk of a follower is replaced: its directory is gone.
+    let wiped = cluster.followers(leader)[0];
+    let node = cluster.nodes.get_mut(&wiped).unwrap();
+    node.kill();
+    std::fs::remove_dir_all(&node.dir).unwrap();
+    node.start();
+    cluster.wait_up(&[wiped]).await;
+
+    // Writes go on with the other two; the leader, which remembers how
+    // far the follower's log reached, does not see it go back (openraft
+    // panics on that), because the follower refuses every RPC.
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut i = 0;
+    while Instant::now() < until {
+        assert_eq!(put(url(&cluster, &format!("/kv/during-{i}"))).await, 200);
+        i += 1;
+    }
+    assert!(running(&mut cluster, leader), "the leader exited");
+    assert_eq!(
+        cluster.wait_for_leader(None, Duration::from_secs(5)).await,
+        leader
+    );
+    assert!(
+        cluster.nodes[&wiped].log().contains("never joined"),
+        "{}",
+        cluster.nodes[&wiped].log()
+    );
+    assert_eq!(cluster.local_get_or_none(wiped, "before-0").await, None);
+
+    // Removed and added again, it is joined afresh and catches up.
+    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&n| n != wiped).collect();
+    let (status, body) = post(
+        url(&cluster, "/cluster/change-membership"),
+        json!({ "members": others }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(
+        url(&cluster, "/cluster/add-learner"),
+        json!({"id": wiped, "addr": cluster.nodes[&wiped].addr}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["caught_up"], true, "{body}");
+    let (status, body) = post(
+        url(&cluster, "/cluster/change-membership"),
+        json!({"members": [1, 2, 3]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2, 3]));
+    assert_eq!(put(url(&cluster, "/kv/after")).await, 200);
+    cluster.wait_caught_up(Duration::from_secs(20)).await;
+    for key in ["before-0", "before-19", "during-0", "after"] {
+        assert_eq!(
+            cluster.local_get(wiped, key).await.as_deref(),
+            Some(&b"v"[..]),
+            "{key}"
+        );
+    }
+    assert!(running(&mut cluster, leader), "the leader exited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_another_clusters_directory_gets_none_of_the_clusters_writes() {
+    // Another cluster: one node, initialised, holding a key.
+    let mut other = Cluster::start(&[1], ARGS);
+    other.wait_up(&[1]).await;
+    other.init().await;
+    other.wait_for_leader(None, Duration::from_secs(20)).await;
+    assert_eq!(put(other.nodes[&1].url("/kv/theirs")).await, 200);
+    other.nodes.get_mut(&1).unwrap().kill();
+
+    let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.init().await;
+    cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    // Node 1 is restarted on the other cluster's directory, at its own
+    // address: it leads its old one-node cluster there.
+    let node = cluster.nodes.get_mut(&1).unwrap();
+    node.kill();
+    node.dir = other.nodes[&1].dir.clone();
+    node.start();
+    cluster.wait_up(&[1]).await;
+
+    let leader = cluster
+        .wait_for_leader(Some(1), Duration::from_secs(20))
+        .await;
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut i = 0;
+    while Instant::now() < until {
+        assert_eq!(
+            put(cluster.nodes[&leader].url(&format!("/kv/ours-{i}"))).await,
+            200
+        );
+        i += 1;
+    }
+    for id in [2, 3] {
+        let m = cluster.metrics(id).await.expect("metrics");
+        assert_ne!(m["current_leader"], json!(1), "node {id}: {m}");
+    }
+    assert_eq!(cluster.local_get_or_none(1, "ours-0").await, None);
+    assert_eq!(
+        cluster.local_get(1, "theirs").await.as_deref(),
+        Some(&b"v"[..])
+    );
+    assert!(
+        cluster.nodes[&1].log().contains("belongs to cluster"),
+        "{}",
+        cluster.nodes[&1].log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_holding_another_clusters_data_is_not_added_as_a_learner() {
+    let mut cluster = Cluster::start(&[1, 2], ARGS);
+    cluster.wait_up(&[1, 2]).await;
+    // Each initialised as a cluster of its own.
+    for id in [1, 2] {
+        let addr = cluster.nodes[&id].addr.clone();
+        let (status, body) = post(
+            cluster.nodes[&id].url("/cluster/init"),
+            json!({ "members": { id.to_string(): addr } }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while put(cluster.nodes[&2].url("/kv/second")).await != 200 {
+        assert!(Instant::now() < until, "node 2 never took a write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster
+        .wait_for_leader(Some(2), Duration::from_secs(20))
+        .await;
+
+    let (status, body) = post(
+        cluster.nodes[&1].url("/cluster/add-learner"),
+        json!({"id": 2, "addr": cluster.nodes[&2].addr}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"].as_str().unwrap_or_default();
+    assert!(message.contains("empty directory"), "{body}");
+    assert_eq!(voters(&cluster, 1).await, BTreeSet::from([1]));
+    let m = cluster.metrics(1).await.expect("metrics");
+    assert_eq!(m["membership"]["learners"], json!([]), "{m}");
+
+    // Both go on as they were.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(running(&mut cluster, 2), "{}", cluster.nodes[&2].log());
+    assert_eq!(put(cluster.nodes[&1].url("/kv/first")).await, 200);
+    assert_eq!(
+        cluster.local_get(2, "second").await.as_deref(),
+        Some(&b"v"[..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_refuses_an_id_other_than_its_own() {
+    let mut cluster = Cluster::start(&[1], ARGS);
+    cluster.wait_up(&[1]).await;
+    cluster.init().await;
+    cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    assert_eq!(put(cluster.nodes[&1].url("/kv/k")).await, 200);
+    let node = cluster.nodes.get_mut(&1).unwrap();
+    node.kill();
+    let dir = node.dir.clone();
+    let before: Vec<(std::path::PathBuf, Vec<u8>)> = walk(&dir);
+
+    let (status, log) = start_to_exit(&dir, 2);
+    assert_eq!(status, Some(false), "{log}");
+    assert!(log.contains("belongs to node 1"), "{log}");
+    assert!(log.contains("--id 1"), "{log}");
+    assert_eq!(
+        walk(&dir),
+        before,
+        "the refused start changed the directory"
+    );
+}
+
+/// Every file under `dir` with its bytes, sorted.
+fn walk(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                out.push((path.clone(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Runs `sediment-raft node --id {id}` on `dir` until it exits (at most
+/// 30 s, then it is killed): whether it succeeded (`None` if it had to be
+/// killed), and its stderr.
+fn start_to_exit(dir: &std::path::Path, id: u64) -> (Option<bool>, String) {
+    let log = dir.with_extension("refused.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
+        .args(["node", "--id", &id.to_string(), "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .arg("--dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
