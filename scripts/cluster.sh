@@ -132,7 +132,7 @@ echo "3 nodes up in $DATA"
 say() {
   local arg out="\$"
   for arg in "$@"; do
-    if [[ $arg =~ ^[A-Za-z0-9_./:%@=?-]+$ ]]; then
+    if [[ $arg =~ ^[A-Za-z0-9_./:%@=-]+$ ]]; then
       out+=" $arg"
     else
       out+=" '${arg//\'/\'\\\'\'}'"
