@@ -57,7 +57,9 @@ enum Command {
         /// The node's id in the cluster.
         #[arg(long)]
         id: u64,
-        /// The address to serve peers and clients on (`host:port`).
+        /// The address to serve peers and clients on: an IP address and a
+        /// port (`127.0.0.1:21001`; names such as `localhost` are not
+        /// resolved).
         #[arg(long)]
         listen: SocketAddr,
         /// The node's data directory (created if missing, recovered if not).

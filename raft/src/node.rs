@@ -1,7 +1,7 @@
 //! One node: its stores, its Raft and its HTTP server.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -189,6 +189,11 @@ impl NodeConfig {
     }
 
     fn raft_config(&self) -> Result<openraft::Config> {
+        if self.heartbeat_ms == 0 {
+            return Err(Error::Config(
+                "the heartbeat interval must be at least 1 ms".into(),
+            ));
+        }
         let config = openraft::Config {
             cluster_name: "sediment-raft".into(),
             heartbeat_interval: self.heartbeat_ms,
@@ -307,10 +312,19 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         config.directory.clone(),
         config.key_provider.clone(),
     );
+    // The address first: a node that cannot listen (its port taken) must
+    // not have created or changed anything in its directory.
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::io(format!("listening on {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("reading the listening address", e))?;
     let id = config.id;
     let (log_store, state_machine, identity) = tokio::task::spawn_blocking(move || {
         // Before anything is opened: a wrong key must not change a byte.
         check_node_directory(&*fs, &directory, keys.as_ref())?;
+        check_log_present(&*fs, &directory)?;
         // Nor may a directory of another node.
         let identity = Identity::load(fs, &directory, keys.clone(), id)?;
         let log_store = LogStore::open_with(log_config)?;
@@ -318,6 +332,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         if keys.is_some() {
             check_snapshot_covers_purged(&log_store, &state_machine)?;
         }
+        check_log_not_lost(&log_store, &state_machine)?;
         Ok::<_, Error>((log_store, state_machine, Arc::new(identity)))
     })
     .await
@@ -376,12 +391,6 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         header_timeout: config.header_timeout,
         idle_timeout: config.idle_timeout,
     };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| Error::io(format!("listening on {}", config.listen), e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::io("reading the listening address", e))?;
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(server::serve(listener, router, options, stopped));
     Ok(RunningNode {
@@ -391,6 +400,47 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         addr,
         server,
         stop,
+    })
+}
+
+/// A node directory with `state/` but no `log/`: the log was deleted
+/// (the state machine alone cannot restart a Raft node: openraft would
+/// stop at its first vote check, on every start).
+fn check_log_present(fs: &dyn FileSystem, directory: &Path) -> Result<()> {
+    let exists = |name: &str| {
+        fs.exists(&directory.join(name))
+            .map_err(|e| Error::io(format!("looking for {}", directory.join(name).display()), e))
+    };
+    if exists("state")? && !exists("log")? {
+        return Err(Error::Corrupt {
+            what: directory.join("log").display().to_string(),
+            detail: "it is missing beside state/: log/ was deleted or replaced; put it back, \
+                     or start the node on an empty directory and add it to its cluster again"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// A state machine that has applied entries beside a log that holds
+/// none, not even a purged one, and no vote: the log directory was
+/// deleted or replaced (openraft would stop at its first vote check).
+fn check_log_not_lost(log: &LogStore, state_machine: &StateMachine) -> Result<()> {
+    let (applied, _) = state_machine.applied();
+    let Some(applied) = applied else {
+        return Ok(());
+    };
+    if log.log_state().last_log_id.is_some() || log.vote().is_some() {
+        return Ok(());
+    }
+    Err(Error::Corrupt {
+        what: "the node directory's log/".into(),
+        detail: format!(
+            "it holds no entry and no vote, but state/ has applied the log up to index {}: \
+             log/ was deleted or replaced; put it back, or start the node on an empty \
+             directory and add it to its cluster again",
+            applied.index
+        ),
     })
 }
 
