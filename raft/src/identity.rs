@@ -25,6 +25,9 @@
 //! file: such a node takes the cluster id of the first RPC that names one,
 //! and a peer that sends no cluster id is answered as before.
 //!
+//! A node put back from an older copy of its own directory keeps its
+//! identity; the leader fences it off instead (see [`crate::network`]).
+//!
 //! `FORMAT.md` ("Node identity") gives the file's bytes; an encrypted node
 //! seals them like its other files.
 
@@ -33,7 +36,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use okaywal::encryption::{Seal, SEAL_BYTES};
+use okaywal::encryption::{KeyId, Seal, SEAL_BYTES};
 use okaywal::fs::FileSystem;
 use parking_lot::Mutex;
 
@@ -162,13 +165,26 @@ impl Identity {
         let cluster = if exists {
             let bytes =
                 read_all(&*fs, &path).map_err(|e| Error::io(format!("reading {shown}"), e))?;
-            let (cluster, recorded) = decode(&bytes, keys.as_ref(), &shown)?;
+            let (cluster, recorded, sealed_with) = decode(&bytes, keys.as_ref(), &shown)?;
             if recorded != node {
                 return Err(Error::Config(format!(
                     "{} belongs to node {recorded} of cluster {cluster}, not node {node}: start \
                      it with --id {recorded}, or give node {node} a directory of its own",
                     directory.display()
                 )));
+            }
+            // After a key rotation the file moves to the current key, like
+            // the key check, so that the old key can be retired.
+            if let (Some(keys), Some(sealed_with)) = (&keys, sealed_with) {
+                let current = keys
+                    .cipher()
+                    .current_key_id()
+                    .map_err(|e| Error::io("asking the key provider for its current key", e))?;
+                if current != sealed_with {
+                    let bytes = encode(cluster, node, Some(keys))?;
+                    write_durably(&*fs, directory, IDENTITY_FILE, &bytes)
+                        .map_err(|e| Error::io(format!("writing {shown}"), e))?;
+                }
             }
             Some(cluster)
         } else {
@@ -361,8 +377,13 @@ fn encode(cluster: ClusterId, node: NodeId, keys: Option<&SharedKeys>) -> Result
     Ok(out)
 }
 
-/// Reads the identity file's bytes: the cluster id and the node id.
-fn decode(bytes: &[u8], keys: Option<&SharedKeys>, what: &str) -> Result<(ClusterId, NodeId)> {
+/// Reads the identity file's bytes: the cluster id, the node id and, if
+/// it is sealed, the key id it was sealed with.
+fn decode(
+    bytes: &[u8],
+    keys: Option<&SharedKeys>,
+    what: &str,
+) -> Result<(ClusterId, NodeId, Option<KeyId>)> {
     let corrupt = |detail: &str| Error::Corrupt {
         what: what.to_string(),
         detail: detail.to_string(),
@@ -374,8 +395,8 @@ fn decode(bytes: &[u8], keys: Option<&SharedKeys>, what: &str) -> Result<(Cluste
         return Err(corrupt("checksum mismatch"));
     }
     let (magic, rest) = content.split_at(8.min(content.len()));
-    let body = if magic == PLAIN_MAGIC && rest.len() == BODY_BYTES {
-        rest.to_vec()
+    let (body, sealed_with) = if magic == PLAIN_MAGIC && rest.len() == BODY_BYTES {
+        (rest.to_vec(), None)
     } else if magic == SEALED_MAGIC && rest.len() == SEAL_BYTES + BODY_BYTES {
         let Some(keys) = keys else {
             return Err(Error::Key(io::Error::new(
@@ -388,13 +409,13 @@ fn decode(bytes: &[u8], keys: Option<&SharedKeys>, what: &str) -> Result<(Cluste
         keys.cipher()
             .open(&seal, SEAL_CONTEXT, &mut body)
             .map_err(|e| crate::encryption::classify(what, e.into()))?;
-        body
+        (body, Some(seal.key_id))
     } else {
         return Err(corrupt("not a node identity file"));
     };
     let cluster = ClusterId(body[..16].try_into().expect("16 bytes"));
     let node = NodeId::from_le_bytes(body[16..].try_into().expect("8 bytes"));
-    Ok((cluster, node))
+    Ok((cluster, node, sealed_with))
 }
 
 #[cfg(test)]
@@ -437,6 +458,52 @@ mod tests {
         assert!(matches!(load(&fs, None, 1), Err(Error::Key(_))));
         let wrong = SharedKeys::new(StaticKey::new([5; 32]));
         assert!(load(&fs, Some(wrong), 1).is_err());
+    }
+
+    #[test]
+    fn a_sealed_identity_moves_to_the_current_key_so_the_old_one_can_be_retired() {
+        use okaywal::encryption::{Key, KeyProvider};
+        /// Key 1, then key 2 as the current one; `old` says whether key 1
+        /// is still given.
+        struct Ring {
+            current: u32,
+            old: bool,
+        }
+        impl KeyProvider for Ring {
+            fn current(&self) -> io::Result<(KeyId, Key)> {
+                let id = KeyId::new(self.current);
+                Ok((id, self.key(id)?.expect("the current key")))
+            }
+            fn key(&self, id: KeyId) -> io::Result<Option<Key>> {
+                Ok(match id.get() {
+                    1 if self.old => Some(Key::from_bytes([1; 32])),
+                    2 => Some(Key::from_bytes([2; 32])),
+                    _ => None,
+                })
+            }
+        }
+        let fs = Arc::new(MemoryFileSystem::new());
+        let first = SharedKeys::new(Ring {
+            current: 1,
+            old: true,
+        });
+        let cluster = load(&fs, Some(first), 1).unwrap().for_init(false).unwrap();
+        let rotated = SharedKeys::new(Ring {
+            current: 2,
+            old: true,
+        });
+        assert_eq!(
+            load(&fs, Some(rotated), 1).unwrap().cluster(),
+            Some(cluster)
+        );
+        let retired = SharedKeys::new(Ring {
+            current: 2,
+            old: false,
+        });
+        assert_eq!(
+            load(&fs, Some(retired), 1).unwrap().cluster(),
+            Some(cluster)
+        );
     }
 
     #[test]

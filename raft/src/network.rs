@@ -5,7 +5,7 @@
 //! values are raw bytes); responses are JSON `Result`s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -21,9 +21,11 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::RaftMetrics;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::identity::{Identity, CLUSTER_HEADER, TARGET_HEADER};
@@ -47,6 +49,9 @@ pub struct Network {
     token: Option<HeaderValue>,
     /// The node's identity, named in every RPC (see [`crate::identity`]).
     identity: Option<Arc<Identity>>,
+    /// How far each follower's log matches this node's while it leads
+    /// (see [`Matched`]).
+    matched: Matched,
 }
 
 impl Network {
@@ -62,6 +67,7 @@ impl Network {
             scheme: "http",
             token: None,
             identity: None,
+            matched: Matched::default(),
         }
     }
 
@@ -85,6 +91,7 @@ impl Network {
             scheme,
             token: token.map(Token::header_value).transpose()?,
             identity: None,
+            matched: Matched::default(),
         })
     }
 
@@ -95,6 +102,15 @@ impl Network {
     pub fn with_identity(mut self, identity: Arc<Identity>) -> Self {
         self.identity = Some(identity);
         self
+    }
+
+    /// Gives this network (and its clones) the node's Raft metrics, once
+    /// Raft runs: a follower that answers that it lacks entries the leader
+    /// counts as replicated to it (a directory put back from an older
+    /// copy) then gets an RPC error instead of being handed to openraft
+    /// 0.9, which would stop the leader, and nothing more from it.
+    pub fn watch_metrics(&self, metrics: watch::Receiver<RaftMetrics<NodeId, Node>>) {
+        let _ = self.matched.0.set(metrics);
     }
 }
 
@@ -122,7 +138,37 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             base: format!("{}://{}", self.scheme, node.addr),
             token: self.token.clone(),
             identity: self.identity.clone(),
+            matched: self.matched.clone(),
         }
+    }
+}
+
+/// The leader's view of how far each follower's log matches its own
+/// (openraft's replication metrics), shared by the connections. A follower
+/// that answers that it lacks an entry at or below that point has lost
+/// entries it acknowledged: its directory was put back from an older
+/// copy, damaged, or emptied by a version that recorded no identity.
+/// openraft 0.9 stops the leader on that (`follower log reversion is not
+/// allowed`); such an answer is turned into an RPC error instead, so the
+/// follower gets nothing more from this leader and the cluster goes on
+/// without it until it is removed and added again (a new learner starts
+/// with no match, so its answers pass as they are).
+#[derive(Debug, Clone, Default)]
+struct Matched(Arc<OnceLock<watch::Receiver<RaftMetrics<NodeId, Node>>>>);
+
+impl Matched {
+    /// Whether the leader counts `target`'s log as matching its own up to
+    /// `index` or further.
+    fn covers(&self, target: NodeId, index: u64) -> bool {
+        let Some(metrics) = self.0.get() else {
+            return false;
+        };
+        let metrics = metrics.borrow();
+        metrics
+            .replication
+            .as_ref()
+            .and_then(|replication| replication.get(&target).copied().flatten())
+            .is_some_and(|matched| matched.index >= index)
     }
 }
 
@@ -135,6 +181,7 @@ pub struct Connection {
     /// The `Authorization` header (sensitive: not shown by `Debug`).
     token: Option<HeaderValue>,
     identity: Option<Arc<Identity>>,
+    matched: Matched,
 }
 
 impl Connection {
@@ -201,7 +248,14 @@ impl RaftNetwork<TypeConfig> for Connection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
         let held_back = crate::limits::pack_entries(&mut rpc.entries);
         let last_sent = rpc.entries.last().map(|entry| entry.log_id);
-        match self.call(APPEND_PATH, &rpc, &option).await? {
+        let prev = rpc.prev_log_id;
+        let response = self.call(APPEND_PATH, &rpc, &option).await?;
+        if let (AppendEntriesResponse::Conflict, Some(prev)) = (&response, prev) {
+            if self.matched.covers(self.target, prev.index) {
+                return Err(reverted(self.target, prev.index));
+            }
+        }
+        match response {
             AppendEntriesResponse::Success if held_back > 0 => {
                 Ok(AppendEntriesResponse::PartialSuccess(last_sent))
             }
@@ -227,6 +281,26 @@ impl RaftNetwork<TypeConfig> for Connection {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
         self.call(VOTE_PATH, &rpc, &option).await
     }
+}
+
+/// The error for a follower that lost entries it acknowledged (see
+/// [`Matched`]), logged at most once per ten seconds.
+fn reverted(target: NodeId, index: u64) -> RPCError<NodeId, Node, RaftError<NodeId>> {
+    static LAST_LOGGED: AtomicU64 = AtomicU64::new(0);
+    let message = format!(
+        "node {target} no longer holds log entry {index}, which it acknowledged: its directory \
+         was put back from an older copy or damaged; it gets no more entries from this leader. \
+         Remove it from the cluster (/cluster/change-membership) and add it again \
+         (/cluster/add-learner)"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if now >= LAST_LOGGED.load(Ordering::Relaxed) + 10 {
+        LAST_LOGGED.store(now, Ordering::Relaxed);
+        tracing::warn!("{message}");
+    }
+    RPCError::Network(NetworkError::new(&std::io::Error::other(message)))
 }
 
 /// Decodes an RPC body with a byte limit and checks it

@@ -349,6 +349,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     )
     .await
     .map_err(|e| Error::Raft(e.to_string()))?;
+    peers.watch_metrics(raft.metrics());
     let raft = Arc::new(raft);
     // From now on the log store offers what it appends while this node
     // leads to the followers (see `crate::stage`).
