@@ -102,7 +102,9 @@ fn forward(forward: &ForwardToLeader<NodeId, Node>, scheme: &str, path: &str) ->
         }
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "this node is not the leader and no leader is known (election in progress?)",
+            "this node is not the leader and no leader is known: an election may be under way, \
+             the cluster may not be initialised yet (POST /cluster/init), or this node may not \
+             be a member of it (removed, or not yet added)",
         ),
     }
 }
