@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{free_port, Cluster};
+use common::{files_under, free_port, run_to_exit, Cluster};
 use serde_json::{json, Value};
 
 // 50 ms heartbeats: a 3 s write timeout bounds every answer below.
@@ -235,62 +235,25 @@ async fn a_directory_refuses_an_id_other_than_its_own() {
     let node = cluster.nodes.get_mut(&1).unwrap();
     node.kill();
     let dir = node.dir.clone();
-    let before: Vec<(std::path::PathBuf, Vec<u8>)> = walk(&dir);
+    let before = files_under(&dir);
 
-    let (status, log) = start_to_exit(&dir, 2);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "node",
+        "--id",
+        "2",
+        "--listen",
+        &listen,
+        "--dir",
+        dir.to_str().unwrap(),
+    ];
+    let (status, log) = run_to_exit(&args, &dir.with_extension("refused.log"));
     assert_eq!(status, Some(false), "{log}");
     assert!(log.contains("belongs to node 1"), "{log}");
     assert!(log.contains("--id 1"), "{log}");
     assert_eq!(
-        walk(&dir),
+        files_under(&dir),
         before,
         "the refused start changed the directory"
     );
-}
-
-/// Every file under `dir` with its bytes, sorted.
-fn walk(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(at) = pending.pop() {
-        for entry in std::fs::read_dir(&at).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                out.push((path.clone(), std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Runs `sediment-raft node --id {id}` on `dir` until it exits (at most
-/// 30 s, then it is killed): whether it succeeded (`None` if it had to be
-/// killed), and its stderr.
-fn start_to_exit(dir: &std::path::Path, id: u64) -> (Option<bool>, String) {
-    let log = dir.with_extension("refused.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["node", "--id", &id.to_string(), "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--dir")
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status.success());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
 }

@@ -7,55 +7,9 @@
 mod common;
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{run_node_to_exit, Cluster};
-
-/// Runs `sediment-raft node --id 1` with `args` until it exits (at most
-/// 30 s, then it is killed): whether it succeeded (`None` if it had to be
-/// killed), and its stderr.
-fn run(args: &[&str], log: &Path) -> (Option<bool>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["node", "--id", "1"])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status.success());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status, std::fs::read_to_string(log).unwrap_or_default())
-}
-
-/// Every file under `dir` with its bytes, sorted.
-fn walk(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(at) = pending.pop() {
-        for entry in std::fs::read_dir(&at).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                out.push((path.clone(), std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use common::{files_under, run_node_to_exit, run_to_exit, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_log_was_deleted_refuses_to_start_and_says_so() {
@@ -81,7 +35,7 @@ async fn a_node_whose_log_was_deleted_refuses_to_start_and_says_so() {
     let _ = child.wait_with_output();
     let dir = node.dir.clone();
     std::fs::remove_dir_all(dir.join("log")).unwrap();
-    let state_before = walk(&dir.join("state"));
+    let state_before = files_under(&dir.join("state"));
 
     for _ in 0..2 {
         let (status, log) = run_node_to_exit(&dir, &[]);
@@ -89,7 +43,7 @@ async fn a_node_whose_log_was_deleted_refuses_to_start_and_says_so() {
         assert!(log.contains("log/ was deleted or replaced"), "{log}");
         assert!(!log.contains("panicked"), "{log}");
     }
-    assert_eq!(walk(&dir.join("state")), state_before);
+    assert_eq!(files_under(&dir.join("state")), state_before);
 }
 
 #[test]
@@ -98,8 +52,16 @@ fn a_node_whose_port_is_taken_creates_nothing() {
     let addr = taken.local_addr().unwrap().to_string();
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("node");
-    let (status, log) = run(
-        &["--listen", &addr, "--dir", dir.to_str().unwrap()],
+    let (status, log) = run_to_exit(
+        &[
+            "node",
+            "--id",
+            "1",
+            "--listen",
+            &addr,
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
         &temp.path().join("node.log"),
     );
     assert_eq!(status, Some(false), "{log}");
@@ -111,8 +73,11 @@ fn a_node_whose_port_is_taken_creates_nothing() {
 fn a_heartbeat_of_zero_is_refused_clearly() {
     let temp = tempfile::tempdir().unwrap();
     let dir = temp.path().join("node");
-    let (status, log) = run(
+    let (status, log) = run_to_exit(
         &[
+            "node",
+            "--id",
+            "1",
             "--heartbeat-ms",
             "0",
             "--listen",

@@ -14,15 +14,31 @@ use serde_json::Value;
 /// exits (at most 30 s, then it is killed): whether it succeeded (`None`
 /// if it had to be killed), and its stderr.
 pub fn run_node_to_exit(dir: &Path, args: &[&str]) -> (Option<bool>, String) {
-    let log = dir.with_extension("run.log");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let dir_arg = dir.to_str().expect("a UTF-8 path");
+    let mut all = vec![
+        "node",
+        "--id",
+        "1",
+        "--heartbeat-ms",
+        "100",
+        "--listen",
+        &listen,
+        "--dir",
+        dir_arg,
+    ];
+    all.extend_from_slice(args);
+    run_to_exit(&all, &dir.with_extension("run.log"))
+}
+
+/// Runs `sediment-raft` with exactly `args` until it exits (at most 30 s,
+/// then it is killed), its stderr going to `log`: whether it succeeded
+/// (`None` if it had to be killed), and its stderr.
+pub fn run_to_exit(args: &[&str], log: &Path) -> (Option<bool>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["node", "--id", "1", "--heartbeat-ms", "100", "--listen"])
-        .arg(format!("127.0.0.1:{}", free_port()))
-        .arg("--dir")
-        .arg(dir)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -37,7 +53,25 @@ pub fn run_node_to_exit(dir: &Path, args: &[&str]) -> (Option<bool>, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
+    (status, std::fs::read_to_string(log).unwrap_or_default())
+}
+
+/// Every file under `dir` with its bytes, sorted by path.
+pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                out.push((path.clone(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// A plain-HTTP client that follows no redirects and gives up on a
