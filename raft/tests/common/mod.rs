@@ -84,10 +84,30 @@ pub fn plain_client(timeout: Duration) -> reqwest::Client {
         .expect("an HTTP client")
 }
 
-/// A free loopback port: bind port 0, read it, let it go.
+/// A free loopback port for a node. It lies below Linux's ephemeral range
+/// (32768 and up), so that no outgoing connection of the tests or the
+/// nodes takes it between this check and the node's bind, and no port is
+/// handed out twice in one test process (tests run their clusters side by
+/// side): a port given to one cluster's node could otherwise reach another
+/// cluster's, which a node now refuses to join.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding port 0");
-    listener.local_addr().expect("a local address").port()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        u64::from(std::process::id()).wrapping_mul(7919) ^ u64::from(now)
+    });
+    for _ in 0..12_000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + ((seed + n) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000");
 }
 
 #[allow(unused_imports)]
@@ -371,11 +391,9 @@ impl Cluster {
             .send()
             .await
             .expect("init answered");
-        assert!(
-            response.status().is_success(),
-            "init: {}",
-            response.status()
-        );
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "init: {status} {body}");
     }
 
     /// The leader that a running node other than `excluding` reports.
