@@ -22,8 +22,10 @@
 //!
 //! A node starts only with the `--id` its directory records. A directory
 //! written before identities were recorded holds data but no `identity`
-//! file: such a node takes the cluster id of the first RPC that names one,
-//! and a peer that sends no cluster id is answered as before.
+//! file: such a node answers RPCs from any cluster as before, and records
+//! none (taking one from an RPC would let a single forged request cut it
+//! off from its cluster for good); a peer that sends no cluster id is
+//! answered as before too.
 //!
 //! A node put back from an older copy of its own directory keeps its
 //! identity; the leader fences it off instead (see [`crate::network`]).
@@ -238,8 +240,7 @@ impl Identity {
         let cluster = match known {
             Some(cluster) => cluster,
             // A node that holds data but records no cluster was written by
-            // an older version: openraft refuses to initialise it again,
-            // and the id is left to the first RPC that names one.
+            // an older version: openraft refuses to initialise it again.
             None if holds_data => return ClusterId::random(),
             None => ClusterId::random()?,
         };
@@ -296,57 +297,53 @@ impl Identity {
     /// Checks a Raft RPC's headers (`cluster`, `target`) against this
     /// node; `holds_data` says whether the node holds any log entry or
     /// snapshot. A node written by an older version (data, no recorded
-    /// cluster) takes the RPC's cluster as its own.
+    /// cluster) admits RPCs from any cluster.
     ///
     /// # Errors
     ///
-    /// `Ok(Err(refusal))` when the RPC must be refused; `Err` when the
-    /// adopted cluster could not be recorded.
+    /// The refusal, when the RPC must be refused.
     pub fn admit(
         &self,
         cluster: Option<&str>,
         target: Option<&str>,
         holds_data: bool,
-    ) -> Result<std::result::Result<(), Refusal>> {
+    ) -> std::result::Result<(), Refusal> {
         if let Some(target) = target {
             let for_us = target.trim().parse::<NodeId>().ok() == Some(self.node);
             if !for_us {
-                return Ok(Err(Refusal(format!(
+                return Err(Refusal(format!(
                     "this is node {}, not node {}: the cluster's address for node {} reaches \
                      another node",
                     self.node,
                     target.trim(),
                     target.trim()
-                ))));
+                )));
             }
         }
         let Some(cluster) = cluster else {
             // A peer that names no cluster: one of an older version, or of
             // a cluster initialised before identities were recorded.
-            return Ok(Ok(()));
+            return Ok(());
         };
         let Some(cluster) = ClusterId::parse(cluster) else {
-            return Ok(Err(Refusal(format!(
+            return Err(Refusal(format!(
                 "the {CLUSTER_HEADER} header is not 32 hex digits"
-            ))));
+            )));
         };
         match self.cluster() {
-            Some(own) if own == cluster => Ok(Ok(())),
-            Some(own) => Ok(Err(Refusal(format!(
+            Some(own) if own == cluster => Ok(()),
+            Some(own) => Err(Refusal(format!(
                 "node {} belongs to cluster {own}, not to cluster {cluster}: it was started on \
                  another cluster's directory, or at an address of that cluster",
                 self.node
-            )))),
-            None if holds_data => {
-                self.record(cluster)?;
-                Ok(Ok(()))
-            }
-            None => Ok(Err(Refusal(format!(
+            ))),
+            None if holds_data => Ok(()),
+            None => Err(Refusal(format!(
                 "node {} holds no data and was never joined to cluster {cluster}: if its data \
                  was lost, remove node {} from the cluster (/cluster/change-membership) and add \
                  it again (/cluster/add-learner)",
                 self.node, self.node
-            )))),
+            ))),
         }
     }
 }
@@ -523,41 +520,35 @@ mod tests {
         let identity = load(&fs, None, 1).unwrap();
         let other = ClusterId::random().unwrap().to_string();
         // Fresh and never joined: refused, and nothing recorded.
-        let refusal = identity
-            .admit(Some(&other), Some("1"), false)
-            .unwrap()
-            .unwrap_err();
+        let refusal = identity.admit(Some(&other), Some("1"), false).unwrap_err();
         assert!(refusal.0.contains("never joined"), "{refusal}");
         assert_eq!(identity.cluster(), None);
         // No cluster named (an older peer): admitted.
-        assert!(identity.admit(None, Some("1"), false).unwrap().is_ok());
+        assert!(identity.admit(None, Some("1"), false).is_ok());
         // Another node's id: refused.
-        let refusal = identity.admit(None, Some("2"), false).unwrap().unwrap_err();
+        let refusal = identity.admit(None, Some("2"), false).unwrap_err();
         assert!(refusal.0.contains("not node 2"), "{refusal}");
 
         let own = identity.for_init(false).unwrap().to_string();
-        assert!(identity.admit(Some(&own), Some("1"), true).unwrap().is_ok());
-        let refusal = identity
-            .admit(Some(&other), Some("1"), true)
-            .unwrap()
-            .unwrap_err();
+        assert!(identity.admit(Some(&own), Some("1"), true).is_ok());
+        let refusal = identity.admit(Some(&other), Some("1"), true).unwrap_err();
         assert!(refusal.0.contains("belongs to cluster"), "{refusal}");
-        assert!(identity
-            .admit(Some("xyz"), Some("1"), true)
-            .unwrap()
-            .is_err());
+        assert!(identity.admit(Some("xyz"), Some("1"), true).is_err());
     }
 
     #[test]
-    fn a_node_with_data_from_an_older_version_adopts_the_first_cluster_named() {
+    fn a_node_with_data_from_an_older_version_admits_any_cluster_and_records_none() {
         let fs = Arc::new(MemoryFileSystem::new());
         let identity = load(&fs, None, 1).unwrap();
-        let cluster = ClusterId::random().unwrap();
-        assert!(identity
-            .admit(Some(&cluster.to_string()), Some("1"), true)
-            .unwrap()
-            .is_ok());
-        assert_eq!(load(&fs, None, 1).unwrap().cluster(), Some(cluster));
+        for _ in 0..2 {
+            let cluster = ClusterId::random().unwrap();
+            assert!(identity
+                .admit(Some(&cluster.to_string()), Some("1"), true)
+                .is_ok());
+        }
+        assert_eq!(identity.cluster(), None);
+        assert_eq!(load(&fs, None, 1).unwrap().cluster(), None);
+        assert!(!fs.exists(&Path::new("/node").join(IDENTITY_FILE)).unwrap());
     }
 
     #[test]

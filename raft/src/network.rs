@@ -333,7 +333,7 @@ pub(crate) fn holds_data(raft: &Raft) -> bool {
 }
 
 /// Checks an RPC's identity headers ([`crate::identity`]): `None` if it
-/// may go on, else the 409 (or 500) that refuses it. A refusal is logged
+/// may go on, else the 409 that refuses it. A refusal is logged
 /// (at most once per ten seconds): the operator of this node sees why
 /// the cluster's traffic is turned away.
 fn admit(rpc: &Rpc, headers: &HeaderMap) -> Option<Response> {
@@ -343,8 +343,8 @@ fn admit(rpc: &Rpc, headers: &HeaderMap) -> Option<Response> {
         header(TARGET_HEADER),
         holds_data(&rpc.raft),
     ) {
-        Ok(Ok(())) => None,
-        Ok(Err(refusal)) => {
+        Ok(()) => None,
+        Err(refusal) => {
             static LAST_LOGGED: AtomicU64 = AtomicU64::new(0);
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -355,7 +355,6 @@ fn admit(rpc: &Rpc, headers: &HeaderMap) -> Option<Response> {
             }
             Some((StatusCode::CONFLICT, refusal.0).into_response())
         }
-        Err(error) => Some((StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()),
     }
 }
 
