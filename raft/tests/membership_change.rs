@@ -11,41 +11,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{free_port, Cluster};
-use serde_json::{json, Value};
+use common::{free_port, post_json, put_v, Cluster};
+use serde_json::json;
 
 // 50 ms heartbeats: a 3 s write timeout bounds every answer below.
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
-
-fn client() -> reqwest::Client {
-    common::plain_client(Duration::from_secs(30))
-}
-
-async fn post(url: String, body: Value) -> (u16, Value) {
-    let response = client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .expect("the endpoint answers within the client's timeout");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-async fn voters(cluster: &Cluster, id: u64) -> BTreeSet<u64> {
-    let m = cluster.metrics(id).await.expect("metrics");
-    serde_json::from_value(m["membership"]["voters"].clone()).unwrap()
-}
-
-async fn put(cluster: &Cluster, leader: u64, key: &str) -> u16 {
-    client()
-        .put(cluster.nodes[&leader].url(&format!("/kv/{key}")))
-        .body("v")
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_learner_cannot_become_a_voter_and_the_way_back_works() {
@@ -53,13 +23,14 @@ async fn an_unreachable_learner_cannot_become_a_voter_and_the_way_back_works() {
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.init().await;
     let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
-    assert_eq!(put(&cluster, leader, "before").await, 200);
+    assert_eq!(put_v(cluster.nodes[&leader].url("/kv/before")).await, 200);
     let url = |path: &str| cluster.nodes[&leader].url(path);
 
     // Nothing listens there.
     let dead = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
-    let (status, body) = post(url("/cluster/add-learner"), json!({"id": 4, "addr": dead})).await;
+    let (status, body) =
+        post_json(url("/cluster/add-learner"), json!({"id": 4, "addr": dead})).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["caught_up"], false, "{body}");
     println!("add-learner answered in {:?}", started.elapsed());
@@ -67,7 +38,7 @@ async fn an_unreachable_learner_cannot_become_a_voter_and_the_way_back_works() {
     // Replacing two voters with the unreachable node: the joint config
     // would need node 4's vote to commit.
     let started = Instant::now();
-    let (status, body) = post(
+    let (status, body) = post_json(
         url("/cluster/change-membership"),
         json!({"members": [leader, 4]}),
     )
@@ -77,22 +48,22 @@ async fn an_unreachable_learner_cannot_become_a_voter_and_the_way_back_works() {
     assert!(message.contains("node 4"), "{body}");
     println!("change-membership answered in {:?}", started.elapsed());
     // Adding it next to the three voters is refused the same way.
-    let (status, body) = post(
+    let (status, body) = post_json(
         url("/cluster/change-membership"),
         json!({"members": [1, 2, 3, 4]}),
     )
     .await;
     assert_eq!(status, 409, "{body}");
-    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2, 3]));
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
 
     // The way back.
-    let (status, body) = post(
+    let (status, body) = post_json(
         url("/cluster/change-membership"),
         json!({"members": [1, 2, 3]}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(put(&cluster, leader, "after").await, 200);
+    assert_eq!(put_v(cluster.nodes[&leader].url("/kv/after")).await, 200);
     cluster.wait_caught_up(Duration::from_secs(20)).await;
     for id in [1, 2, 3] {
         assert_eq!(
@@ -105,21 +76,21 @@ async fn an_unreachable_learner_cannot_become_a_voter_and_the_way_back_works() {
     cluster.add_node(5, ARGS);
     cluster.wait_up(&[5]).await;
     let url = |path: &str| cluster.nodes[&leader].url(path);
-    let (status, body) = post(
+    let (status, body) = post_json(
         url("/cluster/add-learner"),
         json!({"id": 5, "addr": cluster.nodes[&5].addr}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["caught_up"], true, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url("/cluster/change-membership"),
         json!({"members": [1, 2, 3, 5]}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2, 3, 5]));
-    assert_eq!(put(&cluster, leader, "last").await, 200);
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3, 5]));
+    assert_eq!(put_v(cluster.nodes[&leader].url("/kv/last")).await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +102,7 @@ async fn change_membership_checks_the_addresses_it_is_given() {
     let url = cluster.nodes[&leader].url("/cluster/change-membership");
     let addrs = cluster.addrs();
 
-    let (status, body) = post(url.clone(), json!({"members": {"1": "not-an-addr"}})).await;
+    let (status, body) = post_json(url.clone(), json!({"members": {"1": "not-an-addr"}})).await;
     assert_eq!(status, 400, "{body}");
     assert!(
         body["error"]
@@ -140,13 +111,13 @@ async fn change_membership_checks_the_addresses_it_is_given() {
         "{body}"
     );
     let elsewhere = format!("127.0.0.1:{}", free_port());
-    let (status, body) = post(
+    let (status, body) = post_json(
         url.clone(),
         json!({"members": {"1": elsewhere, "2": addrs[&2]}}),
     )
     .await;
     assert_eq!(status, 409, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url.clone(),
         json!({"members": {"1": addrs[&1], "7": addrs[&2]}}),
     )
@@ -158,11 +129,11 @@ async fn change_membership_checks_the_addresses_it_is_given() {
             .is_some_and(|e| e.contains("add-learner")),
         "{body}"
     );
-    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2]));
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2]));
 
     // The known addresses are accepted.
-    let (status, body) = post(url, json!({"members": {"1": addrs[&1], "2": addrs[&2]}})).await;
+    let (status, body) = post_json(url, json!({"members": {"1": addrs[&1], "2": addrs[&2]}})).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2]));
-    assert_eq!(put(&cluster, leader, "still").await, 200);
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2]));
+    assert_eq!(put_v(cluster.nodes[&leader].url("/kv/still")).await, 200);
 }

@@ -11,49 +11,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{files_under, free_port, run_to_exit, Cluster};
-use serde_json::{json, Value};
+use common::{files_under, free_port, post_json, put_v, run_to_exit, Cluster};
+use serde_json::json;
 
 // 50 ms heartbeats: a 3 s write timeout bounds every answer below.
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
-
-fn client() -> reqwest::Client {
-    common::plain_client(Duration::from_secs(30))
-}
-
-async fn post(url: String, body: Value) -> (u16, Value) {
-    let response = client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .expect("the endpoint answers within the client's timeout");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-async fn put(url: String) -> u16 {
-    client()
-        .put(url)
-        .body("v")
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-}
-
-async fn voters(cluster: &Cluster, id: u64) -> BTreeSet<u64> {
-    let m = cluster.metrics(id).await.expect("metrics");
-    serde_json::from_value(m["membership"]["voters"].clone()).unwrap()
-}
-
-/// Whether node `id`'s process is still running.
-fn running(cluster: &mut Cluster, id: u64) -> bool {
-    let node = cluster.nodes.get_mut(&id).unwrap();
-    node.child
-        .as_mut()
-        .is_some_and(|child| child.try_wait().unwrap().is_none())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
@@ -63,7 +25,7 @@ async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
     let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
     let url = |cluster: &Cluster, path: &str| cluster.nodes[&leader].url(path);
     for i in 0..20 {
-        assert_eq!(put(url(&cluster, &format!("/kv/before-{i}"))).await, 200);
+        assert_eq!(put_v(url(&cluster, &format!("/kv/before-{i}"))).await, 200);
     }
     cluster.wait_caught_up(Duration::from_secs(20)).await;
 
@@ -81,10 +43,13 @@ async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
     let until = Instant::now() + Duration::from_secs(3);
     let mut i = 0;
     while Instant::now() < until {
-        assert_eq!(put(url(&cluster, &format!("/kv/during-{i}"))).await, 200);
+        assert_eq!(put_v(url(&cluster, &format!("/kv/during-{i}"))).await, 200);
         i += 1;
     }
-    assert!(running(&mut cluster, leader), "the leader exited");
+    assert!(
+        cluster.nodes.get_mut(&leader).unwrap().is_running(),
+        "the leader exited"
+    );
     assert_eq!(
         cluster.wait_for_leader(None, Duration::from_secs(5)).await,
         leader
@@ -98,27 +63,27 @@ async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
 
     // Removed and added again, it is joined afresh and catches up.
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&n| n != wiped).collect();
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/change-membership"),
         json!({ "members": others }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/add-learner"),
         json!({"id": wiped, "addr": cluster.nodes[&wiped].addr}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["caught_up"], true, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/change-membership"),
         json!({"members": [1, 2, 3]}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(voters(&cluster, leader).await, BTreeSet::from([1, 2, 3]));
-    assert_eq!(put(url(&cluster, "/kv/after")).await, 200);
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
+    assert_eq!(put_v(url(&cluster, "/kv/after")).await, 200);
     cluster.wait_caught_up(Duration::from_secs(20)).await;
     for key in ["before-0", "before-19", "during-0", "after"] {
         assert_eq!(
@@ -127,7 +92,10 @@ async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
             "{key}"
         );
     }
-    assert!(running(&mut cluster, leader), "the leader exited");
+    assert!(
+        cluster.nodes.get_mut(&leader).unwrap().is_running(),
+        "the leader exited"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +105,7 @@ async fn a_node_on_another_clusters_directory_gets_none_of_the_clusters_writes()
     other.wait_up(&[1]).await;
     other.init().await;
     other.wait_for_leader(None, Duration::from_secs(20)).await;
-    assert_eq!(put(other.nodes[&1].url("/kv/theirs")).await, 200);
+    assert_eq!(put_v(other.nodes[&1].url("/kv/theirs")).await, 200);
     other.nodes.get_mut(&1).unwrap().kill();
 
     let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
@@ -159,7 +127,7 @@ async fn a_node_on_another_clusters_directory_gets_none_of_the_clusters_writes()
     let mut i = 0;
     while Instant::now() < until {
         assert_eq!(
-            put(cluster.nodes[&leader].url(&format!("/kv/ours-{i}"))).await,
+            put_v(cluster.nodes[&leader].url(&format!("/kv/ours-{i}"))).await,
             200
         );
         i += 1;
@@ -187,7 +155,7 @@ async fn a_node_holding_another_clusters_data_is_not_added_as_a_learner() {
     // Each initialised as a cluster of its own.
     for id in [1, 2] {
         let addr = cluster.nodes[&id].addr.clone();
-        let (status, body) = post(
+        let (status, body) = post_json(
             cluster.nodes[&id].url("/cluster/init"),
             json!({ "members": { id.to_string(): addr } }),
         )
@@ -195,7 +163,7 @@ async fn a_node_holding_another_clusters_data_is_not_added_as_a_learner() {
         assert_eq!(status, 200, "{body}");
     }
     let until = Instant::now() + Duration::from_secs(20);
-    while put(cluster.nodes[&2].url("/kv/second")).await != 200 {
+    while put_v(cluster.nodes[&2].url("/kv/second")).await != 200 {
         assert!(Instant::now() < until, "node 2 never took a write");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -203,7 +171,7 @@ async fn a_node_holding_another_clusters_data_is_not_added_as_a_learner() {
         .wait_for_leader(Some(2), Duration::from_secs(20))
         .await;
 
-    let (status, body) = post(
+    let (status, body) = post_json(
         cluster.nodes[&1].url("/cluster/add-learner"),
         json!({"id": 2, "addr": cluster.nodes[&2].addr}),
     )
@@ -211,14 +179,18 @@ async fn a_node_holding_another_clusters_data_is_not_added_as_a_learner() {
     assert_eq!(status, 409, "{body}");
     let message = body["error"].as_str().unwrap_or_default();
     assert!(message.contains("empty directory"), "{body}");
-    assert_eq!(voters(&cluster, 1).await, BTreeSet::from([1]));
+    assert_eq!(cluster.voters(1).await, BTreeSet::from([1]));
     let m = cluster.metrics(1).await.expect("metrics");
     assert_eq!(m["membership"]["learners"], json!([]), "{m}");
 
     // Both go on as they were.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(running(&mut cluster, 2), "{}", cluster.nodes[&2].log());
-    assert_eq!(put(cluster.nodes[&1].url("/kv/first")).await, 200);
+    assert!(
+        cluster.nodes.get_mut(&2).unwrap().is_running(),
+        "{}",
+        cluster.nodes[&2].log()
+    );
+    assert_eq!(put_v(cluster.nodes[&1].url("/kv/first")).await, 200);
     assert_eq!(
         cluster.local_get(2, "second").await.as_deref(),
         Some(&b"v"[..])
@@ -231,7 +203,7 @@ async fn a_directory_refuses_an_id_other_than_its_own() {
     cluster.wait_up(&[1]).await;
     cluster.init().await;
     cluster.wait_for_leader(None, Duration::from_secs(20)).await;
-    assert_eq!(put(cluster.nodes[&1].url("/kv/k")).await, 200);
+    assert_eq!(put_v(cluster.nodes[&1].url("/kv/k")).await, 200);
     let node = cluster.nodes.get_mut(&1).unwrap();
     node.kill();
     let dir = node.dir.clone();

@@ -27,12 +27,7 @@ async fn a_node_whose_log_was_deleted_refuses_to_start_and_says_so() {
     assert_eq!(response.status(), 200);
     // A clean stop, so that the state machine has applied the write.
     let node = cluster.nodes.get_mut(&1).unwrap();
-    let child = node.child.take().unwrap();
-    std::process::Command::new("kill")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    let _ = child.wait_with_output();
+    node.stop();
     let dir = node.dir.clone();
     std::fs::remove_dir_all(dir.join("log")).unwrap();
     let state_before = files_under(&dir.join("state"));

@@ -11,36 +11,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::Cluster;
-use serde_json::{json, Value};
+use common::{post_json, put_v, Cluster};
+use serde_json::json;
 
 // 50 ms heartbeats: a 3 s write timeout bounds every answer below.
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
-
-fn client() -> reqwest::Client {
-    common::plain_client(Duration::from_secs(30))
-}
-
-async fn post(url: String, body: Value) -> (u16, Value) {
-    let response = client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .expect("the endpoint answers within the client's timeout");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-async fn put(url: String) -> u16 {
-    client()
-        .put(url)
-        .body("v")
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-}
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -55,17 +30,6 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Stops node `id` with SIGTERM and waits for it to exit.
-fn stop(cluster: &mut Cluster, id: u64) {
-    let node = cluster.nodes.get_mut(&id).unwrap();
-    let child = node.child.take().unwrap();
-    std::process::Command::new("kill")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    let _ = child.wait_with_output();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again() {
     let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
@@ -74,20 +38,20 @@ async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again(
     let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
     let url = |cluster: &Cluster, path: &str| cluster.nodes[&leader].url(path);
     for i in 0..10 {
-        assert_eq!(put(url(&cluster, &format!("/kv/old-{i}"))).await, 200);
+        assert_eq!(put_v(url(&cluster, &format!("/kv/old-{i}"))).await, 200);
     }
     cluster.wait_caught_up(Duration::from_secs(20)).await;
 
     // A copy of a follower's directory, taken while it is stopped.
     let follower = cluster.followers(leader)[0];
-    stop(&mut cluster, follower);
+    cluster.nodes.get_mut(&follower).unwrap().stop();
     let dir = cluster.nodes[&follower].dir.clone();
     let backup = dir.with_extension("backup");
     copy_dir(&dir, &backup);
     cluster.nodes.get_mut(&follower).unwrap().start();
     cluster.wait_up(&[follower]).await;
     for i in 0..30 {
-        assert_eq!(put(url(&cluster, &format!("/kv/new-{i}"))).await, 200);
+        assert_eq!(put_v(url(&cluster, &format!("/kv/new-{i}"))).await, 200);
     }
     cluster.wait_caught_up(Duration::from_secs(20)).await;
     assert_eq!(
@@ -96,7 +60,7 @@ async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again(
     );
 
     // The copy is put back.
-    stop(&mut cluster, follower);
+    cluster.nodes.get_mut(&follower).unwrap().stop();
     std::fs::remove_dir_all(&dir).unwrap();
     copy_dir(&backup, &dir);
     cluster.nodes.get_mut(&follower).unwrap().start();
@@ -105,7 +69,7 @@ async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again(
     let until = Instant::now() + Duration::from_secs(3);
     let mut i = 0;
     while Instant::now() < until {
-        assert_eq!(put(url(&cluster, &format!("/kv/during-{i}"))).await, 200);
+        assert_eq!(put_v(url(&cluster, &format!("/kv/during-{i}"))).await, 200);
         i += 1;
     }
     let node = cluster.nodes.get_mut(&leader).unwrap();
@@ -124,19 +88,19 @@ async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again(
 
     // Removed and added again, it catches up.
     let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&n| n != follower).collect();
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/change-membership"),
         json!({ "members": others }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/add-learner"),
         json!({"id": follower, "addr": cluster.nodes[&follower].addr}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = post(
+    let (status, body) = post_json(
         url(&cluster, "/cluster/change-membership"),
         json!({"members": [1, 2, 3]}),
     )

@@ -74,6 +74,31 @@ pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
+/// POSTs `body` as JSON to `url` (a client that waits up to 30 s, for
+/// calls bounded by a node's write timeout): the status and the JSON body
+/// (`Null` if it is not JSON).
+pub async fn post_json(url: String, body: Value) -> (u16, Value) {
+    let response = plain_client(Duration::from_secs(30))
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("the endpoint answers within the client's timeout");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// PUTs the value `v` at `url`: the status (0 if no answer came).
+pub async fn put_v(url: String) -> u16 {
+    plain_client(Duration::from_secs(30))
+        .put(url)
+        .body("v")
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
 /// A plain-HTTP client that follows no redirects and gives up on a
 /// request after `timeout`.
 pub fn plain_client(timeout: Duration) -> reqwest::Client {
@@ -256,6 +281,24 @@ impl NodeProcess {
         self.child = Some(child);
     }
 
+    /// SIGTERM, then waits for the process to exit: a clean stop.
+    pub fn stop(&mut self) {
+        if let Some(child) = self.child.take() {
+            Command::new("kill")
+                .arg(child.id().to_string())
+                .status()
+                .expect("running kill");
+            let _ = child.wait_with_output();
+        }
+    }
+
+    /// Whether the node's process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
     /// SIGKILL: no shutdown, no flush.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -352,6 +395,12 @@ impl Cluster {
         };
         node.start();
         self.nodes.insert(id, node);
+    }
+
+    /// The voters node `id`'s metrics report.
+    pub async fn voters(&self, id: u64) -> std::collections::BTreeSet<u64> {
+        let m = self.metrics(id).await.expect("metrics");
+        serde_json::from_value(m["membership"]["voters"].clone()).unwrap()
     }
 
     pub async fn metrics(&self, id: u64) -> Option<Value> {
