@@ -11,7 +11,7 @@ use crate::format::HEADER_SIZE;
 use crate::log::{weak, Inner};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
-use crate::segment::{FileName, Segment};
+use crate::segment::{FileName, Segment, SyncHandles};
 use crate::segments::{Checkpointable, Spare};
 use crate::tuning::{IDLE_WAIT, MAX_BACKOFF, MIN_SYNC_INTERVAL};
 use crate::{EntryId, WriteAheadLog};
@@ -418,10 +418,15 @@ fn recycle_finished(inner: &Inner) {
             // that size once it is idle (`trim_when_idle`).
             let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
             let grown = file.len().is_ok_and(|len| len > preallocated);
-            inner
-                .lock_state()
-                .segments
-                .add_spare(Spare { file, path, grown });
+            // Handles of its own, opened now: the segment's may still be
+            // lent to a sync pass that started before it was retired.
+            let sync_handles = SyncHandles::open(&*file);
+            inner.lock_state().segments.add_spare(Spare {
+                file,
+                sync_handles,
+                path,
+                grown,
+            });
         } else if let Err(err) = inner.fs().remove_file(&path) {
             inner.lock_state().checkpoints.error = Some(ErrorRecord {
                 kind: err.kind(),

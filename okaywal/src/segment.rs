@@ -5,13 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use std::io;
 
 use crate::format::{RecordHeader, RecordKind};
 use crate::fs::{FileHandle, FileSystem};
 use crate::sealed::Layout;
+use crate::tuning::SYNC_HANDLES;
 
 /// A segment file while it is live (active, sealed or being checkpointed).
 ///
@@ -39,6 +40,12 @@ pub(crate) struct Segment {
     marked_to: AtomicU64,
     /// The directory entry naming this file is durable.
     name_durable: AtomicBool,
+    /// The data syncs of this file that are running, and how far the
+    /// completed ones reached: a sync pass whose bytes a running sync
+    /// covers waits for it instead of starting another.
+    data_syncs: DataSyncs,
+    /// Handles of the file's own that syncs use one at a time.
+    sync_handles: SyncHandles,
     /// Whether this segment owes an end mark (FORMAT.md, "End marks"):
     /// the next segment started while entries were still open here, so its
     /// header could not record where this one ends. The lock is held for
@@ -55,9 +62,11 @@ impl Segment {
     /// A segment whose bytes below `durable_to` are durable. With a
     /// `pending_name` the file still has that (spare) name, and its real
     /// one becomes durable at its first sync pass.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u64,
         file: Arc<dyn FileHandle>,
+        sync_handles: SyncHandles,
         path: PathBuf,
         pending_name: Option<PathBuf>,
         durable_to: u64,
@@ -72,6 +81,8 @@ impl Segment {
             pending_name: Mutex::new(pending_name),
             synced_to: durable_to.into(),
             marked_to: durable_to.into(),
+            data_syncs: DataSyncs::default(),
+            sync_handles,
             end_mark: Mutex::new(EndMark::NotDue),
             version_info,
             layout,
@@ -133,6 +144,52 @@ impl Segment {
         if let Some(complete) = complete {
             self.marked_to.fetch_max(complete, Ordering::AcqRel);
         }
+    }
+
+    /// Makes every record below `written` and every byte below `complete`
+    /// durable (all of them are in the file): runs `sync` (the file's
+    /// `fdatasync`, through the log's ledger), unless a data sync that
+    /// started after those bytes were written is running, in which case
+    /// it waits for that one and takes its outcome. When the segment
+    /// closes, every sync pass of its last writers needs the whole file
+    /// synced; one sync serves them all instead of one each.
+    ///
+    /// `sync` gets a handle of the file's own that no other sync uses
+    /// meanwhile, if one is free (see [`SyncHandles`]), or `None`: then
+    /// it syncs through [`Segment::file`], which other syncs share.
+    ///
+    /// A sync that fails leaves nothing covered: its waiters then run
+    /// their own `sync`, which fails too once the log has failed.
+    pub fn sync_data_through(
+        &self,
+        written: u64,
+        complete: u64,
+        sync: impl FnOnce(Option<&dyn FileHandle>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let ticket = {
+            let mut syncs = self.data_syncs.state.lock();
+            loop {
+                if syncs.reached(written, complete) {
+                    return Ok(());
+                }
+                let Some(covering) = syncs.covering(written, complete) else {
+                    break;
+                };
+                while syncs.is_running(covering) {
+                    self.data_syncs.ended.wait(&mut syncs);
+                }
+            }
+            syncs.start(written, complete)
+        };
+        let handle = self.sync_handles.take();
+        let result = sync(handle.as_deref());
+        if let Some(handle) = handle {
+            self.sync_handles.give_back(handle);
+        }
+        let mut syncs = self.data_syncs.state.lock();
+        syncs.end(ticket, result.is_ok());
+        self.data_syncs.ended.notify_all();
+        result
     }
 
     /// Gives the file its real name if it still has its spare one (the
@@ -209,6 +266,109 @@ impl Segment {
     /// durability the log makes.
     pub fn is_durable_to(&self, end: u64) -> bool {
         self.synced_to() >= end && self.name_is_durable()
+    }
+}
+
+/// Handles on one segment file, each an open file description of its
+/// own (see [`FileHandle::sync_handle`]), lent to one sync at a
+/// time: a sync through one of them learns of every failed write-back
+/// since its handle's last sync by itself, so it need not wait for the
+/// syncs it overlapped (`SyncLedger::run_alone`).
+#[derive(Debug, Default)]
+pub(crate) struct SyncHandles {
+    free: Mutex<Vec<Arc<dyn FileHandle>>>,
+}
+
+impl SyncHandles {
+    /// Opens up to [`SYNC_HANDLES`] handles on `file`, as many as the
+    /// file system gives. They must be opened before any sync through the
+    /// log could have seen a failure they would then miss: when the file
+    /// is created or recycled, or the log opens it.
+    pub fn open(file: &dyn FileHandle) -> Self {
+        let mut free = Vec::new();
+        while free.len() < SYNC_HANDLES {
+            match file.sync_handle() {
+                Ok(Some(handle)) => free.push(handle),
+                // Fewer handles only mean more syncs through the shared one.
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Self {
+            free: Mutex::new(free),
+        }
+    }
+
+    /// No handles: every sync goes through the shared one.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    fn take(&self) -> Option<Arc<dyn FileHandle>> {
+        self.free.lock().pop()
+    }
+
+    fn give_back(&self, handle: Arc<dyn FileHandle>) {
+        self.free.lock().push(handle);
+    }
+}
+
+/// The data syncs of one segment file that are running, and how far the
+/// ones that succeeded reached.
+#[derive(Debug, Default)]
+struct DataSyncs {
+    state: Mutex<RunningSyncs>,
+    /// Signalled when a running sync ends.
+    ended: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct RunningSyncs {
+    /// The ticket of the next sync to start.
+    next: u64,
+    /// The syncs running: ticket, records covered, bytes covered.
+    running: Vec<(u64, u64, u64)>,
+    /// Every record below this offset was covered by a sync that succeeded.
+    written: u64,
+    /// Every byte below this offset was covered by a sync that succeeded.
+    complete: u64,
+}
+
+impl RunningSyncs {
+    /// A sync that succeeded covered `written` and `complete`.
+    fn reached(&self, written: u64, complete: u64) -> bool {
+        self.written >= written && self.complete >= complete
+    }
+
+    /// A running sync that covers `written` and `complete`.
+    fn covering(&self, written: u64, complete: u64) -> Option<u64> {
+        self.running
+            .iter()
+            .find(|(_, w, c)| *w >= written && *c >= complete)
+            .map(|(ticket, _, _)| *ticket)
+    }
+
+    fn is_running(&self, ticket: u64) -> bool {
+        self.running.iter().any(|(t, _, _)| *t == ticket)
+    }
+
+    /// A sync covering `written` and `complete` starts; returns its ticket.
+    fn start(&mut self, written: u64, complete: u64) -> u64 {
+        let ticket = self.next;
+        self.next += 1;
+        self.running.push((ticket, written, complete));
+        ticket
+    }
+
+    /// The sync with `ticket` ended; if it `succeeded`, what it covered is
+    /// durable.
+    fn end(&mut self, ticket: u64, succeeded: bool) {
+        if let Some(at) = self.running.iter().position(|(t, _, _)| *t == ticket) {
+            let (_, written, complete) = self.running.swap_remove(at);
+            if succeeded {
+                self.written = self.written.max(written);
+                self.complete = self.complete.max(complete);
+            }
+        }
     }
 }
 
@@ -293,5 +453,173 @@ mod tests {
         ] {
             assert_eq!(FileName::parse(junk), None, "{junk}");
         }
+    }
+
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use crate::fs::{MemoryFileSystem, OpenMode};
+
+    fn segment() -> Segment {
+        let fs = MemoryFileSystem::new();
+        fs.create_dir_all(Path::new("/")).expect("root");
+        let file = fs
+            .open(Path::new("/wal-1"), OpenMode::CreateNew)
+            .expect("memory file");
+        Segment::new(
+            1,
+            file,
+            SyncHandles::none(),
+            PathBuf::from("/wal-1"),
+            None,
+            0,
+            Arc::default(),
+            Layout::Plain,
+        )
+    }
+
+    /// Starts a sync of `segment` through `written`/`complete` on a thread
+    /// of `scope` that blocks until `release` is sent its outcome.
+    fn blocked_sync<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        segment: &'scope Segment,
+        (written, complete): (u64, u64),
+    ) -> (
+        mpsc::Sender<io::Result<()>>,
+        std::thread::ScopedJoinHandle<'scope, io::Result<()>>,
+    ) {
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, released) = mpsc::channel::<io::Result<()>>();
+        let first = scope.spawn(move || {
+            segment.sync_data_through(written, complete, |_| {
+                entered.send(()).unwrap();
+                released.recv().unwrap()
+            })
+        });
+        wait_entered.recv().unwrap();
+        (release, first)
+    }
+
+    #[test]
+    fn a_sync_pass_covered_by_a_running_sync_waits_for_it_instead_of_syncing() {
+        let segment = segment();
+        let own_syncs = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let (release, first) = blocked_sync(s, &segment, (100, 200));
+            let covered = s.spawn(|| {
+                segment.sync_data_through(90, 200, |_| {
+                    own_syncs.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                })
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!covered.is_finished(), "waits for the running sync");
+            release.send(Ok(())).unwrap();
+            first.join().unwrap().unwrap();
+            covered.join().unwrap().unwrap();
+        });
+        assert_eq!(own_syncs.load(Ordering::SeqCst), 0, "no sync of its own");
+        // What the finished sync covered needs no sync any more; more does.
+        segment
+            .sync_data_through(100, 200, |_| panic!("covered already"))
+            .unwrap();
+        segment
+            .sync_data_through(100, 201, |_| {
+                own_syncs.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(own_syncs.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_sync_pass_reaching_past_a_running_sync_runs_its_own_at_once() {
+        let segment = segment();
+        std::thread::scope(|s| {
+            let (release, first) = blocked_sync(s, &segment, (100, 100));
+            // Bytes the running sync started before: it cannot cover them.
+            segment.sync_data_through(150, 150, |_| Ok(())).unwrap();
+            release.send(Ok(())).unwrap();
+            first.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn when_the_covering_sync_fails_its_waiters_sync_themselves() {
+        let segment = segment();
+        let own_syncs = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let (release, first) = blocked_sync(s, &segment, (100, 100));
+            let waiter = s.spawn(|| {
+                segment.sync_data_through(100, 100, |_| {
+                    own_syncs.fetch_add(1, Ordering::SeqCst);
+                    Err(io::Error::other("the log failed earlier"))
+                })
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            release.send(Err(io::Error::other("EIO"))).unwrap();
+            assert!(first.join().unwrap().is_err());
+            let err = waiter.join().unwrap().unwrap_err();
+            assert!(err.to_string().contains("failed earlier"), "{err}");
+        });
+        assert_eq!(own_syncs.load(Ordering::SeqCst), 1, "synced itself");
+        // Nothing counts as covered after the failure.
+        let err = segment
+            .sync_data_through(50, 50, |_| Err(io::Error::other("still failed")))
+            .unwrap_err();
+        assert!(err.to_string().contains("still failed"), "{err}");
+    }
+
+    #[test]
+    fn syncs_borrow_the_file_s_own_handles_one_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::fs::StdFileSystem;
+        let file = fs
+            .open(&dir.path().join("wal-1"), OpenMode::CreateNew)
+            .unwrap();
+        let handles = SyncHandles::open(&*file);
+        assert_eq!(handles.free.lock().len(), SYNC_HANDLES);
+        let segment = Segment::new(
+            1,
+            file,
+            handles,
+            dir.path().join("wal-1"),
+            None,
+            0,
+            Arc::default(),
+            Layout::Plain,
+        );
+        std::thread::scope(|s| {
+            // Every handle lent out at once: the next sync gets none.
+            let mut running = Vec::new();
+            for n in 0..SYNC_HANDLES as u64 {
+                let (entered, wait_entered) = mpsc::channel();
+                let (release, released) = mpsc::channel::<()>();
+                let segment = &segment;
+                running.push((
+                    release,
+                    s.spawn(move || {
+                        segment.sync_data_through(n + 1, n + 1, |handle| {
+                            entered.send(handle.is_some()).unwrap();
+                            released.recv().unwrap();
+                            handle.unwrap().sync_data()
+                        })
+                    }),
+                ));
+                assert!(wait_entered.recv().unwrap(), "sync {n} got a handle");
+            }
+            segment
+                .sync_data_through(100, 100, |handle| {
+                    assert!(handle.is_none(), "none left");
+                    Ok(())
+                })
+                .unwrap();
+            for (release, sync) in running {
+                release.send(()).unwrap();
+                sync.join().unwrap().unwrap();
+            }
+        });
+        assert_eq!(segment.sync_handles.free.lock().len(), SYNC_HANDLES);
     }
 }

@@ -29,6 +29,12 @@ pub(crate) const SEAL_BATCH_FRAMES: u64 = 16;
 /// syncs than from sharing one.
 pub(crate) const OWN_SYNC_BYTES: usize = 256 * 1024;
 
+/// Handles of its own (open file descriptions) each segment file keeps
+/// for syncs that overlap (see `FileHandle::sync_handle`): a sync
+/// through one counts at once, one through the shared handle only once
+/// every sync that overlapped it has ended.
+pub(crate) const SYNC_HANDLES: usize = 8;
+
 /// Initial capacity of the first range of a batch in a segment's write
 /// buffer (see `SegmentState::buffer`).
 pub(crate) const RANGE_CAPACITY: usize = 4096;

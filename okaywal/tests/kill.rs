@@ -31,6 +31,9 @@ fn payload(id: u64) -> Vec<u8> {
         0 => 0,
         1..=4 => (id % 300) as usize,
         5 => 4096 + (id % 5000) as usize,
+        // Past 256 KiB an entry's writer runs a sync pass of its own,
+        // which overlaps the others' (and may join one already running).
+        6 if id % 2 == 0 => 300_000 + (id % 50_000) as usize,
         _ => 100_000 + (id % 50_000) as usize,
     };
     pattern(id, len)

@@ -143,6 +143,26 @@ pub trait FileHandle: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Makes the file's data and all of its metadata durable: `fsync`.
     fn sync_all(&self) -> io::Result<()>;
+    /// Another handle on the same file, for its syncs, that learns of
+    /// every failed write-back from now on by itself, whatever is synced
+    /// through other handles; `None` if the file system has no such
+    /// handles. Only [`FileHandle::sync_data`] and
+    /// [`FileHandle::sync_all`] are called on it (it may be open for
+    /// reading only).
+    ///
+    /// On Linux a failed write-back is reported once per open file
+    /// description, to the first `fdatasync` through it that comes after
+    /// the failure. Two syncs through one description can therefore
+    /// overlap and one can take the error that lost the other's pages:
+    /// the log then counts a sync as successful only once every sync that
+    /// overlapped it has ended. A sync through a description of its own,
+    /// opened before the failure, cannot lose the error that way, and
+    /// counts at once. [`StdFileSystem`] opens a new description of the
+    /// same file, for reading (through `/proc/self/fd`); the default has
+    /// none.
+    fn sync_handle(&self) -> io::Result<Option<Arc<dyn FileHandle>>> {
+        Ok(None)
+    }
     /// Truncates or extends the file to `len` bytes (extension reads as
     /// zeros).
     fn set_len(&self, len: u64) -> io::Result<()>;

@@ -157,6 +157,33 @@ impl StdFile {
     fn err(&self, what: &str, err: io::Error) -> io::Error {
         io::Error::new(err.kind(), format!("{what} {}: {err}", self.path))
     }
+
+    /// A new open file description of the same file, for reading (which
+    /// `fdatasync` needs no more than); `None` without `/proc`.
+    fn reopen(&self) -> io::Result<Option<StdFile>> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        // Opening the descriptor's /proc link makes a new description of
+        // the same inode, whatever the file is called now.
+        let link = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        let Ok(file) = File::open(&link) else {
+            return Ok(None);
+        };
+        let ours = self
+            .file
+            .metadata()
+            .map_err(|e| self.err("reading metadata of", e))?;
+        let theirs = file
+            .metadata()
+            .map_err(|e| self.err("reading metadata of", e))?;
+        if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
+            return Ok(None);
+        }
+        Ok(Some(StdFile {
+            file,
+            path: self.path.clone(),
+        }))
+    }
 }
 
 impl FileHandle for StdFile {
@@ -184,11 +211,77 @@ impl FileHandle for StdFile {
         self.file.set_len(len).map_err(|e| self.err("resizing", e))
     }
 
+    fn sync_handle(&self) -> io::Result<Option<Arc<dyn FileHandle>>> {
+        Ok(self
+            .reopen()?
+            .map(|file| Arc::new(file) as Arc<dyn FileHandle>))
+    }
+
     fn len(&self) -> io::Result<u64> {
         Ok(self
             .file
             .metadata()
             .map_err(|e| self.err("reading metadata of", e))?
             .len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{flock, FlockOperation};
+
+    #[test]
+    fn an_sync_handle_reaches_the_file_after_a_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal-spare-1");
+        let file = StdFileSystem.open(&path, OpenMode::CreateNew).unwrap();
+        file.write_all_at(b"head", 0).unwrap();
+        let renamed = dir.path().join("wal-1");
+        StdFileSystem.rename(&path, &renamed).unwrap();
+        // Another file under the old name: the handle follows the file.
+        std::fs::write(&path, b"another file").unwrap();
+        let other = file.sync_handle().unwrap().expect("a handle");
+        file.write_all_at(b" and tail", 4).unwrap();
+        other.sync_data().unwrap();
+        let mut read = [0_u8; 13];
+        other.read_exact_at(&mut read, 0).unwrap();
+        assert_eq!(&read, b"head and tail");
+        assert_eq!(std::fs::read(&renamed).unwrap(), read);
+        assert_eq!(std::fs::read(&path).unwrap(), b"another file");
+    }
+
+    #[test]
+    fn an_sync_handle_is_an_open_file_description_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        let handle = StdFile {
+            file,
+            path: path.display().to_string(),
+        };
+        let other = handle.reopen().unwrap().expect("a handle");
+        // An flock belongs to an open file description: a duplicate of
+        // the descriptor shares it, another description does not.
+        flock(&handle.file, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let duplicate = handle.file.try_clone().unwrap();
+        flock(&duplicate, FlockOperation::NonBlockingLockExclusive).unwrap();
+        assert!(flock(&other.file, FlockOperation::NonBlockingLockExclusive).is_err());
+    }
+
+    #[test]
+    fn a_file_opened_read_only_has_a_sync_handle_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        std::fs::write(&path, b"x").unwrap();
+        let file = StdFileSystem.open(&path, OpenMode::Read).unwrap();
+        let other = file.sync_handle().unwrap().expect("a handle");
+        other.sync_data().unwrap();
+        other.sync_all().unwrap();
     }
 }

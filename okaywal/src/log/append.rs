@@ -103,6 +103,7 @@ impl Inner {
             .append_record(segment.id(), header, data, index)?;
         self.counters.wrote(placed.bytes);
         if header.kind == RecordKind::Commit {
+            state.forget_durable_commits();
             self.counters.commit_appended();
             self.last_committed_id
                 .fetch_max(header.entry_id, Ordering::AcqRel);

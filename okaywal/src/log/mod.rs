@@ -51,7 +51,7 @@ use crate::group_commit::GroupCommit;
 use crate::manager::LogManager;
 use crate::position::LogPosition;
 use crate::reader::{chunk_at, ChunkReader};
-use crate::segment::{FileName, Segment};
+use crate::segment::{FileName, Segment, SyncHandles};
 use crate::segments::{Segments, Spare};
 use crate::stats::{Counters, LogStats};
 use crate::tail::LogEntries;
@@ -152,7 +152,8 @@ pub(crate) struct State {
     /// that began each.
     open_ids: BTreeMap<u64, ThreadId>,
     /// Commit records written but perhaps not yet durable: entry id →
-    /// (segment, offset just past the record). Pruned after every sync.
+    /// (segment, offset just past the record). Durable ones are forgotten
+    /// as later commits are added and when a reader of the live log looks.
     pending_commits: BTreeMap<u64, (u64, u64)>,
     /// The highest id of an entry committed in a segment that has been
     /// checkpointed and recycled (rolled-back entries do not count: a
@@ -210,6 +211,23 @@ impl State {
             .range(..below)
             .find(|(_, thread)| **thread == me)
             .map(|(id, _)| *id)
+    }
+
+    /// Forgets the oldest commit records while they are durable: done
+    /// where a commit record is added, under the lock already held, so
+    /// that the map stays as short as the commits in flight without a
+    /// pass of its own after each sync. A durable record behind one that
+    /// is not stays until that one is durable; readers see the same
+    /// either way (see [`State::readable_through`]), and
+    /// `Inner::prune_pending_commits` forgets them all.
+    pub(crate) fn forget_durable_commits(&mut self) {
+        while let Some(entry) = self.pending_commits.first_entry() {
+            let (segment, end) = *entry.get();
+            if !self.segments.durable_to(segment, end) {
+                break;
+            }
+            entry.remove();
+        }
     }
 
     /// The id through which a reader of the live log may move on: every
@@ -432,6 +450,7 @@ impl Inner {
             ));
         }
         Ok(Spare {
+            sync_handles: SyncHandles::open(&*file),
             file,
             path,
             grown: false,

@@ -18,7 +18,7 @@ use crate::fs::{FileSystem, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::recovery::{find_segments, FoundSegment, Look, SegmentReader};
-use crate::segment::{FileName, Segment, LOCK_FILE};
+use crate::segment::{FileName, Segment, SyncHandles, LOCK_FILE};
 use crate::segments::{SegmentSettings, SegmentState, Segments, Spare};
 use crate::stats::Counters;
 use crate::tuning::MAX_SPARES;
@@ -154,6 +154,7 @@ impl WriteAheadLog {
             let segment = Arc::new(Segment::new(
                 id,
                 file.clone(),
+                SyncHandles::open(&*file),
                 path,
                 None,
                 scan.end,
@@ -190,6 +191,7 @@ impl WriteAheadLog {
             if spares.len() < MAX_SPARES + live.len() + 1 {
                 let file = fs.open(&path, OpenMode::ReadWrite)?;
                 spares.push(Spare {
+                    sync_handles: SyncHandles::open(&*file),
                     file,
                     path,
                     grown: false,

@@ -128,8 +128,11 @@ impl Inner {
             // a sync too before a later segment's: see `sync_targets`.
             let needed = *written > segment.synced_to() || *complete > segment.marked_to();
             if needed {
-                self.ledger
-                    .run(|| segment.file().sync_data())
+                segment
+                    .sync_data_through(*written, *complete, |handle| match handle {
+                        Some(own) => self.ledger.run_alone(|| own.sync_data()),
+                        None => self.ledger.run(|| segment.file().sync_data()),
+                    })
                     .map_err(|e| self.poison(e))?;
             }
             synced.push(needed);
@@ -155,7 +158,6 @@ impl Inner {
         {
             segment.synced(*written, synced.then_some(*complete));
         }
-        self.prune_pending_commits();
         self.synced.notify_all();
         Ok(())
     }

@@ -214,6 +214,7 @@ mod tests {
         let segment = Arc::new(Segment::new(
             1,
             file,
+            crate::segment::SyncHandles::none(),
             PathBuf::from("/wal-1"),
             None,
             0,

@@ -34,7 +34,7 @@ use crate::format::{
 };
 use crate::fs::FileHandle;
 use crate::sealed::{Layout, SegmentSeal};
-use crate::segment::{FileName, Segment};
+use crate::segment::{FileName, Segment, SyncHandles};
 use crate::tuning::MAX_SPARES;
 
 mod live;
@@ -44,6 +44,8 @@ mod live;
 pub(crate) struct Spare {
     /// The open file.
     pub file: Arc<dyn FileHandle>,
+    /// The file's own handles for overlapping syncs.
+    pub sync_handles: SyncHandles,
     /// Its current (spare or recycled) name.
     pub path: PathBuf,
     /// A recycled segment that grew past its preallocated size: cut back
@@ -416,6 +418,7 @@ impl Segments {
         let segment = Arc::new(Segment::new(
             id,
             spare.file,
+            spare.sync_handles,
             path,
             Some(spare.path),
             0,
@@ -463,6 +466,7 @@ impl Segments {
         let placeholder = Arc::new(Segment::new(
             0,
             self.spares[0].file.clone(),
+            SyncHandles::none(),
             PathBuf::new(),
             None,
             0,

@@ -10,6 +10,12 @@
 //! once every sync that started before it ended has ended without
 //! failing, and after any failure no sync counts again: the log must be
 //! reopened (the lesson of PostgreSQL's fsync bug of 2018).
+//!
+//! A sync through an open file description that no other sync uses at
+//! the same time ([`SyncLedger::run_alone`]) is told of every failure
+//! since that description's last sync itself, so its success counts at
+//! once; the others (through a shared description, [`SyncLedger::run`])
+//! wait only for each other.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -46,8 +52,9 @@ impl SyncLedger {
         }
     }
 
-    /// Runs `sync` (an `fdatasync`), and succeeds only if it succeeded and
-    /// no sync that overlapped it failed.
+    /// Runs `sync` (an `fdatasync` through a description other syncs may
+    /// use at the same time), and succeeds only if it succeeded and no
+    /// sync of that kind that overlapped it failed.
     pub fn run(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
         let ticket = {
             let mut state = self.state.lock();
@@ -73,6 +80,27 @@ impl SyncLedger {
         while !self.failure.is_set() && state.running.first().is_some_and(|t| *t < horizon) {
             self.ended.wait(&mut state);
         }
+        match self.earlier() {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `sync`, an `fdatasync` through an open file description that
+    /// no other sync uses until it ends, and opened before any failure
+    /// its syncs have not reported: the sync itself is told of every
+    /// failed write-back it covers, so it need not wait for syncs that
+    /// overlapped it. After any failure it fails, as every sync does.
+    pub fn run_alone(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+        if let Some(err) = self.earlier() {
+            return Err(err);
+        }
+        let result = sync();
+        let _state = self.state.lock();
+        if let Err(err) = &result {
+            self.failure.record(err);
+        }
+        result?;
         match self.earlier() {
             Some(err) => Err(err),
             None => Ok(()),
@@ -120,6 +148,67 @@ mod tests {
             assert_eq!(err.kind(), io::ErrorKind::Other);
         });
         assert!(ledger.run(|| Ok(())).is_err(), "sticky after a failure");
+    }
+
+    #[test]
+    fn a_sync_through_its_own_description_does_not_wait_for_others() {
+        let ledger = SyncLedger::default();
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let ledger = &ledger;
+            let shared = s.spawn(move || {
+                ledger.run(move || {
+                    entered.send(()).unwrap();
+                    released.recv().unwrap();
+                    Ok(())
+                })
+            });
+            wait_entered.recv().unwrap();
+            // Returns while the shared sync is still running.
+            ledger.run_alone(|| Ok(())).unwrap();
+            assert!(!shared.is_finished());
+            release.send(()).unwrap();
+            shared.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_failed_sync_through_its_own_description_fails_every_later_sync() {
+        let ledger = SyncLedger::default();
+        let err = ledger
+            .run_alone(|| Err(io::Error::new(io::ErrorKind::StorageFull, "ENOSPC")))
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        for err in [
+            ledger.run_alone(|| Ok(())).unwrap_err(),
+            ledger.run(|| Ok(())).unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{err}");
+            assert!(err.to_string().contains("ENOSPC"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_sync_through_its_own_description_that_ends_after_a_failure_fails() {
+        let ledger = SyncLedger::default();
+        let (entered, wait_entered) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let ledger = &ledger;
+            let alone = s.spawn(move || {
+                ledger.run_alone(move || {
+                    entered.send(()).unwrap();
+                    released.recv().unwrap();
+                    Ok(())
+                })
+            });
+            wait_entered.recv().unwrap();
+            assert!(ledger.run(|| Err(io::Error::other("EIO"))).is_err());
+            release.send(()).unwrap();
+            let err = alone.join().unwrap().unwrap_err();
+            assert!(err.to_string().contains("EIO"), "{err}");
+        });
     }
 
     #[test]
