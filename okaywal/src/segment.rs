@@ -148,11 +148,15 @@ impl Segment {
 
     /// Makes every record below `written` and every byte below `complete`
     /// durable (all of them are in the file): runs `sync` (the file's
-    /// `fdatasync`, through the log's ledger), unless a data sync that
-    /// started after those bytes were written is running, in which case
-    /// it waits for that one and takes its outcome. When the segment
-    /// closes, every sync pass of its last writers needs the whole file
-    /// synced; one sync serves them all instead of one each.
+    /// `fdatasync`, through the log's ledger), unless a sync that
+    /// succeeded has covered them already, or, with [`Overlap::Join`], a
+    /// data sync that started after those bytes were written is running:
+    /// then it waits for that one and takes its outcome. When the segment
+    /// closes, every sync pass of its last large entries' writers needs
+    /// the whole file synced; one sync serves them all instead of one
+    /// each. Group commits and checkpoints sync with [`Overlap::Own`]:
+    /// they never wait for a sync that started before them (a checkpoint
+    /// goes on as soon as its own sync ends).
     ///
     /// `sync` gets a handle of the file's own that no other sync uses
     /// meanwhile, if one is free (see [`SyncHandles`]), or `None`: then
@@ -164,6 +168,7 @@ impl Segment {
         &self,
         written: u64,
         complete: u64,
+        overlap: Overlap,
         sync: impl FnOnce(Option<&dyn FileHandle>) -> io::Result<()>,
     ) -> io::Result<()> {
         let ticket = {
@@ -172,7 +177,11 @@ impl Segment {
                 if syncs.reached(written, complete) {
                     return Ok(());
                 }
-                let Some(covering) = syncs.covering(written, complete) else {
+                let covering = match overlap {
+                    Overlap::Join => syncs.covering(written, complete),
+                    Overlap::Own => None,
+                };
+                let Some(covering) = covering else {
                     break;
                 };
                 while syncs.is_running(covering) {
@@ -267,6 +276,17 @@ impl Segment {
     pub fn is_durable_to(&self, end: u64) -> bool {
         self.synced_to() >= end && self.name_is_durable()
     }
+}
+
+/// What a sync pass does when a running sync of a segment already covers
+/// what it needs (see [`Segment::sync_data_through`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overlap {
+    /// Wait for the running sync and take its outcome: large entries'
+    /// writers, which sync on their own and overlap each other.
+    Join,
+    /// Sync anyway: group commits and checkpoints.
+    Own,
 }
 
 /// Handles on one segment file, each an open file description of its
@@ -492,7 +512,7 @@ mod tests {
         let (entered, wait_entered) = mpsc::channel();
         let (release, released) = mpsc::channel::<io::Result<()>>();
         let first = scope.spawn(move || {
-            segment.sync_data_through(written, complete, |_| {
+            segment.sync_data_through(written, complete, Overlap::Join, |_| {
                 entered.send(()).unwrap();
                 released.recv().unwrap()
             })
@@ -508,7 +528,7 @@ mod tests {
         std::thread::scope(|s| {
             let (release, first) = blocked_sync(s, &segment, (100, 200));
             let covered = s.spawn(|| {
-                segment.sync_data_through(90, 200, |_| {
+                segment.sync_data_through(90, 200, Overlap::Join, |_| {
                     own_syncs.fetch_add(1, Ordering::SeqCst);
                     Ok(())
                 })
@@ -522,10 +542,10 @@ mod tests {
         assert_eq!(own_syncs.load(Ordering::SeqCst), 0, "no sync of its own");
         // What the finished sync covered needs no sync any more; more does.
         segment
-            .sync_data_through(100, 200, |_| panic!("covered already"))
+            .sync_data_through(100, 200, Overlap::Join, |_| panic!("covered already"))
             .unwrap();
         segment
-            .sync_data_through(100, 201, |_| {
+            .sync_data_through(100, 201, Overlap::Join, |_| {
                 own_syncs.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             })
@@ -534,12 +554,32 @@ mod tests {
     }
 
     #[test]
+    fn a_sync_pass_that_does_not_join_runs_its_own_beside_a_covering_one() {
+        let segment = segment();
+        std::thread::scope(|s| {
+            let (release, first) = blocked_sync(s, &segment, (100, 200));
+            let mut own = false;
+            segment
+                .sync_data_through(90, 200, Overlap::Own, |_| {
+                    own = true;
+                    Ok(())
+                })
+                .unwrap();
+            assert!(own, "synced itself while the covering sync ran");
+            release.send(Ok(())).unwrap();
+            first.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
     fn a_sync_pass_reaching_past_a_running_sync_runs_its_own_at_once() {
         let segment = segment();
         std::thread::scope(|s| {
             let (release, first) = blocked_sync(s, &segment, (100, 100));
             // Bytes the running sync started before: it cannot cover them.
-            segment.sync_data_through(150, 150, |_| Ok(())).unwrap();
+            segment
+                .sync_data_through(150, 150, Overlap::Join, |_| Ok(()))
+                .unwrap();
             release.send(Ok(())).unwrap();
             first.join().unwrap().unwrap();
         });
@@ -552,7 +592,7 @@ mod tests {
         std::thread::scope(|s| {
             let (release, first) = blocked_sync(s, &segment, (100, 100));
             let waiter = s.spawn(|| {
-                segment.sync_data_through(100, 100, |_| {
+                segment.sync_data_through(100, 100, Overlap::Join, |_| {
                     own_syncs.fetch_add(1, Ordering::SeqCst);
                     Err(io::Error::other("the log failed earlier"))
                 })
@@ -566,7 +606,9 @@ mod tests {
         assert_eq!(own_syncs.load(Ordering::SeqCst), 1, "synced itself");
         // Nothing counts as covered after the failure.
         let err = segment
-            .sync_data_through(50, 50, |_| Err(io::Error::other("still failed")))
+            .sync_data_through(50, 50, Overlap::Join, |_| {
+                Err(io::Error::other("still failed"))
+            })
             .unwrap_err();
         assert!(err.to_string().contains("still failed"), "{err}");
     }
@@ -600,7 +642,7 @@ mod tests {
                 running.push((
                     release,
                     s.spawn(move || {
-                        segment.sync_data_through(n + 1, n + 1, |handle| {
+                        segment.sync_data_through(n + 1, n + 1, Overlap::Join, |handle| {
                             entered.send(handle.is_some()).unwrap();
                             released.recv().unwrap();
                             handle.unwrap().sync_data()
@@ -610,7 +652,7 @@ mod tests {
                 assert!(wait_entered.recv().unwrap(), "sync {n} got a handle");
             }
             segment
-                .sync_data_through(100, 100, |handle| {
+                .sync_data_through(100, 100, Overlap::Join, |handle| {
                     assert!(handle.is_none(), "none left");
                     Ok(())
                 })

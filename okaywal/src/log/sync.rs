@@ -7,7 +7,7 @@ use std::sync::Arc;
 use parking_lot::MutexGuard;
 
 use super::{Inner, State};
-use crate::segment::Segment;
+use crate::segment::{Overlap, Segment};
 use crate::segments::Segments;
 
 pub(super) mod ledger;
@@ -25,11 +25,16 @@ impl Inner {
     /// `end` is durable already: for large entries, whose writers gain
     /// more from overlapping syncs than from sharing one. Concurrent sync
     /// passes are safe: each covers what was written before it started.
+    /// Where a running sync of a segment already covers the pass, the pass
+    /// waits for it rather than syncing again (see
+    /// [`Segment::sync_data_through`]).
     pub fn sync_own(&self, segment: &Arc<Segment>, end: u64) -> io::Result<()> {
         if segment.is_durable_to(end) {
             return Ok(());
         }
-        self.sync_pass(segment.id(), end)
+        let mut state = self.state.lock();
+        self.wait_for_holes(&mut state, segment.id(), end)?;
+        self.sync_buffered_and_targets(state, Overlap::Join)
     }
 
     /// Returns once every record below `end` in `segment` (and every
@@ -72,14 +77,18 @@ impl Inner {
     pub(super) fn sync_pass(&self, segment: u64, end: u64) -> io::Result<()> {
         let mut state = self.state.lock();
         self.wait_for_holes(&mut state, segment, end)?;
-        self.sync_buffered_and_targets(state)
+        self.sync_buffered_and_targets(state, Overlap::Own)
     }
 
     /// Takes every target segment's buffered records in the same critical
     /// section that fixes the targets (the sync covers up to where each
     /// segment was written, buffered records included), writes them, and
     /// syncs.
-    fn sync_buffered_and_targets(&self, mut state: MutexGuard<'_, State>) -> io::Result<()> {
+    fn sync_buffered_and_targets(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        overlap: Overlap,
+    ) -> io::Result<()> {
         let targets = sync_targets(&state.segments);
         let writes: Vec<_> = targets
             .iter()
@@ -89,7 +98,7 @@ impl Inner {
         for (segment, ranges) in writes {
             self.write_ranges(&segment, ranges)?;
         }
-        self.sync_targets(&targets)
+        self.sync_targets(&targets, overlap)
     }
 
     /// Syncs a closed `segment` whose every byte below `limit` is in the
@@ -97,19 +106,22 @@ impl Inner {
     /// durable to its end).
     pub fn sync_whole(&self, segment: &Arc<Segment>, limit: u64) -> io::Result<()> {
         let name = !segment.name_is_durable();
-        self.sync_targets(&[SyncTarget {
-            segment: segment.clone(),
-            written: limit,
-            complete: limit,
-            name,
-            end_mark: None,
-        }])
+        self.sync_targets(
+            &[SyncTarget {
+                segment: segment.clone(),
+                written: limit,
+                complete: limit,
+                name,
+                end_mark: None,
+            }],
+            Overlap::Own,
+        )
     }
 
     /// Syncs `targets` (whose records are in their files), writes the end
     /// marks they owe, names the segments that still have spare names,
     /// and raises each segment's durable offsets to what was synced.
-    fn sync_targets(&self, targets: &[SyncTarget]) -> io::Result<()> {
+    fn sync_targets(&self, targets: &[SyncTarget], overlap: Overlap) -> io::Result<()> {
         let covered = self.counters.take_unsynced_commits();
         crate::trace::span!(DEBUG, "sync", segments = targets.len(), commits = covered);
         // Which targets this call syncs; the others were covered by an
@@ -129,7 +141,7 @@ impl Inner {
             let needed = *written > segment.synced_to() || *complete > segment.marked_to();
             if needed {
                 segment
-                    .sync_data_through(*written, *complete, |handle| match handle {
+                    .sync_data_through(*written, *complete, overlap, |handle| match handle {
                         Some(own) => self.ledger.run_alone(|| own.sync_data()),
                         None => self.ledger.run(|| segment.file().sync_data()),
                     })
@@ -221,7 +233,7 @@ impl Inner {
 
     /// One sync pass over every segment, with whatever they have buffered.
     pub fn sync_all_written(&self) -> io::Result<()> {
-        self.sync_buffered_and_targets(self.state.lock())
+        self.sync_buffered_and_targets(self.state.lock(), Overlap::Own)
     }
 
     /// Syncs everything written so far (used at shutdown).
@@ -233,7 +245,7 @@ impl Inner {
         // Records appended since those flushes are taken with the targets:
         // computed alone, the targets would count them as written while
         // they were still only in memory, and mark them durable.
-        self.sync_buffered_and_targets(self.state.lock())
+        self.sync_buffered_and_targets(self.state.lock(), Overlap::Own)
     }
 }
 
