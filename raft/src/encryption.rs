@@ -175,24 +175,26 @@ pub fn check_node_directory(
     match (keys, exists) {
         (None, false) => Ok(()),
         (None, true) => {
-            // Name the key the directory needs, if the file says.
-            let needs = read_all(fs, &path)
-                .ok()
-                .filter(|bytes| bytes.len() == KEY_CHECK_BYTES)
-                .map(|bytes| {
-                    let id = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-                    format!("{shown} (encrypted with key id {id})")
-                });
-            Err(key_error(KeyError::NotConfigured, needs.unwrap_or(shown)))
+            // Only a key check makes the directory encrypted: a file of
+            // that name that is none (empty, or another file) is damage,
+            // which no key would get past.
+            let bytes =
+                read_all(fs, &path).map_err(|e| Error::io(format!("reading {shown}"), e))?;
+            if bytes.len() != KEY_CHECK_BYTES || &bytes[..8] != KEY_CHECK_MAGIC {
+                return Err(not_a_key_check(shown));
+            }
+            // Name the key the directory needs.
+            let id = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+            Err(key_error(
+                KeyError::NotConfigured,
+                format!("{shown} (encrypted with key id {id})"),
+            ))
         }
         (Some(keys), true) => {
             let bytes =
                 read_all(fs, &path).map_err(|e| Error::io(format!("reading {shown}"), e))?;
             if bytes.len() != KEY_CHECK_BYTES || &bytes[..8] != KEY_CHECK_MAGIC {
-                return Err(Error::Corrupt {
-                    what: shown,
-                    detail: "not a key check file".into(),
-                });
+                return Err(not_a_key_check(shown));
             }
             let cipher = keys.cipher();
             verify_key_check_header(&cipher, &bytes, NODE_CONTEXT, &shown)
@@ -234,6 +236,17 @@ pub fn check_node_directory(
             write_durably(fs, directory, KEY_CHECK_FILE, &header)
                 .map_err(|e| Error::io(format!("writing {shown}"), e))
         }
+    }
+}
+
+/// A file named [`KEY_CHECK_FILE`] that is no key check.
+fn not_a_key_check(shown: String) -> Error {
+    Error::Corrupt {
+        what: shown,
+        detail: format!(
+            "not a key check file ({KEY_CHECK_BYTES} bytes starting with SRKEYCK1, written by \
+             the node's first start with --key-file)"
+        ),
     }
 }
 
@@ -316,6 +329,22 @@ mod tests {
         let only_old = SharedKeys::new(StaticKey::new([1; 32]));
         let error = check_node_directory(&fs, dir, Some(&only_old)).unwrap_err();
         assert!(error.to_string().contains("key id 2"), "{error}");
+    }
+
+    #[test]
+    fn a_file_named_key_check_that_is_none_is_damage_with_or_without_a_key() {
+        let fs = MemoryFileSystem::new();
+        let dir = Path::new("/node");
+        okaywal::fs::create_dir_durably(&fs, dir).unwrap();
+        let keys = SharedKeys::new(StaticKey::new([1; 32]));
+        for bytes in [Vec::new(), vec![7; KEY_CHECK_BYTES]] {
+            write_durably(&fs, dir, KEY_CHECK_FILE, &bytes).unwrap();
+            for given in [None, Some(&keys)] {
+                let error = check_node_directory(&fs, dir, given).unwrap_err();
+                assert!(matches!(error, Error::Corrupt { .. }), "{error}");
+                assert!(error.to_string().contains("not a key check"), "{error}");
+            }
+        }
     }
 
     #[test]

@@ -30,12 +30,52 @@ struct Cli {
     command: Command,
 }
 
+/// The levels `--log-level` takes on their own.
+const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+
+/// Checks `--log-level`'s directives before `tracing` reads them: a bare
+/// word that is no level names a target, whose events alone are then
+/// logged, so one that cannot be a target (`bogus!!`) is refused, and one
+/// that can (`infoo`) is taken with a warning, which is returned.
+fn check_log_level(directives: &str) -> Result<Option<String>, String> {
+    let mut warning = None;
+    for part in directives.split(',').map(str::trim) {
+        if part.is_empty() || part.contains(['=', '[']) {
+            continue;
+        }
+        if LEVELS.iter().any(|level| part.eq_ignore_ascii_case(level)) {
+            continue;
+        }
+        let target = part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-'));
+        if !target {
+            return Err(format!(
+                "--log-level {directives:?}: {part:?} is neither a level ({}) nor a \
+                 target (a module path such as sediment_raft or openraft)",
+                LEVELS.join(", ")
+            ));
+        }
+        warning = Some(format!(
+            "--log-level {directives:?}: {part:?} is no level ({}); it is taken as a \
+             target, and only its events are logged",
+            LEVELS.join(", ")
+        ));
+    }
+    Ok(warning)
+}
+
 /// Sends `tracing` events (the node's and openraft's) to stderr.
 fn init_logging(level: Option<&str>) -> Result<(), String> {
     use tracing_subscriber::EnvFilter;
     let filter = match level {
-        Some(directives) => EnvFilter::try_new(directives)
-            .map_err(|e| format!("--log-level {directives:?}: {e}"))?,
+        Some(directives) => {
+            if let Some(warning) = check_log_level(directives)? {
+                eprintln!("sediment-raft: warning: {warning}");
+            }
+            EnvFilter::try_new(directives)
+                .map_err(|e| format!("--log-level {directives:?}: {e}"))?
+        }
         None => match std::env::var("RUST_LOG") {
             Ok(directives) if !directives.is_empty() => EnvFilter::try_new(&directives)
                 .map_err(|e| format!("RUST_LOG={directives:?}: {e}"))?,
@@ -266,5 +306,37 @@ fn main() -> ExitCode {
             eprintln!("sediment-raft: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_log_level;
+
+    #[test]
+    fn levels_and_directives_are_taken_as_they_are() {
+        for directives in [
+            "info",
+            "WARN",
+            "off",
+            "info,openraft=debug",
+            "sediment_raft=trace",
+        ] {
+            assert_eq!(check_log_level(directives), Ok(None), "{directives}");
+        }
+    }
+
+    #[test]
+    fn a_word_that_cannot_be_a_target_is_refused() {
+        let err = check_log_level("bogus!!").unwrap_err();
+        assert!(err.contains("neither a level"), "{err}");
+        assert!(check_log_level("info,bo gus").is_err());
+    }
+
+    #[test]
+    fn a_word_that_is_no_level_is_taken_as_a_target_with_a_warning() {
+        let warning = check_log_level("infoo").unwrap().expect("a warning");
+        assert!(warning.contains("taken as a target"), "{warning}");
+        assert!(check_log_level("openraft").unwrap().is_some());
     }
 }

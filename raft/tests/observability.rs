@@ -190,19 +190,23 @@ async fn metrics_and_logs_report_what_the_cluster_did() {
 
 #[test]
 fn a_bad_log_level_is_refused_before_the_node_starts() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
-        .args(["--log-level", "info,=[", "node", "--id", "1", "--listen"])
-        .arg(format!("127.0.0.1:{}", common::free_port()))
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--log-level"), "{stderr}");
-    assert!(
-        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
-        "the node wrote to its directory"
-    );
+    // Directives tracing cannot read, and a word that is neither a level
+    // nor a target.
+    for level in ["info,=[", "bogus!!"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sediment-raft"))
+            .args(["--log-level", level, "node", "--id", "1", "--listen"])
+            .arg(format!("127.0.0.1:{}", common::free_port()))
+            .arg("--dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{level}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--log-level"), "{level}: {stderr}");
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "{level}: the node wrote to its directory"
+        );
+    }
 }
