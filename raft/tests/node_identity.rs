@@ -62,26 +62,8 @@ async fn a_wiped_follower_is_refused_until_it_is_removed_and_added_again() {
     assert_eq!(cluster.local_get_or_none(wiped, "before-0").await, None);
 
     // Removed and added again, it is joined afresh and catches up.
-    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&n| n != wiped).collect();
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/change-membership"),
-        json!({ "members": others }),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/add-learner"),
-        json!({"id": wiped, "addr": cluster.nodes[&wiped].addr}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["caught_up"], true, "{body}");
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/change-membership"),
-        json!({"members": [1, 2, 3]}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    let added = cluster.remove_and_add_again(leader, wiped).await;
+    assert_eq!(added["caught_up"], true, "{added}");
     assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
     assert_eq!(put_v(url(&cluster, "/kv/after")).await, 200);
     cluster.wait_caught_up(Duration::from_secs(20)).await;

@@ -11,8 +11,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{post_json, put_v, Cluster};
-use serde_json::json;
+use common::{put_v, Cluster};
 
 // 50 ms heartbeats: a 3 s write timeout bounds every answer below.
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
@@ -87,28 +86,8 @@ async fn a_follower_restored_from_an_older_copy_is_fenced_off_until_added_again(
     assert_eq!(cluster.local_get_or_none(follower, "during-0").await, None);
 
     // Removed and added again, it catches up.
-    let others: Vec<u64> = [1, 2, 3].into_iter().filter(|&n| n != follower).collect();
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/change-membership"),
-        json!({ "members": others }),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/add-learner"),
-        json!({"id": follower, "addr": cluster.nodes[&follower].addr}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let (status, body) = post_json(
-        url(&cluster, "/cluster/change-membership"),
-        json!({"members": [1, 2, 3]}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let m = cluster.metrics(leader).await.expect("metrics");
-    let voters: BTreeSet<u64> = serde_json::from_value(m["membership"]["voters"].clone()).unwrap();
-    assert_eq!(voters, BTreeSet::from([1, 2, 3]));
+    cluster.remove_and_add_again(leader, follower).await;
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
     cluster.wait_caught_up(Duration::from_secs(20)).await;
     for key in ["old-0", "new-29", "during-0"] {
         assert_eq!(

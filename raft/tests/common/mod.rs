@@ -398,6 +398,34 @@ impl Cluster {
     }
 
     /// The voters node `id`'s metrics report.
+    /// Through `leader`, takes `node` out of the voters, adds it again as
+    /// a learner and makes every node of the cluster a voter again; each
+    /// step must answer 200. Returns add-learner's answer.
+    pub async fn remove_and_add_again(&self, leader: u64, node: u64) -> Value {
+        let url = |path: &str| self.nodes[&leader].url(path);
+        let all: Vec<u64> = self.nodes.keys().copied().collect();
+        let others: Vec<u64> = all.iter().copied().filter(|&n| n != node).collect();
+        let (status, body) = post_json(
+            url("/cluster/change-membership"),
+            serde_json::json!({ "members": others }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let (status, added) = post_json(
+            url("/cluster/add-learner"),
+            serde_json::json!({"id": node, "addr": self.nodes[&node].addr}),
+        )
+        .await;
+        assert_eq!(status, 200, "{added}");
+        let (status, body) = post_json(
+            url("/cluster/change-membership"),
+            serde_json::json!({ "members": all }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        added
+    }
+
     pub async fn voters(&self, id: u64) -> std::collections::BTreeSet<u64> {
         let m = self.metrics(id).await.expect("metrics");
         serde_json::from_value(m["membership"]["voters"].clone()).unwrap()
