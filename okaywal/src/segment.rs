@@ -181,11 +181,11 @@ impl Segment {
                     Overlap::Join => syncs.covering(written, complete),
                     Overlap::Own => None,
                 };
-                let Some(covering) = covering else {
+                let Some((covering, ended)) = covering else {
                     break;
                 };
                 while syncs.is_running(covering) {
-                    self.data_syncs.ended.wait(&mut syncs);
+                    ended.wait(&mut syncs);
                 }
             }
             syncs.start(written, complete)
@@ -195,9 +195,10 @@ impl Segment {
         if let Some(handle) = handle {
             self.sync_handles.give_back(handle);
         }
-        let mut syncs = self.data_syncs.state.lock();
-        syncs.end(ticket, result.is_ok());
-        self.data_syncs.ended.notify_all();
+        let ended = self.data_syncs.state.lock().end(ticket, result.is_ok());
+        if let Some(ended) = ended {
+            ended.notify_all();
+        }
         result
     }
 
@@ -337,16 +338,27 @@ impl SyncHandles {
 #[derive(Debug, Default)]
 struct DataSyncs {
     state: Mutex<RunningSyncs>,
-    /// Signalled when a running sync ends.
-    ended: Condvar,
+}
+
+/// A running sync: what it covers, and the threads that joined it.
+#[derive(Debug)]
+struct Running {
+    ticket: u64,
+    /// Records covered.
+    written: u64,
+    /// Bytes covered.
+    complete: u64,
+    /// Signalled when it ends; only the threads that joined this sync
+    /// wait on it.
+    ended: Arc<Condvar>,
 }
 
 #[derive(Debug, Default)]
 struct RunningSyncs {
     /// The ticket of the next sync to start.
     next: u64,
-    /// The syncs running: ticket, records covered, bytes covered.
-    running: Vec<(u64, u64, u64)>,
+    /// The syncs running.
+    running: Vec<Running>,
     /// Every record below this offset was covered by a sync that succeeded.
     written: u64,
     /// Every byte below this offset was covered by a sync that succeeded.
@@ -359,36 +371,42 @@ impl RunningSyncs {
         self.written >= written && self.complete >= complete
     }
 
-    /// A running sync that covers `written` and `complete`.
-    fn covering(&self, written: u64, complete: u64) -> Option<u64> {
+    /// A running sync that covers `written` and `complete`: its ticket,
+    /// and what signals its end.
+    fn covering(&self, written: u64, complete: u64) -> Option<(u64, Arc<Condvar>)> {
         self.running
             .iter()
-            .find(|(_, w, c)| *w >= written && *c >= complete)
-            .map(|(ticket, _, _)| *ticket)
+            .find(|sync| sync.written >= written && sync.complete >= complete)
+            .map(|sync| (sync.ticket, sync.ended.clone()))
     }
 
     fn is_running(&self, ticket: u64) -> bool {
-        self.running.iter().any(|(t, _, _)| *t == ticket)
+        self.running.iter().any(|sync| sync.ticket == ticket)
     }
 
     /// A sync covering `written` and `complete` starts; returns its ticket.
     fn start(&mut self, written: u64, complete: u64) -> u64 {
         let ticket = self.next;
         self.next += 1;
-        self.running.push((ticket, written, complete));
+        self.running.push(Running {
+            ticket,
+            written,
+            complete,
+            ended: Arc::new(Condvar::new()),
+        });
         ticket
     }
 
     /// The sync with `ticket` ended; if it `succeeded`, what it covered is
-    /// durable.
-    fn end(&mut self, ticket: u64, succeeded: bool) {
-        if let Some(at) = self.running.iter().position(|(t, _, _)| *t == ticket) {
-            let (_, written, complete) = self.running.swap_remove(at);
-            if succeeded {
-                self.written = self.written.max(written);
-                self.complete = self.complete.max(complete);
-            }
+    /// durable. Returns what wakes the threads that joined it.
+    fn end(&mut self, ticket: u64, succeeded: bool) -> Option<Arc<Condvar>> {
+        let at = self.running.iter().position(|sync| sync.ticket == ticket)?;
+        let sync = self.running.swap_remove(at);
+        if succeeded {
+            self.written = self.written.max(sync.written);
+            self.complete = self.complete.max(sync.complete);
         }
+        Some(sync.ended)
     }
 }
 

@@ -150,9 +150,7 @@ impl Inner {
         {
             self.signal.wake();
         }
-        if state.progress_waiters > 0 {
-            self.progress.notify_all();
-        }
+        self.wake_progress(&state);
         result
     }
 
@@ -173,6 +171,18 @@ impl Inner {
         self.flush_segment(segment)?;
         let mut state = self.state.lock();
         self.wait_for_progress_while(&mut state, |state| state.segments.writes_in_flight(segment))
+    }
+
+    /// Wakes the threads waiting for writes in flight, after one landed:
+    /// all of those waiting on `progress`, and of those waiting for the
+    /// holes below their records only the ones it unblocked.
+    pub(super) fn wake_progress(&self, state: &State) {
+        if state.progress_waiters > 0 {
+            self.progress.notify_all();
+        }
+        state
+            .hole_waiters
+            .wake_unblocked(|segment, end| state.segments.holes_below(segment, end));
     }
 
     /// Waits, with `state` released meanwhile, until `busy` is false: for
@@ -218,9 +228,7 @@ impl Inner {
                 }
             }
         }
-        if state.progress_waiters > 0 {
-            self.progress.notify_all();
-        }
+        self.wake_progress(&state);
     }
 
     /// Marks the data of the large chunk reserved at `offset` as written
@@ -229,8 +237,6 @@ impl Inner {
     pub fn data_written(&self, segment: u64, offset: u64) {
         let mut state = self.state.lock();
         state.segments.data_written(segment, offset);
-        if state.progress_waiters > 0 {
-            self.progress.notify_all();
-        }
+        self.wake_progress(&state);
     }
 }

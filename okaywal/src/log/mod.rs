@@ -4,7 +4,8 @@
 //! `Inner`'s methods are split by path: `append` (reserving, buffering and
 //! writing records), `sync` (sync passes, end marks, naming segments, the
 //! sync ledger), `open` (recovery's replay and the first active segment),
-//! `handles` (what other modules may use); this file keeps beginning
+//! `handles` (what other modules may use), `waiters` (threads waiting
+//! for writes in flight, woken one by one); this file keeps beginning
 //! entries, reading chunks and making spares. `Inner`'s fields are private
 //! to `log`; the rest of the crate goes through `handles`' named methods.
 //! The impl is spread over these files, not split into types, because it
@@ -59,6 +60,7 @@ use crate::tuning::{DRAIN_WAIT, MAX_UNCHECKPOINTED, MIN_PREALLOCATE_BYTES, STALL
 use crate::writer::EntryWriter;
 use crate::EntryId;
 use sync::ledger::SyncLedger;
+use waiters::HoleWaiters;
 
 /// A write-ahead log: many threads append entries; each commit returns once
 /// its entry is durable, and concurrent commits share one `fdatasync`.
@@ -145,6 +147,8 @@ pub(crate) struct State {
     pub(crate) segments: Segments,
     next_entry_id: u64,
     progress_waiters: usize,
+    /// Sync passes waiting for the holes below their records to fill.
+    hole_waiters: HoleWaiters,
     shutting_down: bool,
     /// The checkpointer's progress and last failure.
     pub(crate) checkpoints: CheckpointStatus,
@@ -288,8 +292,9 @@ impl Inner {
     /// for the caller.
     pub fn poison(&self, err: io::Error) -> io::Error {
         self.group.fail(&err);
-        let _state = self.state.lock();
+        let state = self.state.lock();
         self.progress.notify_all();
+        state.hole_waiters.wake_all();
         self.signal.wake();
         self.checkpointed.notify_all();
         self.synced.notify_all();
@@ -661,3 +666,4 @@ mod open;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod waiters;

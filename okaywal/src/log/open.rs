@@ -248,6 +248,7 @@ impl WriteAheadLog {
                 segments,
                 next_entry_id,
                 progress_waiters: 0,
+                hole_waiters: Default::default(),
                 shutting_down: false,
                 checkpoints: CheckpointStatus::default(),
                 open_ids: BTreeMap::new(),

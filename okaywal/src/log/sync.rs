@@ -9,6 +9,7 @@ use parking_lot::MutexGuard;
 use super::{Inner, State};
 use crate::segment::{Overlap, Segment};
 use crate::segments::Segments;
+use crate::tuning::PROGRESS_WAIT;
 
 pub(super) mod ledger;
 
@@ -61,14 +62,23 @@ impl Inner {
     }
 
     /// Waits until no write below `end` in `segment`, nor in an earlier
-    /// closed segment, is still in flight.
+    /// closed segment, is still in flight; woken by the write that makes
+    /// it so (see [`waiters`](super::waiters)).
     fn wait_for_holes(
         &self,
         state: &mut MutexGuard<'_, State>,
         segment: u64,
         end: u64,
     ) -> io::Result<()> {
-        self.wait_for_progress_while(state, |state| state.segments.holes_below(segment, end))
+        while state.segments.holes_below(segment, end) {
+            if let Some(err) = self.failed() {
+                return Err(err);
+            }
+            let (ticket, woken) = state.hole_waiters.enter(segment, end);
+            woken.wait_for(state, PROGRESS_WAIT);
+            state.hole_waiters.leave(ticket);
+        }
+        Ok(())
     }
 
     /// One sync, run by a group-commit leader: waits briefly for writes
