@@ -256,11 +256,26 @@ pub fn is_encrypted_node(fs: &dyn FileSystem, directory: &Path) -> io::Result<bo
     fs.exists(&directory.join(KEY_CHECK_FILE))
 }
 
+/// The largest file [`read_all`] reads: the node's small files (key
+/// check, identity) are a few hundred bytes at most.
+const SMALL_FILE_LIMIT: u64 = 64 * 1024;
+
+/// Reads one of the node's small files whole. A file larger than any the
+/// node writes there (a stray file under that name) is refused with
+/// `InvalidData` rather than read into memory.
 pub(crate) fn read_all(fs: &dyn FileSystem, path: &Path) -> io::Result<Vec<u8>> {
     let file = fs.open(path, OpenMode::Read)?;
-    let len = usize::try_from(file.len()?)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "file too large"))?;
-    let mut bytes = vec![0; len];
+    let len = file.len()?;
+    if len > SMALL_FILE_LIMIT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} holds {len} bytes, more than any file the node writes there                  ({SMALL_FILE_LIMIT} at most): not the node's file",
+                path.display()
+            ),
+        ));
+    }
+    let mut bytes = vec![0; len as usize];
     file.read_exact_at(&mut bytes, 0)?;
     Ok(bytes)
 }
@@ -329,6 +344,27 @@ mod tests {
         let only_old = SharedKeys::new(StaticKey::new([1; 32]));
         let error = check_node_directory(&fs, dir, Some(&only_old)).unwrap_err();
         assert!(error.to_string().contains("key id 2"), "{error}");
+    }
+
+    #[test]
+    fn a_file_named_key_check_larger_than_any_the_node_writes_is_refused() {
+        let fs = MemoryFileSystem::new();
+        let dir = Path::new("/node");
+        okaywal::fs::create_dir_durably(&fs, dir).unwrap();
+        let file = fs
+            .open(&dir.join(KEY_CHECK_FILE), OpenMode::Create)
+            .unwrap();
+        file.set_len(1 << 20).unwrap();
+        let keys = SharedKeys::new(StaticKey::new([1; 32]));
+        for given in [None, Some(&keys)] {
+            let error = check_node_directory(&fs, dir, given).unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains("more than any file the node writes"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
