@@ -110,6 +110,14 @@ impl Segment {
         self.file.write_all_at(bytes, offset)
     }
 
+    /// Starts the write-back of `len` bytes just written at `offset`,
+    /// without waiting (see [`FileHandle::start_writeback`]). A hint: the
+    /// sync that makes the bytes durable comes later, and an error here
+    /// changes nothing about it, so none is returned.
+    pub fn start_writeback(&self, offset: u64, len: u64) {
+        let _ = self.file.start_writeback(offset, len);
+    }
+
     /// The version information in the segment's header.
     pub fn version_info(&self) -> &Arc<Vec<u8>> {
         &self.version_info

@@ -29,6 +29,15 @@ pub(crate) const SEAL_BATCH_FRAMES: u64 = 16;
 /// syncs than from sharing one.
 pub(crate) const OWN_SYNC_BYTES: usize = 256 * 1024;
 
+/// A large chunk's writer starts the write-back of its data as soon as
+/// it is in the file when the chunk (or, encrypted, one batch of its
+/// frames) is at least this large (see `FileHandle::start_writeback`):
+/// with several writers, the device then writes each one's data while the
+/// others still copy theirs, where otherwise it all waits for the first
+/// sync. Smaller chunks share group syncs, and the call would cost more
+/// than it brings forward.
+pub(crate) const START_WRITEBACK_BYTES: usize = 256 * 1024;
+
 /// Handles of its own (open file descriptions) each segment file keeps
 /// for syncs that overlap (see `FileHandle::sync_handle`): a sync
 /// through one counts at once, one through the shared handle only once

@@ -12,7 +12,7 @@ use crate::format::{
 use crate::position::{EntryId, LogPosition};
 use crate::sealed::{ChunkId, SegmentSeal};
 use crate::segment::Segment;
-use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, SEAL_BATCH_FRAMES};
+use crate::tuning::{INLINE_CHUNK_LIMIT, OWN_SYNC_BYTES, SEAL_BATCH_FRAMES, START_WRITEBACK_BYTES};
 use crate::WriteAheadLog;
 
 /// How durable a commit is when it returns; see
@@ -211,12 +211,20 @@ impl<'log> EntryWriter<'log> {
                 .reserve_chunk(&self.segment, header, crc, chunk.index)
                 .inspect_err(|e| self.broken = Some(ErrorRecord::of(e)))?;
             let data_offset = offset + self.segment.layout().header_size() as u64;
+            // Whether to start the write-back of each piece of the data at
+            // once (see `START_WRITEBACK_BYTES`).
+            let hint = data.len() >= START_WRITEBACK_BYTES && inner.others_writing();
             let result = match &seal {
                 None => self
                     .segment
                     .write_reserved(data, data_offset)
+                    .map(|()| {
+                        if hint {
+                            self.segment.start_writeback(data_offset, data.len() as u64);
+                        }
+                    })
                     .map_err(Failed::Write),
-                Some(seal) => write_sealed(&self.segment, seal, chunk, data, data_offset),
+                Some(seal) => write_sealed(&self.segment, seal, chunk, data, data_offset, hint),
             };
             inner.data_written(self.segment.id(), offset);
             match result {
@@ -415,13 +423,15 @@ enum Failed {
 }
 
 /// Encrypts `data`, the whole of `chunk`, a few frames at a time, and
-/// writes the frames at `data_offset`.
+/// writes the frames at `data_offset`; with `hint`, starts the write-back
+/// of each batch large enough as it lands.
 fn write_sealed(
     segment: &Segment,
     seal: &SegmentSeal,
     chunk: ChunkId,
     data: &[u8],
     data_offset: u64,
+    hint: bool,
 ) -> Result<(), Failed> {
     let frames = frame_count(chunk.length);
     let mut out = Vec::with_capacity(
@@ -439,6 +449,9 @@ fn write_sealed(
         segment
             .write_reserved(&out, data_offset + start)
             .map_err(Failed::Write)?;
+        if hint && out.len() >= START_WRITEBACK_BYTES {
+            segment.start_writeback(data_offset + start, out.len() as u64);
+        }
         frame += batch;
     }
     Ok(())
@@ -487,6 +500,9 @@ impl ChunkWriter<'_, '_> {
         let at = self.data_offset + u64::from(self.flushed);
         match self.entry.segment.write_reserved(bytes, at) {
             Ok(()) => {
+                if bytes.len() >= START_WRITEBACK_BYTES && self.entry.log.inner.others_writing() {
+                    self.entry.segment.start_writeback(at, bytes.len() as u64);
+                }
                 self.flushed += bytes.len() as u32;
                 Ok(())
             }

@@ -143,6 +143,18 @@ pub trait FileHandle: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Makes the file's data and all of its metadata durable: `fsync`.
     fn sync_all(&self) -> io::Result<()>;
+    /// Asks for the `len` bytes at `offset`, just written, to start on
+    /// their way to the device now, without waiting for them: a hint that
+    /// makes no promise of durability (that takes
+    /// [`FileHandle::sync_data`]) and must not report a failed write-back
+    /// in place of the next sync. The log gives it after each large
+    /// chunk's data, so that the device is already writing one writer's
+    /// data while others still copy theirs, instead of all of it waiting
+    /// for the first sync. The default does nothing.
+    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
     /// Another handle on the same file, for its syncs, that learns of
     /// every failed write-back from now on by itself, whatever is synced
     /// through other handles; `None` if the file system has no such

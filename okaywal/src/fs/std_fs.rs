@@ -203,6 +203,27 @@ impl FileHandle for StdFile {
         self.file.sync_data().map_err(|e| self.err("fdatasync", e))
     }
 
+    /// On Linux, `posix_fadvise(POSIX_FADV_DONTNEED)` over the range: the
+    /// kernel starts writing its dirty pages back (without waiting for
+    /// them) and then drops only the pages of the range that are already
+    /// clean, which pages just written and under write-back are not.
+    /// PostgreSQL's `pg_flush_data` uses the same call for the same
+    /// purpose where `sync_file_range` is missing; `sync_file_range`
+    /// itself has no safe binding in `rustix` or `std`. A failed
+    /// write-back is recorded on the file, and reported by the next
+    /// `fdatasync` as always: this call does not take it. Elsewhere a
+    /// no-op.
+    fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::DontNeed)
+                .map_err(|e| self.err("starting write-back", io::Error::from(e)))?;
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let _ = (offset, len);
+        Ok(())
+    }
+
     fn sync_all(&self) -> io::Result<()> {
         self.file.sync_all().map_err(|e| self.err("fsync", e))
     }
