@@ -34,8 +34,9 @@ pub(crate) const OWN_SYNC_BYTES: usize = 256 * 1024;
 /// frames) is at least this large (see `FileHandle::start_writeback`):
 /// with several writers, the device then writes each one's data while the
 /// others still copy theirs, where otherwise it all waits for the first
-/// sync. Smaller chunks share group syncs, and the call would cost more
-/// than it brings forward.
+/// sync. The same size as [`OWN_SYNC_BYTES`]: smaller chunks commit with
+/// group syncs, which send many writers' records in one request anyway.
+/// Only when another entry is open (`Inner::others_writing`).
 pub(crate) const START_WRITEBACK_BYTES: usize = 256 * 1024;
 
 /// Handles of its own (open file descriptions) each segment file keeps
