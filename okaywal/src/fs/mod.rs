@@ -147,10 +147,11 @@ pub trait FileHandle: Send + Sync + Debug {
     /// their way to the device now, without waiting for them: a hint that
     /// makes no promise of durability (that takes
     /// [`FileHandle::sync_data`]) and must not report a failed write-back
-    /// in place of the next sync. The log gives it after each large
-    /// chunk's data, so that the device is already writing one writer's
-    /// data while others still copy theirs, instead of all of it waiting
-    /// for the first sync. The default does nothing.
+    /// in place of the next sync. The log gives it after the data of each
+    /// chunk of 256 KiB or more while other entries are open, so that the
+    /// device is already writing one writer's data while others still
+    /// copy theirs, instead of all of it waiting for the first sync. The
+    /// default does nothing.
     fn start_writeback(&self, offset: u64, len: u64) -> io::Result<()> {
         let _ = (offset, len);
         Ok(())
