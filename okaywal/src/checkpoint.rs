@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::RecoveryMode;
 use crate::failure::ErrorRecord;
 use crate::format::HEADER_SIZE;
+use crate::fs::zero_fill;
 use crate::log::{weak, Inner};
 use crate::manager::LogManager;
 use crate::recovery::SegmentReader;
@@ -178,7 +179,7 @@ struct Quiet {
 /// log has been idle for [`IDLE_WAIT`] (see `Segments::trim_spares`).
 fn trim_when_idle(inner: &Inner, quiet: &mut Quiet) {
     let mut state = inner.lock_state();
-    if !state.segments.has_grown_spare() {
+    if !state.segments.has_grown() {
         quiet.seen = None;
         return;
     }
@@ -417,6 +418,18 @@ fn recycle_finished(inner: &Inner) {
             // keeps its blocks while the log is busy, and goes back to
             // that size once it is idle (`trim_when_idle`).
             let preallocated = inner.config().preallocate_bytes.max(HEADER_SIZE);
+            // A log of large entries sizes its segments up (see
+            // `Segments::segment_bytes`): a smaller recycled file is filled
+            // to that size here, off the writers' path, rather than grown
+            // by their appends, each `fdatasync` of which would then carry
+            // a file-size change. A fill that fails (a full disk) leaves
+            // the file to grow by appends as before.
+            let wanted = inner.lock_state().segments.spare_bytes(preallocated);
+            if let Ok(len) = file.len() {
+                if len < wanted {
+                    let _ = zero_fill(&*file, len, wanted - len).and_then(|()| file.sync_data());
+                }
+            }
             let grown = file.len().is_ok_and(|len| len > preallocated);
             // Handles of its own, opened now: the segment's may still be
             // lent to a sync pass that started before it was retired.

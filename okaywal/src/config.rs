@@ -117,6 +117,11 @@ impl IntoVersionInfo for String {
 /// - `checkpoint_after_bytes` = 32 MiB: a segment is handed to the
 ///   checkpointer once it holds this much, bounding recovery work to about
 ///   one segment per writer burst while keeping checkpoints infrequent.
+///   Entries so large that two segments in a row filled up with fewer than
+///   128 of them make the log size its next segments to hold about 128
+///   (at most 8 × this, with spares preallocated to 8 × `preallocate_bytes`
+///   at most), so that 1 MiB entries switch segments every ~128 commits;
+///   an idle log goes back to the configured sizes.
 /// - `buffer_bytes` = 256 KiB: large enough to stream big chunks and scan
 ///   segments in few system calls, small enough not to matter for memory.
 ///
@@ -149,7 +154,10 @@ pub struct Configuration {
     /// down to 64 KiB (segments grow past their preallocation as records
     /// need).
     pub preallocate_bytes: u64,
-    /// Bytes after which the active segment is checkpointed.
+    /// Bytes after which the active segment is checkpointed. A log of
+    /// entries so large that a segment of this size holds fewer than 128
+    /// of them sizes its segments up to hold about 128, at most 8 × this,
+    /// until it is idle again.
     pub checkpoint_after_bytes: u64,
     /// Buffer size for streaming writes and sequential reads, 1 byte to
     /// 256 MiB.

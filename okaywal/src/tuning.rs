@@ -94,6 +94,19 @@ pub(crate) const MAX_PREALLOCATE_BYTES: u64 = 4 << 30;
 /// segment scan allocates a read buffer of this size.
 pub(crate) const MAX_BUFFER_BYTES: usize = 256 << 20;
 
+/// A log whose full segments hold fewer entries than this (entries of
+/// hundreds of KiB and more) makes its later segments larger, up to
+/// [`MAX_SEGMENT_GROWTH`] × `Configuration::checkpoint_after_bytes`:
+/// every switch drains the open entries, syncs the new header, and renames
+/// the file with a directory sync, and with 1 MiB entries in 32 MiB
+/// segments that came every 32 commits (see `Segments::segment_bytes`).
+pub(crate) const MIN_ENTRIES_PER_SEGMENT: u64 = 128;
+
+/// How many times `Configuration::checkpoint_after_bytes` a segment of
+/// large entries may hold (and its spare be preallocated to, scaled from
+/// `preallocate_bytes`) before it is full.
+pub(crate) const MAX_SEGMENT_GROWTH: u64 = 8;
+
 /// How long `begin_entry` waits for the entries still open in a full
 /// active segment to finish before it starts the next segment anyway.
 pub(crate) const DRAIN_WAIT: Duration = Duration::from_millis(100);

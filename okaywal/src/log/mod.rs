@@ -429,10 +429,14 @@ impl Inner {
     /// past its preallocation as records need, so a smaller file lets the
     /// log go on once a little space is free.
     pub fn create_spare(&self) -> io::Result<Spare> {
-        let number = self.state.lock().segments.next_spare_number();
+        let preallocated = self.config.preallocate_bytes.max(HEADER_SIZE);
+        let (number, mut bytes) = {
+            let mut state = self.state.lock();
+            let number = state.segments.next_spare_number();
+            (number, state.segments.spare_bytes(preallocated))
+        };
         let path = FileName::Spare(number).path_in(self.directory());
         let file = self.fs.open(&path, OpenMode::CreateNew)?;
-        let mut bytes = self.config.preallocate_bytes.max(HEADER_SIZE);
         let floor = MIN_PREALLOCATE_BYTES.max(HEADER_SIZE);
         let result = loop {
             match zero_fill(&*file, 0, bytes).and_then(|()| file.sync_data()) {
@@ -458,7 +462,8 @@ impl Inner {
             sync_handles: SyncHandles::open(&*file),
             file,
             path,
-            grown: false,
+            // Sized up for large entries: cut back once the log is idle.
+            grown: bytes > preallocated,
         })
     }
 }

@@ -30,7 +30,9 @@ pub(crate) struct SegmentState {
     pub(super) buffered_bytes: usize,
     /// Entries begun in this segment and not yet committed or rolled back.
     pub(super) open_entries: usize,
-    /// The active segment passed `checkpoint_after_bytes`.
+    /// Entries begun in this segment since it became active.
+    pub(super) entries_begun: u64,
+    /// The active segment passed its size (`Segments::segment_bytes`).
     pub(super) full: bool,
     /// No new entries go here; it is checkpointed once `open_entries` is 0.
     pub(super) sealed: bool,
@@ -56,6 +58,7 @@ impl SegmentState {
             buffered: Vec::new(),
             buffered_bytes: 0,
             open_entries: 0,
+            entries_begun: 0,
             full: false,
             sealed: false,
             last_entry_id: None,

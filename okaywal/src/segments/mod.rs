@@ -35,7 +35,9 @@ use crate::format::{
 use crate::fs::FileHandle;
 use crate::sealed::{Layout, SegmentSeal};
 use crate::segment::{FileName, Segment, SyncHandles};
-use crate::tuning::MAX_SPARES;
+use crate::tuning::{
+    MAX_PREALLOCATE_BYTES, MAX_SEGMENT_GROWTH, MAX_SPARES, MIN_ENTRIES_PER_SEGMENT,
+};
 
 mod live;
 
@@ -63,7 +65,8 @@ pub(crate) struct SegmentSettings {
     pub directory: PathBuf,
     /// Written into every new segment's header.
     pub version_info: Arc<Vec<u8>>,
-    /// The active segment is full from this many bytes on.
+    /// The active segment is full from this many bytes on (more for
+    /// large entries: see [`Segments::segment_bytes`]).
     pub checkpoint_after_bytes: u64,
     /// A segment's write buffer is written out from this many bytes on.
     pub buffer_bytes: usize,
@@ -134,6 +137,19 @@ pub(crate) struct Segments {
     /// The maintenance thread should make a spare (once the active
     /// segment is half full).
     want_spare: bool,
+    /// How many bytes the active segment takes before it is full:
+    /// `checkpoint_after_bytes`, or more for a log of large entries. When
+    /// a segment fills up, the next ones are sized to hold
+    /// [`MIN_ENTRIES_PER_SEGMENT`] entries of the average size it held,
+    /// between `checkpoint_after_bytes` and [`MAX_SEGMENT_GROWTH`] times
+    /// that. A size goes up only after two segments in a row held fewer
+    /// entries (one burst of a few huge entries does not make every spare
+    /// large), and down at once; an idle log goes back to
+    /// `checkpoint_after_bytes` ([`Segments::trim_spares`]).
+    segment_bytes: u64,
+    /// The last segment that filled up held fewer than
+    /// [`MIN_ENTRIES_PER_SEGMENT`] entries.
+    few_entries_before: bool,
 }
 
 impl Segments {
@@ -145,6 +161,7 @@ impl Segments {
         spares: Vec<Spare>,
         next_spare_number: u64,
     ) -> Self {
+        let settings_bytes = settings.checkpoint_after_bytes;
         Self {
             settings,
             active: 0,
@@ -153,6 +170,8 @@ impl Segments {
             recycling: Vec::new(),
             next_spare_number,
             want_spare: false,
+            segment_bytes: settings_bytes,
+            few_entries_before: false,
         }
     }
 
@@ -244,9 +263,8 @@ impl Segments {
 
     /// The active segment is full or past half of its size.
     pub fn active_is_half_full(&self) -> bool {
-        self.active_state().is_some_and(|seg| {
-            seg.full || seg.reserved_end >= self.settings.checkpoint_after_bytes / 2
-        })
+        self.active_state()
+            .is_some_and(|seg| seg.full || seg.reserved_end >= self.segment_bytes / 2)
     }
 
     /// Entries begun and not yet finished in the active segment.
@@ -273,6 +291,7 @@ impl Segments {
         let active = self.active;
         let segment = self.live(active)?;
         segment.open_entries += 1;
+        segment.entries_begun += 1;
         segment.last_entry_id = Some(id);
         segment.highest_id = id;
         Ok(segment.segment.clone())
@@ -318,13 +337,16 @@ impl Segments {
     }
 
     /// Cuts every spare that a burst grew past its preallocated size back
-    /// to `size`, so an idle log takes the same space whatever bursts it
-    /// has seen. Called only once nothing has been written for a while:
+    /// to `size`, and sizes later segments by `checkpoint_after_bytes`
+    /// again (see [`Segments::segment_bytes`]), so an idle log takes the
+    /// same space whatever bursts it has seen. Called only once nothing has been written for a while:
     /// the truncation runs under the log's lock (a spare cannot become the
     /// active segment half cut), and a log that is still busy keeps the
     /// blocks, which its next overshoot would otherwise allocate again,
     /// one `fdatasync` of file-size changes after another.
     pub fn trim_spares(&mut self, size: u64) -> io::Result<()> {
+        self.segment_bytes = self.settings.checkpoint_after_bytes;
+        self.few_entries_before = false;
         for spare in self.spares.iter_mut().filter(|spare| spare.grown) {
             // Tried once: a file that cannot be cut keeps its size.
             spare.grown = false;
@@ -338,10 +360,47 @@ impl Segments {
         Ok(())
     }
 
-    /// Some spare grew past its preallocated size (see
-    /// [`Segments::trim_spares`]).
-    pub fn has_grown_spare(&self) -> bool {
+    /// Some spare grew past its preallocated size, or segments are sized
+    /// up for large entries (see [`Segments::trim_spares`]).
+    pub fn has_grown(&self) -> bool {
         self.spares.iter().any(|spare| spare.grown)
+            || self.segment_bytes > self.settings.checkpoint_after_bytes
+    }
+
+    /// The size to preallocate a spare to: `preallocated` (the configured
+    /// size) scaled like [`Segments::segment_bytes`], at most
+    /// [`MAX_PREALLOCATE_BYTES`].
+    pub fn spare_bytes(&self, preallocated: u64) -> u64 {
+        let base = self.settings.checkpoint_after_bytes.max(1);
+        if self.segment_bytes <= base {
+            return preallocated;
+        }
+        let scaled = u128::from(preallocated) * u128::from(self.segment_bytes) / u128::from(base);
+        u64::try_from(scaled)
+            .unwrap_or(u64::MAX)
+            .min(MAX_PREALLOCATE_BYTES)
+            .max(preallocated)
+    }
+
+    /// Sizes the segments after one that filled up with `entries` entries
+    /// in `bytes` (see [`Segments::segment_bytes`]).
+    fn size_after_full(&mut self, entries: u64, bytes: u64) {
+        let few = entries < MIN_ENTRIES_PER_SEGMENT;
+        let confirmed = self.few_entries_before;
+        self.few_entries_before = few;
+        if few && !confirmed {
+            return;
+        }
+        let base = self.settings.checkpoint_after_bytes;
+        let limit = base
+            .saturating_mul(MAX_SEGMENT_GROWTH)
+            .min(MAX_PREALLOCATE_BYTES)
+            .max(base);
+        let wanted = (bytes / entries).saturating_mul(MIN_ENTRIES_PER_SEGMENT);
+        self.segment_bytes = wanted
+            .min(limit)
+            .next_multiple_of(1 << 20)
+            .clamp(base, limit);
     }
 
     /// Where writing has got to: the active segment and its reserved end.
@@ -361,8 +420,7 @@ impl Segments {
     /// Where a write into `segment` makes a spare due: the half of the
     /// active segment while a spare is wanted (see [`spare_due`]).
     fn spare_half(&self, segment: u64) -> Option<u64> {
-        (segment == self.active && self.want_spare)
-            .then_some(self.settings.checkpoint_after_bytes / 2)
+        (segment == self.active && self.want_spare).then_some(self.segment_bytes / 2)
     }
 
     // --- Switching --------------------------------------------------------
@@ -409,7 +467,15 @@ impl Segments {
         spare.file.write_all_at(&header, 0)?;
         spare.file.sync_data()?;
         let old = self.active;
+        let segment_bytes = self.segment_bytes;
         let old_state = self.live(old)?;
+        // A segment that filled up (not one sealed early, nor a recovered
+        // one) sizes the next ones.
+        let filled = (old_state.reserved_end >= segment_bytes && old_state.entries_begun > 0)
+            .then_some((
+                old_state.entries_begun,
+                old_state.reserved_end.saturating_sub(HEADER_SIZE),
+            ));
         old_state.sealed = true;
         if previous.is_none() && old != 0 {
             old_state.segment.owe_end_mark();
@@ -428,6 +494,9 @@ impl Segments {
         self.live
             .insert(id, SegmentState::new(segment, HEADER_SIZE));
         self.active = id;
+        if let Some((entries, bytes)) = filled {
+            self.size_after_full(entries, bytes);
+        }
         if self.spares.is_empty() {
             // Made once this segment is half full (see `spare_due`), not
             // now: a new log's first commits need the disk to themselves.
@@ -485,7 +554,7 @@ impl Segments {
     /// The active segment is full once it passed this many bytes (`None`
     /// for a segment that is not active).
     fn full_at(&self, segment: u64) -> Option<u64> {
-        (segment == self.active).then_some(self.settings.checkpoint_after_bytes)
+        (segment == self.active).then_some(self.segment_bytes)
     }
 
     /// Reserves `len` bytes in `segment` for a chunk record its writer
