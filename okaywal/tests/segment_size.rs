@@ -250,3 +250,46 @@ fn an_idle_log_goes_back_to_the_configured_segment_size() {
         "the first segment after the pause held {held} entries: {after:?}"
     );
 }
+
+/// Spare files an earlier run left sized up (its writers stopped in a
+/// burst of large entries) go back to the configured size once the
+/// reopened log is idle.
+#[test]
+fn a_reopened_log_cuts_spares_an_earlier_run_left_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = config(dir.path()).open(Ledger::default()).unwrap();
+    write_entries(&log, 40, 64 << 10);
+    log.shutdown().unwrap();
+    drop(log);
+    // What a run stopped in a burst leaves: zero-filled spares of the
+    // grown size (which spares the background thread had made by then
+    // depends on timing, so they are laid out here).
+    for number in [100, 101] {
+        std::fs::write(
+            dir.path().join(format!("wal-spare-{number}")),
+            vec![0_u8; GROWN_LIMIT as usize],
+        )
+        .unwrap();
+    }
+
+    let log = config(dir.path()).open(Ledger::default()).unwrap();
+    // The active segment keeps a spare's name until its first sync: one
+    // small entry gives it its own.
+    write_entries(&log, 1, 100);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let spares: Vec<(String, u64)> = segment_file_lengths(dir.path())
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("wal-spare-") || name.starts_with("wal-recycled-"))
+            .collect();
+        if spares.iter().all(|(_, len)| *len <= SEGMENT) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reopened log kept large spares: {spares:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    log.shutdown().unwrap();
+}

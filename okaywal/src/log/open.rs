@@ -190,11 +190,16 @@ impl WriteAheadLog {
         for path in reusable {
             if spares.len() < MAX_SPARES + live.len() + 1 {
                 let file = fs.open(&path, OpenMode::ReadWrite)?;
+                // A file that an earlier run sized up (or that a segment
+                // grew) goes back to the configured size once this log is
+                // idle, like one recycled now.
+                let preallocated = config.preallocate_bytes.max(HEADER_SIZE);
+                let grown = file.len()? > preallocated;
                 spares.push(Spare {
                     sync_handles: SyncHandles::open(&*file),
                     file,
                     path,
-                    grown: false,
+                    grown,
                 });
             } else {
                 fs.remove_file(&path)?;
