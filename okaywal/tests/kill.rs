@@ -17,6 +17,8 @@ use testkit::kill::{child_dir, pattern, KillRuns, Report};
 use testkit::recorder::{Checkpoint, Recorder};
 
 const CHILD_ENV: &str = "OKAYWAL_KILL_CHILD_DIR";
+/// The last word of every whole line of the checkpointed-entries file.
+const LINE_END: &str = "end";
 const KILLS: usize = 50;
 /// Kills of the encrypted log: fewer, the plain runs cover the timing.
 const ENCRYPTED_KILLS: usize = 20;
@@ -53,14 +55,21 @@ fn config(dir: &Path) -> Configuration {
 /// entries' ids, each with whether its bytes are right, to a synced file
 /// (the "primary store"), so the parent knows which entries left the log
 /// legitimately.
+///
+/// A SIGKILL can cut that append short (a write stops between pages when
+/// the process is killed), and the next process appends after the cut:
+/// so every batch starts on a line of its own, every line ends with
+/// [`LINE_END`], and the parent reads only whole lines. A cut batch is a
+/// checkpoint that never returned, whose segment was not recycled: its
+/// entries are still in the log.
 fn recorder(dir: &Path) -> Recorder {
     let checkpointed_file = dir.with_extension("checkpointed");
     Recorder {
         on_checkpoint: Some(Arc::new(move |checkpoint: &Checkpoint| {
-            let mut lines = String::new();
+            let mut lines = String::from("\n");
             for (id, chunks) in &checkpoint.entries {
                 let ok = chunks.concat() == payload(*id);
-                lines.push_str(&format!("{id} {ok}\n"));
+                lines.push_str(&format!("{id} {ok} {LINE_END}\n"));
             }
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
@@ -158,14 +167,7 @@ fn sigkill_at_random_moments(name: &str, kills: usize) {
             .iter()
             .map(|(id, chunks)| (*id, chunks.concat()))
             .collect();
-        let checkpointed: BTreeMap<u64, bool> = std::fs::read_to_string(&checkpointed_file)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let (id, ok) = l.split_once(' ')?;
-                Some((id.parse().ok()?, ok == "true"))
-            })
-            .collect();
+        let checkpointed = read_checkpointed(&checkpointed_file);
         for id in &acked {
             let found = recovered.contains_key(id) || checkpointed.contains_key(id);
             assert!(
@@ -210,5 +212,37 @@ fn sigkill_at_random_moments(name: &str, kills: usize) {
     assert!(
         acknowledged_total > 0,
         "the child never acknowledged anything"
+    );
+}
+
+/// The entries the checkpointed-entries file records, each with whether
+/// its bytes were right, from whole lines only (see [`recorder`]).
+fn read_checkpointed(path: &Path) -> BTreeMap<u64, bool> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
+            [id, ok, LINE_END] => Some((id.parse().ok()?, ok == "true")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A line cut by a kill and the line appended after it read as nothing,
+/// not as a made-up entry: "3976" cut short and "3958 true end" after it
+/// once read as entry 39763958.
+#[test]
+fn a_cut_line_of_the_checkpointed_file_is_not_read_as_an_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.checkpointed");
+    std::fs::write(
+        &path,
+        "\n12 true end\n3976\n3958 true end\n45 tr\n77 false end\n",
+    )
+    .unwrap();
+    let read = read_checkpointed(&path);
+    assert_eq!(
+        read,
+        BTreeMap::from([(12, true), (3958, true), (77, false)])
     );
 }

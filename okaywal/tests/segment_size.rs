@@ -98,6 +98,36 @@ fn segment_file_lengths(dir: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The length of the log's largest segment file.
+fn largest_segment_file(dir: &Path) -> u64 {
+    segment_file_lengths(dir)
+        .into_iter()
+        .map(|(_, len)| len)
+        .max()
+        .unwrap()
+}
+
+/// Waits (up to 20 s) until the log has spare files (`wal-spare-*`,
+/// `wal-recycled-*`; with `any_spare`, at least one) and none is larger
+/// than the configured segment.
+fn wait_for_spares_cut_back(dir: &Path, any_spare: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let spares: Vec<(String, u64)> = segment_file_lengths(dir)
+            .into_iter()
+            .filter(|(name, _)| name.starts_with("wal-spare-") || name.starts_with("wal-recycled-"))
+            .collect();
+        if (!any_spare || !spares.is_empty()) && spares.iter().all(|(_, len)| *len <= SEGMENT) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spares kept a burst's size: {spares:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Entries of 64 KiB fill a 1 MiB segment in 16 commits. After two such
 /// segments the log sizes its segments up to the limit (8 MiB, about 127 of
 /// these entries), its files stay within that limit, and a reopen replays
@@ -108,11 +138,7 @@ fn a_log_of_large_entries_sizes_its_segments_up() {
     let ledger = Ledger::default();
     let log = config(dir.path()).open(ledger.clone()).unwrap();
     let ids = write_entries(&log, 700, 64 << 10);
-    let largest = segment_file_lengths(dir.path())
-        .into_iter()
-        .map(|(_, len)| len)
-        .max()
-        .unwrap();
+    let largest = largest_segment_file(dir.path());
     log.shutdown().unwrap();
     drop(log);
 
@@ -166,11 +192,7 @@ fn small_entries_keep_the_configured_segment_size() {
     let ledger = Ledger::default();
     let log = config(dir.path()).open(ledger.clone()).unwrap();
     let ids = write_entries(&log, 1500, 4 << 10);
-    let largest = segment_file_lengths(dir.path())
-        .into_iter()
-        .map(|(_, len)| len)
-        .max()
-        .unwrap();
+    let largest = largest_segment_file(dir.path());
     log.shutdown().unwrap();
 
     let held = ledger.entries_per_segment(ids[0]);
@@ -218,21 +240,7 @@ fn an_idle_log_goes_back_to_the_configured_segment_size() {
     let log = config(dir.path()).open(ledger.clone()).unwrap();
     write_entries(&log, 400, 64 << 10);
     log.checkpoint_active().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let spares: Vec<(String, u64)> = segment_file_lengths(dir.path())
-            .into_iter()
-            .filter(|(name, _)| name.starts_with("wal-spare-") || name.starts_with("wal-recycled-"))
-            .collect();
-        if !spares.is_empty() && spares.iter().all(|(_, len)| *len <= SEGMENT) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "spares kept the burst's size: {spares:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_spares_cut_back(dir.path(), true);
 
     let before = ledger.checkpoints.lock().len();
     let first = write_entries(&log, 60, 64 << 10)[0];
@@ -276,20 +284,6 @@ fn a_reopened_log_cuts_spares_an_earlier_run_left_large() {
     // The active segment keeps a spare's name until its first sync: one
     // small entry gives it its own.
     write_entries(&log, 1, 100);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let spares: Vec<(String, u64)> = segment_file_lengths(dir.path())
-            .into_iter()
-            .filter(|(name, _)| name.starts_with("wal-spare-") || name.starts_with("wal-recycled-"))
-            .collect();
-        if spares.iter().all(|(_, len)| *len <= SEGMENT) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the reopened log kept large spares: {spares:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_spares_cut_back(dir.path(), false);
     log.shutdown().unwrap();
 }

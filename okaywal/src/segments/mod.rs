@@ -339,11 +339,12 @@ impl Segments {
     /// Cuts every spare that a burst grew past its preallocated size back
     /// to `size`, and sizes later segments by `checkpoint_after_bytes`
     /// again (see [`Segments::segment_bytes`]), so an idle log takes the
-    /// same space whatever bursts it has seen. Called only once nothing has been written for a while:
-    /// the truncation runs under the log's lock (a spare cannot become the
-    /// active segment half cut), and a log that is still busy keeps the
-    /// blocks, which its next overshoot would otherwise allocate again,
-    /// one `fdatasync` of file-size changes after another.
+    /// same space whatever bursts it has seen. Called only once nothing
+    /// has been written for a while: the truncation runs under the log's
+    /// lock (a spare cannot become the active segment half cut), and a log
+    /// that is still busy keeps the blocks, which its next overshoot would
+    /// otherwise allocate again, one `fdatasync` of file-size changes after
+    /// another.
     pub fn trim_spares(&mut self, size: u64) -> io::Result<()> {
         self.segment_bytes = self.settings.checkpoint_after_bytes;
         self.few_entries_before = false;
