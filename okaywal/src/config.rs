@@ -121,7 +121,8 @@ impl IntoVersionInfo for String {
 ///   128 of them make the log size its next segments to hold about 128
 ///   (at most 8 × this, with spares preallocated to 8 × `preallocate_bytes`
 ///   at most), so that 1 MiB entries switch segments every ~128 commits;
-///   an idle log goes back to the configured sizes.
+///   an idle log goes back to the configured sizes. Segments configured
+///   under 1 MiB keep their size.
 /// - `buffer_bytes` = 256 KiB: large enough to stream big chunks and scan
 ///   segments in few system calls, small enough not to matter for memory.
 ///
@@ -157,7 +158,7 @@ pub struct Configuration {
     /// Bytes after which the active segment is checkpointed. A log of
     /// entries so large that a segment of this size holds fewer than 128
     /// of them sizes its segments up to hold about 128, at most 8 × this,
-    /// until it is idle again.
+    /// until it is idle again (when this is 1 MiB or more).
     pub checkpoint_after_bytes: u64,
     /// Buffer size for streaming writes and sequential reads, 1 byte to
     /// 256 MiB.

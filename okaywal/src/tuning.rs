@@ -102,6 +102,11 @@ pub(crate) const MAX_BUFFER_BYTES: usize = 256 << 20;
 /// segments that came every 32 commits (see `Segments::segment_bytes`).
 pub(crate) const MIN_ENTRIES_PER_SEGMENT: u64 = 128;
 
+/// The smallest `Configuration::checkpoint_after_bytes` for which
+/// segments are sized up for large entries: a log configured with smaller
+/// segments asked to checkpoint that often, and keeps them.
+pub(crate) const MIN_SIZED_SEGMENT_BYTES: u64 = 1 << 20;
+
 /// How many times `Configuration::checkpoint_after_bytes` a segment of
 /// large entries may hold (and its spare be preallocated to, scaled from
 /// `preallocate_bytes`) before it is full.

@@ -287,3 +287,25 @@ fn a_reopened_log_cuts_spares_an_earlier_run_left_large() {
     wait_for_spares_cut_back(dir.path(), false);
     log.shutdown().unwrap();
 }
+
+/// Segments configured under 1 MiB keep their size whatever the entries:
+/// such a log asked to checkpoint that often (64 KiB segments of 20 KiB
+/// entries hold 3 each).
+#[test]
+fn segments_configured_small_keep_their_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::default();
+    let log = Configuration::default_for(dir.path())
+        .preallocate_bytes(64 << 10)
+        .checkpoint_after_bytes(64 << 10)
+        .open(ledger.clone())
+        .unwrap();
+    let ids = write_entries(&log, 60, 20 << 10);
+    log.shutdown().unwrap();
+    let held = ledger.entries_per_segment(ids[0]);
+    assert!(held.len() >= 10, "too few checkpoints to judge: {held:?}");
+    assert!(
+        held.iter().all(|&n| n <= 4),
+        "a 64 KiB segment was sized up: {held:?}"
+    );
+}

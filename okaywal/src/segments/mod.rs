@@ -37,6 +37,7 @@ use crate::sealed::{Layout, SegmentSeal};
 use crate::segment::{FileName, Segment, SyncHandles};
 use crate::tuning::{
     MAX_PREALLOCATE_BYTES, MAX_SEGMENT_GROWTH, MAX_SPARES, MIN_ENTRIES_PER_SEGMENT,
+    MIN_SIZED_SEGMENT_BYTES,
 };
 
 mod live;
@@ -145,7 +146,8 @@ pub(crate) struct Segments {
     /// that. A size goes up only after two segments in a row held fewer
     /// entries (one burst of a few huge entries does not make every spare
     /// large), and down at once; an idle log goes back to
-    /// `checkpoint_after_bytes` ([`Segments::trim_spares`]).
+    /// `checkpoint_after_bytes` ([`Segments::trim_spares`]). Segments
+    /// configured under [`MIN_SIZED_SEGMENT_BYTES`] keep their size.
     segment_bytes: u64,
     /// The last segment that filled up held fewer than
     /// [`MIN_ENTRIES_PER_SEGMENT`] entries.
@@ -386,6 +388,9 @@ impl Segments {
     /// Sizes the segments after one that filled up with `entries` entries
     /// in `bytes` (see [`Segments::segment_bytes`]).
     fn size_after_full(&mut self, entries: u64, bytes: u64) {
+        if self.settings.checkpoint_after_bytes < MIN_SIZED_SEGMENT_BYTES {
+            return;
+        }
         let few = entries < MIN_ENTRIES_PER_SEGMENT;
         let confirmed = self.few_entries_before;
         self.few_entries_before = few;
