@@ -113,7 +113,8 @@ impl IntoVersionInfo for String {
 ///   size (and then recycled, so the cost is paid once per file), so that
 ///   appends overwrite allocated blocks and `fdatasync` has no file size or
 ///   extent metadata to flush. Larger segments also mean that 1 MiB entries
-///   cause a checkpoint every ~32 commits, not every commit.
+///   cause a checkpoint every ~32 commits, not every commit (every ~128
+///   once the log sizes its segments up, below).
 /// - `checkpoint_after_bytes` = 32 MiB: a segment is handed to the
 ///   checkpointer once it holds this much, bounding recovery work to about
 ///   one segment per writer burst while keeping checkpoints infrequent.
