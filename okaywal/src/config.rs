@@ -353,7 +353,9 @@ impl Configuration {
     ///
     /// A manager that records the last entry id it checkpointed can pass
     /// the next one here as a second guard (besides the log's own files)
-    /// that ids never go backwards.
+    /// that ids never go backwards. Ids go up to `u64::MAX - 1`:
+    /// [`Configuration::open`] refuses `u64::MAX` (`InvalidInput`), which
+    /// would leave no id to write an entry with.
     #[must_use]
     pub fn minimum_next_entry_id(mut self, id: u64) -> Self {
         self.minimum_next_entry_id = id;
@@ -371,6 +373,13 @@ impl Configuration {
     }
 
     pub(crate) fn validate(&self) -> io::Result<()> {
+        if self.directory.as_os_str().is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the log's directory is an empty path: name a directory (\".\" for the current \
+                 one)",
+            ));
+        }
         if self.version_info.len() > MAX_VERSION_INFO {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -397,6 +406,13 @@ impl Configuration {
                      segment file is zero-filled to it",
                     self.preallocate_bytes
                 ),
+            ));
+        }
+        if self.minimum_next_entry_id == u64::MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "minimum_next_entry_id is u64::MAX, which no entry can have: ids go up to \
+                 u64::MAX - 1, so the log could write nothing",
             ));
         }
         Ok(())

@@ -463,6 +463,9 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
         Configuration::default_for(dir.path()).buffer_bytes(0),
         Configuration::default_for(dir.path()).preallocate_bytes(u64::MAX),
         Configuration::default_for(dir.path()).preallocate_bytes((4 << 30) + 1),
+        // No entry can have id u64::MAX: nothing could be written, and a
+        // segment named for it would leave no id after a crash.
+        Configuration::default_for(dir.path()).minimum_next_entry_id(u64::MAX),
     ] {
         let before = std::fs::read_dir(dir.path()).unwrap().count();
         let err = config.clone().open(LogVoid).expect_err("refused");
@@ -480,6 +483,16 @@ fn extreme_settings_and_arguments_work_or_fail_cleanly() {
         .buffer_bytes(256 << 20)
         .open(LogVoid)
         .unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    let last = tempfile::tempdir().unwrap();
+    let log = Configuration::default_for(last.path())
+        .minimum_next_entry_id(u64::MAX - 1)
+        .open(LogVoid)
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"the last id").unwrap();
+    assert_eq!(entry.commit().unwrap(), EntryId(u64::MAX - 1));
     log.shutdown().unwrap();
 }
 
@@ -562,4 +575,35 @@ fn a_manager_may_use_the_log_inside_checkpoint_to() {
             assert_eq!(chunks, &vec![b"marker".to_vec()]);
         }
     }
+}
+
+/// An empty directory path is refused before anything is made (it used to
+/// leave `okaywal.lock` in the current directory and then fail to list
+/// ""), and a directory that cannot be made is named in the error.
+#[test]
+fn unusable_directory_paths_are_refused_with_the_path_named() {
+    let lock_in_cwd = std::path::Path::new("okaywal.lock");
+    let existed = lock_in_cwd.exists();
+    let err = WriteAheadLog::recover("", LogVoid).map(drop).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("empty path"), "{err}");
+    let err = Configuration::default_for("")
+        .open_read_only(LogVoid)
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+    assert_eq!(lock_in_cwd.exists(), existed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let under_file = file.join("log");
+    let err = WriteAheadLog::recover(&under_file, LogVoid)
+        .map(drop)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(&under_file.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
 }

@@ -92,6 +92,71 @@ fn a_spare_or_recycled_file_with_foreign_bytes_is_refused_and_left_as_it_was() {
     assert_refused_and_untouched(dir.path(), "wal-recycled-6", &newer);
 }
 
+/// A file shorter than a segment header is no exception: a few bytes of
+/// text named like a spare or a recycled file used to be taken for a
+/// spare cut short and reused (or removed as a surplus spare).
+#[test]
+fn a_short_spare_or_recycled_file_with_foreign_bytes_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    commit_one(dir.path());
+    let note = b"user data named like a spare\n";
+    assert_refused_and_untouched(dir.path(), "wal-spare-7", note);
+    assert_refused_and_untouched(dir.path(), "wal-recycled-2", note);
+    assert_refused_and_untouched(dir.path(), "wal-spare-8", b"x");
+}
+
+/// What a crash can leave of a spare the log was zero-filling, an empty
+/// or a short all-zero file, is still the log's to reuse.
+#[test]
+fn a_short_spare_of_zeros_is_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    commit_one(dir.path());
+    std::fs::write(dir.path().join("wal-spare-40"), b"").unwrap();
+    std::fs::write(dir.path().join("wal-spare-41"), [0_u8; 100]).unwrap();
+    let log = Configuration::default_for(dir.path())
+        .open(LogVoid)
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"after the short spares").unwrap();
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    // Reopened, the log replays the entry written after them.
+    let entries = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Configuration::default_for(dir.path())
+        .open(Recorder(entries.clone()))
+        .unwrap();
+    log.shutdown().unwrap();
+    let entries = entries.lock().unwrap();
+    assert!(
+        entries.iter().any(|e| e == b"after the short spares"),
+        "{entries:?}"
+    );
+}
+
+/// Records the chunks of every entry replayed at open; checkpoints keep
+/// nothing, so entries stay in the log.
+#[derive(Debug, Clone)]
+struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+impl okaywal::LogManager for Recorder {
+    fn recover(&mut self, entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
+        if let Some(chunks) = entry.read_all_chunks()? {
+            self.0.lock().unwrap().extend(chunks);
+        }
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _last: okaywal::EntryId,
+        _entries: &mut okaywal::SegmentReader,
+        _wal: &okaywal::WriteAheadLog,
+    ) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A file named as okaywal 0.3 names a checkpointed segment (`wal-N-cp`)
 /// whose bytes are of neither format: every open refuses it with the same
 /// error (a read-only open used to call it a 0.3 log to convert, which an

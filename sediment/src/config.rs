@@ -283,6 +283,13 @@ impl Config {
     /// Fails with [`Error::InvalidConfig`] naming the first setting that
     /// cannot be honoured.
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.directory.as_os_str().is_empty() {
+            return Err(Error::InvalidConfig(
+                "the store's directory is an empty path: name a directory (\".\" for the \
+                 current one)"
+                    .to_string(),
+            ));
+        }
         if self.max_blob_bytes > MAX_FORMAT_BLOB_BYTES {
             return Err(Error::InvalidConfig(format!(
                 "max_blob_bytes is {}, above {MAX_FORMAT_BLOB_BYTES} bytes (1 GiB - 16), the \

@@ -42,6 +42,23 @@ fn a_max_blob_bytes_above_what_the_format_holds_is_refused() {
     db.shutdown().unwrap();
 }
 
+/// An empty directory path names no directory: it is refused, writable
+/// or read-only, before a lock file is made in the current directory.
+#[test]
+fn an_empty_directory_path_is_refused() {
+    let lock_in_cwd = std::path::Path::new("sediment.lock");
+    let existed = lock_in_cwd.exists();
+    let message = refused(Config::for_directory(""));
+    assert!(message.contains("empty path"), "{message}");
+    let message = refused(Config::for_directory("").read_only(true));
+    assert!(message.contains("empty path"), "{message}");
+    assert!(matches!(
+        sediment::Database::recover(""),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(lock_in_cwd.exists(), existed);
+}
+
 #[test]
 fn a_wal_directory_set_through_the_wal_settings_is_refused() {
     let fs = MemoryFileSystem::new();

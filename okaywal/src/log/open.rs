@@ -33,7 +33,12 @@ impl WriteAheadLog {
         let fs = config.file_system.clone();
         let directory = config.directory.clone();
         let minimum_next_entry_id = config.minimum_next_entry_id;
-        crate::fs::create_dir_durably(&*fs, &directory)?;
+        crate::fs::create_dir_durably(&*fs, &directory).map_err(|err| {
+            io::Error::new(
+                err.kind(),
+                format!("creating the log directory {}: {err}", directory.display()),
+            )
+        })?;
         let lock = fs.lock_exclusive(&directory.join(LOCK_FILE))?;
         let mut segments = Vec::new();
         let mut reusable = Vec::new();
@@ -212,7 +217,8 @@ impl WriteAheadLog {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{}: a file name or record there claims entry id {max_id}, which                          leaves no id for new entries",
+                        "{}: a file name or record there claims entry id {max_id}, which \
+                         leaves no id for new entries",
                         directory.display()
                     ),
                 )
@@ -314,7 +320,15 @@ fn stale_segment_id(
     encrypted: bool,
 ) -> io::Result<Option<u64>> {
     let file = fs.open(path, OpenMode::Read)?;
-    if file.len()? < HEADER_SIZE {
+    let len = file.len()?;
+    if len < HEADER_SIZE {
+        // Shorter than a header: a spare whose zero-fill a crash cut
+        // short is reused; a short file of anything but zeros (or the
+        // start of this format's header) is not the log's, and is refused
+        // like a long one.
+        let mut bytes = vec![0; len as usize];
+        file.read_exact_at(&mut bytes, 0)?;
+        crate::legacy::refuse_foreign(path, &bytes)?;
         return Ok(None);
     }
     let mut bytes = vec![0; HEADER_SIZE as usize];
