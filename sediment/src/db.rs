@@ -179,16 +179,17 @@ impl Shared {
         }
         if let Some(failure) = &*self.failure.lock() {
             return Err(Error::Io {
-                context: "the database stopped accepting commits after a failed sync; reopen it"
-                    .into(),
+                context:
+                    "the database stopped accepting commits after a failed write or sync; reopen it"
+                        .into(),
                 source: io::Error::new(failure.kind, failure.message.clone()),
             });
         }
         Ok(())
     }
 
-    /// Records a failed sync (unless an earlier failure is recorded): every
-    /// later commit fails until reopened.
+    /// Records a failed sync or WAL commit (unless an earlier failure is
+    /// recorded): every later commit fails until reopened.
     pub fn poison(&self, err: &Error) {
         let mut failure = self.failure.lock();
         if failure.is_none() {

@@ -5,7 +5,8 @@
 //! disk no longer has (the copy's place can be a hole in the file). That
 //! copy waits for the first checkpoint instead of failing the open; a
 //! header that was checkpointed still fails it, since its second copy
-//! holds state worth keeping twice.
+//! holds state worth keeping twice. A blob whose own write fails on a
+//! full disk fails only its transaction.
 
 use std::path::Path;
 
@@ -94,5 +95,54 @@ fn a_checkpointed_header_whose_second_copy_is_gone_still_fails_on_a_full_disk() 
     fs.clear_faults();
     let db = open(&fs).unwrap();
     db.verify().unwrap();
+    db.shutdown().unwrap();
+}
+
+/// A blob written straight into its grain whose write fails on a full
+/// disk fails its own transaction only: nothing of it was committed, so
+/// the store goes on taking commits, and a reopen finds every blob that
+/// was acknowledged and none of the failed one.
+#[test]
+fn a_failed_blob_write_fails_only_its_own_transaction() {
+    let fs = CrashFileSystem::new();
+    let db = open(&fs).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let before = tx.write(b"before the disk filled").unwrap();
+    tx.commit().unwrap();
+
+    // Large enough to be written into its grain by `write` itself.
+    let large = vec![0x5a_u8; 300_000];
+    let mut tx = db.begin_transaction().unwrap();
+    fill_disk(&fs, 1);
+    let err = tx.write(&large).unwrap_err();
+    fs.clear_faults();
+    assert!(
+        matches!(&err, sediment::Error::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::StorageFull),
+        "{err}"
+    );
+    drop(tx);
+
+    let mut tx = db.begin_transaction().unwrap();
+    let after = tx.write(b"after space was freed").unwrap();
+    let large_after = tx.write(&large).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        db.get(before).unwrap().as_deref(),
+        Some(&b"before the disk filled"[..])
+    );
+    db.shutdown().unwrap();
+
+    let db = open(&fs).unwrap();
+    db.verify().unwrap();
+    assert_eq!(
+        db.get(before).unwrap().as_deref(),
+        Some(&b"before the disk filled"[..])
+    );
+    assert_eq!(
+        db.get(after).unwrap().as_deref(),
+        Some(&b"after space was freed"[..])
+    );
+    assert_eq!(db.get(large_after).unwrap().as_deref(), Some(&large[..]));
     db.shutdown().unwrap();
 }
