@@ -321,6 +321,16 @@ impl Staged {
 /// place.
 fn output_sink(path: &Path) -> Result<Sink<'_>, CliError> {
     let cannot_create = |e: &io::Error| CliError::io("cannot create", path, e);
+    // A pipe or socket reached through a link in /proc (`/dev/stdout` when
+    // standard output is a pipe) has no name to resolve: its link reads
+    // `pipe:[N]`. It is no file to replace either: open it as it is.
+    if fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(|file| Sink::File(file, path, false))
+            .map_err(|e| cannot_create(&e));
+    }
     let target = resolve_output(path).map_err(|e| cannot_create(&e))?;
     match fs::metadata(&target) {
         Ok(metadata) if !metadata.is_file() => {

@@ -472,6 +472,18 @@ fn verify_finds_a_damaged_grain() {
     assert_eq!(ok(sediment(&[&"get", &db, &ids[0]])).stdout, "healthy");
 }
 
+/// `get -o /dev/stdout` (and its other names) writes to standard output
+/// when that is a pipe, as docs/cli.md shows: the link in /proc names no
+/// file (`pipe:[N]`), and no temporary file can be made beside it.
+#[test]
+fn get_to_dev_stdout_writes_down_a_pipe() {
+    let (_temp, db, ids) = store_with(&[b"down the pipe"]);
+    for name in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"] {
+        let run = ok(sediment(&[&"get", &db, &ids[0], &"-o", &name]));
+        assert_eq!(run.stdout, "down the pipe", "{name}");
+    }
+}
+
 /// A failed `get -o` leaves the output path as it was: an existing file
 /// keeps its contents (also through a symbolic link, which stays), a new
 /// path gets no partial file, a device is left alone (`-o /dev/stdout` must
