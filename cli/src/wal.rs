@@ -168,6 +168,21 @@ pub struct EndInfo {
     /// committed, which the log cannot tell apart).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub commits_past_end: Vec<u64>,
+    /// Bytes that were durable once (a record synced after them follows)
+    /// and no longer verify: damage, not a torn tail. At `offset` when the
+    /// walk stopped there; earlier when a committed chunk's data fails its
+    /// CRC. Recovery in its default mode refuses such a log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damage: Option<DamageInfo>,
+}
+
+/// Where a segment is damaged, and how.
+#[derive(Debug, Clone, Serialize)]
+pub struct DamageInfo {
+    /// Offset of the damaged bytes.
+    pub offset: u64,
+    /// What does not verify there.
+    pub reason: String,
 }
 
 /// Everything `wal-dump` shows about one segment file.
@@ -363,20 +378,26 @@ pub fn scan_segment(
         .into_iter()
         .map(|(id, builder)| builder.finish(id))
         .collect();
+    let damage = listing.damage;
     dump.end = listing.end.map(|end| match end.torn {
         None => EndInfo {
             offset: end.offset,
             torn: false,
             reason: "end of file".into(),
             commits_past_end: Vec::new(),
+            damage: None,
         },
         Some(torn) => EndInfo {
             offset: end.offset,
             torn: true,
             reason: torn_reason(torn, id, len - end.offset),
             commits_past_end: end.commits_past_end,
+            damage: None,
         },
     });
+    if let (Some(end), Some((offset, reason))) = (dump.end.as_mut(), damage) {
+        end.damage = Some(DamageInfo { offset, reason });
+    }
     Ok(dump)
 }
 

@@ -197,7 +197,19 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
             )?;
         }
         if let Some(end) = &segment.end {
-            if end.torn {
+            let damage_at_end = end.damage.as_ref().filter(|d| d.offset == end.offset);
+            if let Some(damage) = &end.damage {
+                writeln!(
+                    out,
+                    "  DAMAGE at offset {} ({}): records synced after it follow, so this is \
+                     no torn tail, and recovery refuses the log (sediment verify names the \
+                     transactions it holds)",
+                    damage.offset, damage.reason
+                )?;
+            }
+            if damage_at_end.is_some() {
+                // Said above: the walk ends at the damage.
+            } else if end.torn {
                 writeln!(out, "  torn tail at offset {} ({})", end.offset, end.reason)?;
                 if !end.commits_past_end.is_empty() {
                     let ids: Vec<String> =

@@ -862,6 +862,42 @@ fn torn_log() -> (tempfile::TempDir, PathBuf, u64) {
     (temp, dir, commit_at)
 }
 
+/// Bytes that were synced once and no longer verify, with records synced
+/// after them, are damage: `wal-dump` says so (the records walk ends there
+/// as at a torn tail, which recovery would forgive) and its JSON carries
+/// it. Here a commit record in the middle of the log is zeroed, which
+/// reads like unwritten space.
+#[test]
+fn wal_dump_tells_damage_in_the_middle_from_a_torn_tail() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("log");
+    let log = WriteAheadLog::recover(&dir, LogVoid).unwrap();
+    let mut records = Vec::new();
+    for data in [&b"first"[..], b"second", b"third"] {
+        let mut entry = log.begin_entry().unwrap();
+        records.push(entry.write_chunk(data).unwrap());
+        entry.commit().unwrap();
+    }
+    drop(log);
+    let second = &records[1];
+    let segment = dir.join(format!("wal-{}", second.position.file_id));
+    let commit_at = second.position.offset + 25 + u64::from(second.length) + 4;
+    let file = fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    file.write_all_at(&[0; 25], commit_at).unwrap();
+
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    assert!(
+        text.contains(&format!("DAMAGE at offset {commit_at} (unwritten space)")),
+        "commit record at {commit_at}: {text}"
+    );
+    assert!(!text.contains("torn tail at"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json"])).stdout).unwrap();
+    let end = &json["segments"][0]["end"];
+    assert_eq!(end["offset"], commit_at, "{json}");
+    assert_eq!(end["damage"]["offset"], commit_at, "{json}");
+}
+
 #[test]
 fn wal_dump_shows_entries_and_the_torn_tail() {
     let (_temp, dir, torn_at) = torn_log();
@@ -897,6 +933,12 @@ fn wal_dump_shows_entries_and_the_torn_tail() {
         text.contains(&format!(
             "torn tail at offset {torn_at} (record header checksum mismatch"
         )),
+        "{text}"
+    );
+    // The fourth entry's data was synced before the fifth entry's records:
+    // its failed CRC is damage, and said so.
+    assert!(
+        text.contains("DAMAGE at offset") && text.contains("entry 4 failed its CRC"),
         "{text}"
     );
 
