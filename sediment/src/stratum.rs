@@ -83,6 +83,9 @@ pub(crate) struct Stratum {
     /// `Database::rekey` does that); a reader whose sealed piece fails to
     /// open while it moved reads it again.
     rewrites: AtomicU64,
+    /// Opened read-only as a creation cut short (see
+    /// [`Stratum::unfinished`]): no header, no grains.
+    unfinished: bool,
 }
 
 impl Stratum {
@@ -253,6 +256,12 @@ impl Stratum {
         ))
     }
 
+    /// Whether this stratum was opened as a creation cut short
+    /// ([`Stratum::unfinished`]): its header copies were never written.
+    pub fn is_unfinished(&self) -> bool {
+        self.unfinished
+    }
+
     /// A stratum whose creation a crash cut short, opened read-only: it
     /// holds no grains, and its file is left as it is.
     pub fn unfinished(
@@ -277,15 +286,18 @@ impl Stratum {
             )),
             None => None,
         };
-        Ok(Self::from_parts(
-            basin,
-            number,
-            path,
-            file,
-            header,
-            0,
-            (sealer.cloned(), stamps),
-        ))
+        Ok(Self {
+            unfinished: true,
+            ..Self::from_parts(
+                basin,
+                number,
+                path,
+                file,
+                header,
+                0,
+                (sealer.cloned(), stamps),
+            )
+        })
     }
 
     fn from_parts(
@@ -318,6 +330,7 @@ impl Stratum {
             sealer,
             stamps,
             rewrites: AtomicU64::new(0),
+            unfinished: false,
         }
     }
 
