@@ -622,20 +622,31 @@ pub fn checkpoint(
 
 /// `sediment repair DB`: opens the store for writing (which rewrites a
 /// damaged header copy from its twin and replays the WAL) and closes it.
-pub fn repair(db_path: &Path, out: &mut dyn Write) -> Result<(), CliError> {
+pub fn repair(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let before = crate::headers::bad_copies(db_path).len();
     let db = store::open(db_path, Create::Never)?;
     run_then_shutdown(db, |_| Ok(()))?;
     let after = crate::headers::bad_copies(db_path).len();
+    let repaired = before - after.min(before);
+    if json {
+        return write_json(
+            out,
+            &JsonRepair {
+                repaired_header_copies: repaired,
+            },
+        );
+    }
     writeln!(
         out,
-        "repaired {} header cop{}; the store is closed",
-        before - after.min(before),
-        if before - after.min(before) == 1 {
-            "y"
-        } else {
-            "ies"
-        }
+        "repaired {repaired} header cop{}; the store is closed",
+        if repaired == 1 { "y" } else { "ies" }
     )
     .map_err(CliError::output)
+}
+
+/// `repair --json`.
+#[derive(Serialize)]
+struct JsonRepair {
+    /// Header copies that did not verify before and do now.
+    repaired_header_copies: usize,
 }

@@ -192,6 +192,9 @@ enum Command {
     Repair {
         /// The store directory.
         db: PathBuf,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Dump the WAL segments of an okaywal directory, read-only.
     ///
@@ -228,7 +231,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Log { db, since, json } => inspect::log(db, since.as_deref(), *json, &mut out),
         Command::Stats { db, json } => inspect::stats(db, *json, &mut out),
         Command::Verify { db, progress, json } => inspect::verify(db, *progress, *json, &mut out),
-        Command::Repair { db } => blobs::repair(db, &mut out),
+        Command::Repair { db, json } => blobs::repair(db, *json, &mut out),
         Command::WalDump { dir, records, json } => {
             wal_dump::wal_dump(dir, *records, *json, &mut out)
         }

@@ -804,6 +804,10 @@ fn verify_reports_a_damaged_header_copy() {
             "{}",
             repaired.stdout
         );
+        // Nothing is left to repair; `--json` says so as a number.
+        let again = ok(sediment(&[&"repair", &db, &"--json"]));
+        let json: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+        assert_eq!(json["repaired_header_copies"], 0, "{json}");
         let run = ok(sediment(&[&"verify", &db, &"--json"]));
         let json: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
         assert_eq!(json["ok"], true, "{name}@{at}: not repaired: {json}");
