@@ -112,10 +112,21 @@ impl From<sediment::Error> for CliError {
             | Error::TooLarge { .. }
             | Error::FutureSequence { .. } => Self::input(err.to_string()),
             Error::NotAllocated(id) => Self::input(not_allocated(*id)),
-            Error::Corrupt { .. } | Error::ChecksumMismatch { .. } | Error::CommitLogDamaged(_) => {
-                Self::failure(format!("the store is damaged: {err}"))
+            _ => {
+                let message = match &err {
+                    Error::Corrupt { .. }
+                    | Error::ChecksumMismatch { .. }
+                    | Error::CommitLogDamaged(_) => format!("the store is damaged: {err}"),
+                    _ => err.to_string(),
+                };
+                // okaywal's advice names its settings; say how to give
+                // them to this command.
+                if message.contains("RecoveryMode::") {
+                    Self::failure(format!("{message}; {}", crate::recovery::HINT))
+                } else {
+                    Self::failure(message)
+                }
             }
-            _ => Self::failure(err.to_string()),
         }
     }
 }

@@ -33,9 +33,10 @@ pub fn key() -> Option<&'static StaticKey> {
 }
 
 /// The configuration every command opens the store at `path` with: the
-/// defaults, and the key if one was given.
+/// defaults, `--recovery`'s mode, and the key if one was given.
 pub fn store_config(path: &Path) -> sediment::Config {
-    let config = sediment::Config::for_directory(path);
+    let config =
+        sediment::Config::for_directory(path).wal(|wal| wal.recovery_mode(crate::recovery::mode()));
     match key() {
         Some(key) => config.encryption(key.clone()),
         None => config,
@@ -45,7 +46,7 @@ pub fn store_config(path: &Path) -> sediment::Config {
 /// The configuration of the okaywal log in `dir`, with the key if one was
 /// given.
 pub fn wal_config(dir: &Path) -> okaywal::Configuration {
-    let config = okaywal::Configuration::default_for(dir);
+    let config = okaywal::Configuration::default_for(dir).recovery_mode(crate::recovery::mode());
     match key() {
         Some(key) => config.encryption(key.clone()),
         None => config,

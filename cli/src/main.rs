@@ -33,6 +33,7 @@ mod inspect;
 mod keys;
 mod ls;
 mod progress;
+mod recovery;
 mod store;
 mod wal;
 mod wal_dump;
@@ -66,6 +67,13 @@ struct Cli {
     /// is an error naming the key id the files want (exit code 2).
     #[arg(long, global = true, value_name = "PATH")]
     key_file: Option<PathBuf>,
+    /// What opening does with damage in the middle of the write-ahead log:
+    /// refuse the store (error, the default), keep the transactions before
+    /// the damage (point-in-time), or drop only the damaged ones
+    /// (skip-corrupted). Read-only commands apply it in memory; put,
+    /// archive, checkpoint and repair make it permanent.
+    #[arg(long, global = true, value_enum, default_value = "error")]
+    recovery: recovery::Recovery,
     #[command(subcommand)]
     command: Command,
 }
@@ -218,6 +226,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     if let Some(path) = &cli.key_file {
         keys::load(path)?;
     }
+    recovery::set(cli.recovery);
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
     let result = match &cli.command {

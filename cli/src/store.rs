@@ -141,8 +141,76 @@ pub fn open_read_only(path: &Path) -> Result<Database, CliError> {
 /// Opens the store at `path` (checked with [`prepare`]), with the key of
 /// `--key-file` if one was given.
 pub fn recover(path: &Path) -> Result<Database, CliError> {
+    refuse_to_drop_unproven_commits(path)?;
     let config = keys::store_config(path);
     busy("opening the store", || config.open()).map_err(CliError::from)
+}
+
+/// Before an open for writing: refuses when the WAL holds transactions
+/// whose commit records verify but whose other records do not, with
+/// nothing written after them that proves they were synced (a chunk that
+/// fails its CRC at the tail, or the walk ending at a record that does not
+/// verify while later commit records do). Recovery takes that for a write
+/// a power cut interrupted (the transactions were then never
+/// acknowledged) and drops them; damage after they committed leaves the
+/// same, and the open would erase the evidence. `sediment verify` reports
+/// them; the command asks for `--recovery point-in-time` before it drops
+/// them.
+fn refuse_to_drop_unproven_commits(path: &Path) -> Result<(), CliError> {
+    if crate::recovery::mode() != okaywal::RecoveryMode::ErrorOnCorruption {
+        // The user chose what recovery keeps.
+        return Ok(());
+    }
+    // Read while a read-only open holds the store's lock shared, so that
+    // no writer is changing the files: a live writer's tail is no damage.
+    // If that open fails (a writer holds the store, it is damaged), the
+    // open for writing says why.
+    let Ok(reader) = keys::store_config(path).read_only(true).open() else {
+        return Ok(());
+    };
+    let checkpointed = reader
+        .stats()
+        .map_or(0, |stats| stats.wal_checkpointed_entry);
+    let inspection = keys::wal_config(path).inspect();
+    drop(reader);
+    let Ok(inspection) = inspection else {
+        return Ok(());
+    };
+    let mut dropped = Vec::new();
+    for segment in &inspection.segments {
+        if inspection.problems.iter().any(|p| p.path == segment.path) {
+            // Damage proven: the open refuses the store by itself.
+            continue;
+        }
+        for entry in &segment.incomplete {
+            if entry.id.0 > checkpointed {
+                dropped.push((entry.id.0, &segment.path, entry.commit_offset));
+            }
+        }
+        for id in &segment.committed_past_end {
+            if id.0 > checkpointed {
+                dropped.push((id.0, &segment.path, segment.end));
+            }
+        }
+    }
+    let Some((_, file, offset)) = dropped.first() else {
+        return Ok(());
+    };
+    let ids: Vec<String> = dropped.iter().map(|(id, ..)| id.to_string()).collect();
+    let (entries, it, they) = if ids.len() == 1 {
+        ("entry", "it", "it was")
+    } else {
+        ("entries", "them", "they were")
+    };
+    Err(CliError::failure(format!(
+        "the write-ahead log holds commit records of WAL {entries} {} that verify, but not \
+         every record before them does ({} offset {offset}), and nothing written later proves \
+         {they} synced: a power cut in the middle of writing {it} leaves this, and so does \
+         damage after {they} committed. Opening the store for writing would drop {it}; \
+         `sediment verify` names the blobs, and --recovery point-in-time drops {it} and goes on",
+        ids.join(", "),
+        file.display(),
+    )))
 }
 
 /// Checks what is at `path` before it is opened as a store, creating the

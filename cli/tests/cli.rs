@@ -1722,3 +1722,172 @@ fn second_run_without_a_checkpoint(dir: &Path) {
         Configuration::default_for(dir).preallocate_bytes(64 << 10),
     );
 }
+
+/// Damage in the middle of the WAL stops every command that opens the
+/// store, and the error says how to go on: `--recovery point-in-time`
+/// keeps the transactions before the damage, `--recovery skip-corrupted`
+/// all but the damaged one. Read-only commands apply it in memory only;
+/// `repair` with it makes it permanent.
+#[test]
+fn recovery_flag_opens_a_store_whose_wal_is_damaged_in_the_middle() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("db");
+    let db = Database::recover(&dir).unwrap();
+    let mut ids = Vec::new();
+    for needle in [
+        &b"first transaction, before the damage"[..],
+        b"second transaction, DAMAGED in the WAL",
+        b"third transaction, after the damage",
+    ] {
+        let mut tx = db.begin_transaction().unwrap();
+        ids.push(tx.write(needle).unwrap().to_string());
+        tx.commit().unwrap();
+    }
+    // Left only in the WAL: no shutdown.
+    drop(db);
+    let needle = b"DAMAGED in the WAL";
+    let wal = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("wal-")
+                && fs::read(p)
+                    .unwrap()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+        })
+        .expect("the second transaction's WAL file");
+    let mut bytes = fs::read(&wal).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    bytes[at] ^= 0x20;
+    fs::write(&wal, bytes).unwrap();
+    let before = snapshot(&dir);
+
+    let refused = sediment(&[&"ls", &dir]);
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--recovery point-in-time")
+            && refused.stderr.contains("--recovery skip-corrupted"),
+        "{}",
+        refused.stderr
+    );
+    let listed = |args: &[&dyn AsRef<std::ffi::OsStr>]| -> Vec<String> {
+        ok(sediment(args))
+            .stdout
+            .lines()
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        listed(&[&"ls", &dir, &"--recovery", &"skip-corrupted"]),
+        [ids[0].clone(), ids[2].clone()]
+    );
+    assert_eq!(
+        listed(&[&"--recovery", &"point-in-time", &"ls", &dir]),
+        [ids[0].clone()]
+    );
+    assert_eq!(
+        ok(sediment(&[
+            &"get",
+            &dir,
+            &ids[2],
+            &"--recovery",
+            &"skip-corrupted"
+        ]))
+        .stdout,
+        "third transaction, after the damage"
+    );
+    assert!(before == snapshot(&dir), "a read-only command wrote");
+    assert_eq!(sediment(&[&"verify", &dir]).code, 1);
+
+    ok(sediment(&[
+        &"repair",
+        &dir,
+        &"--recovery",
+        &"skip-corrupted",
+    ]));
+    assert_eq!(listed(&[&"ls", &dir]), [ids[0].clone(), ids[2].clone()]);
+    ok(sediment(&[&"verify", &dir]));
+}
+
+/// A WAL that ends at a record that does not verify, with a commit record
+/// of a later transaction verifying past it, is what a power cut in the
+/// middle of that transaction's write leaves, and also damage after it
+/// committed. Read-only commands show the store without it; a command
+/// that writes (which would drop it for good) refuses until
+/// `--recovery point-in-time` says to go on.
+#[test]
+fn a_committing_command_does_not_drop_a_commit_past_the_end_unasked() {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("db");
+    let db = Database::recover(&dir).unwrap();
+    let mut ids = Vec::new();
+    for needle in [
+        &b"first transaction, intact"[..],
+        b"last transaction, DAMAGED at the tail",
+    ] {
+        let mut tx = db.begin_transaction().unwrap();
+        ids.push(tx.write(needle).unwrap().to_string());
+        tx.commit().unwrap();
+    }
+    drop(db);
+    let needle = b"DAMAGED at the tail";
+    let wal = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name().unwrap().to_string_lossy().starts_with("wal-")
+                && fs::read(p)
+                    .unwrap()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+        })
+        .expect("the last transaction's WAL file");
+    let mut bytes = fs::read(&wal).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    bytes[at] ^= 0x20;
+    fs::write(&wal, bytes).unwrap();
+    let before = snapshot(&dir);
+    let new_file = temp.path().join("new.txt");
+    fs::write(&new_file, b"a new blob").unwrap();
+
+    assert_eq!(sediment(&[&"verify", &dir]).code, 1);
+    let refused = sediment(&[&"put", &dir, &new_file]);
+    assert_eq!(refused.code, 3, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("commit records of WAL entry")
+            && refused.stderr.contains("--recovery point-in-time"),
+        "{}",
+        refused.stderr
+    );
+    assert_error(&sediment(&[&"repair", &dir]), 3, "--recovery point-in-time");
+    assert!(before == snapshot(&dir), "a refused command wrote");
+    // Read-only, the store is shown as recovery would leave it.
+    let listed = ok(sediment(&[&"ls", &dir])).stdout;
+    assert!(
+        listed.contains(&ids[0]) && !listed.contains(&ids[1]),
+        "{listed}"
+    );
+
+    let put = ok(sediment(&[
+        &"put",
+        &dir,
+        &new_file,
+        &"--recovery",
+        &"point-in-time",
+    ]));
+    let new_id = put.stdout.trim().to_string();
+    let listed = ok(sediment(&[&"ls", &dir])).stdout;
+    assert!(
+        listed.contains(&ids[0]) && listed.contains(&new_id) && !listed.contains(&ids[1]),
+        "{listed}"
+    );
+    ok(sediment(&[&"verify", &dir]));
+}
