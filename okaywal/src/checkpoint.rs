@@ -333,7 +333,26 @@ pub(crate) fn checkpoint(
         inner.config().recovery_mode == RecoveryMode::SkipCorrupted,
         segment.clone(),
     );
-    manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
+    // A manager that panics fails this checkpoint like one that returns
+    // an error: it is retried, `checkpoint_active` reports it, and the
+    // maintenance thread lives on to make spares and checkpoint later
+    // segments (it used to die, leaving `checkpoint_active` waiting for
+    // good and the active segment growing without end).
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        manager.checkpoint_to(EntryId(last_entry_id), &mut reader, log)
+    }))
+    .unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_string());
+        Err(io::Error::other(format!(
+            "LogManager::checkpoint_to panicked checkpointing segment {} through entry \
+             {last_entry_id}: {what}",
+            segment.id()
+        )))
+    })
 }
 
 fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()>) {
@@ -528,6 +547,13 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
                 "the log was shut down before the checkpoint finished",
             ));
         }
+        if inner.maintenance_has_died() {
+            // Nothing would ever finish it.
+            return Err(io::Error::other(
+                "the log's checkpoint thread has stopped (it panicked): no checkpoint can finish; \
+                 reopen the log",
+            ));
+        }
         inner.wait_for_checkpoint(&mut state, IDLE_WAIT);
     }
 }
@@ -540,15 +566,16 @@ pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
         inner.wake_all_waiters();
     }
     let handle = inner.take_maintenance();
+    let mut panicked = None;
     if let Some(handle) = handle {
-        if handle.thread().id() != std::thread::current().id() {
-            handle
-                .join()
-                .map_err(|_| io::Error::other("the checkpoint thread panicked"))?;
+        if handle.thread().id() != std::thread::current().id() && handle.join().is_err() {
+            panicked = Some(io::Error::other("the checkpoint thread panicked"));
         }
     }
     if let Some(err) = inner.failed() {
         return Err(err);
     }
-    inner.sync_all()
+    // What was written is synced all the same.
+    inner.sync_all()?;
+    panicked.map_or(Ok(()), Err)
 }

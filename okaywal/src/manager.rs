@@ -61,7 +61,14 @@ pub trait LogManager: Send + 'static {
     /// after it. When this returns `Ok`, the segment is recycled; on `Err`
     /// it is kept and the checkpoint is retried later: after 0.1 s, then
     /// after twice as long each time up to 2 s, or at once when
-    /// [`WriteAheadLog::checkpoint_active`] is called.
+    /// [`WriteAheadLog::checkpoint_active`] is called. A panic here fails
+    /// the checkpoint the same way (its message becomes the error that
+    /// `checkpoint_active` returns); the panic is still printed.
+    ///
+    /// While checkpoints fail, writers are not held back: the log keeps
+    /// taking commits into new segments, which the next successful
+    /// checkpoints work through in order, so a manager that keeps failing
+    /// lets the directory grow.
     fn checkpoint_to(
         &mut self,
         last_checkpointed_id: crate::EntryId,

@@ -678,3 +678,67 @@ fn checkpoint_active_returns_once_the_segment_is_renamed_as_recycled() {
     );
     log.shutdown().unwrap();
 }
+
+/// A manager whose `checkpoint_to` panics fails that checkpoint as if it
+/// had returned an error: `checkpoint_active` reports the panic instead of
+/// waiting for good, commits go on, and once the manager behaves again
+/// every entry is checkpointed and `shutdown` succeeds. (The panic used to
+/// end the checkpoint thread: no checkpoint or spare was made again, and
+/// `checkpoint_active` never returned.)
+#[test]
+fn a_panicking_checkpoint_to_fails_the_checkpoint_and_the_log_goes_on() {
+    #[derive(Debug, Clone)]
+    struct Panicky {
+        panic: Arc<AtomicBool>,
+        checkpointed: Arc<std::sync::Mutex<BTreeSet<u64>>>,
+    }
+    impl okaywal::LogManager for Panicky {
+        fn recover(&mut self, _: &mut okaywal::Entry<'_>) -> io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            _last: okaywal::EntryId,
+            entries: &mut okaywal::SegmentReader,
+            _wal: &okaywal::WriteAheadLog,
+        ) -> io::Result<()> {
+            assert!(!self.panic.load(Ordering::SeqCst), "a bug in the manager");
+            while let Some(entry) = entries.read_entry()? {
+                self.checkpointed.lock().unwrap().insert(entry.id().0);
+            }
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let manager = Panicky {
+        panic: Arc::new(AtomicBool::new(true)),
+        checkpointed: Arc::default(),
+    };
+    let log = small_segments(dir.path()).open(manager.clone()).unwrap();
+    let mut rng = Rng::new(7);
+    let mut ids = BTreeSet::new();
+    for _ in 0..40 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&rng.bytes(3000)).unwrap();
+        ids.insert(entry.commit().unwrap().0);
+    }
+    // Asked from another thread, so that a hang fails the test instead.
+    let (answer, answered) = mpsc::channel();
+    let asking = log.clone();
+    std::thread::spawn(move || answer.send(asking.checkpoint_active()).unwrap());
+    let err = answered
+        .recv_timeout(Duration::from_secs(60))
+        .expect("checkpoint_active answers")
+        .unwrap_err();
+    assert!(err.to_string().contains("panicked"), "{err}");
+    // The log takes commits all the while.
+    for _ in 0..40 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&rng.bytes(3000)).unwrap();
+        ids.insert(entry.commit().unwrap().0);
+    }
+    manager.panic.store(false, Ordering::SeqCst);
+    log.checkpoint_active().unwrap();
+    assert_eq!(*manager.checkpointed.lock().unwrap(), ids);
+    log.shutdown().unwrap();
+}

@@ -63,6 +63,16 @@ impl Inner {
         self.maintenance.lock().take()
     }
 
+    /// The maintenance thread was started and has ended while the log is
+    /// open: it ends only at shutdown (which takes its handle first), so
+    /// it panicked.
+    pub fn maintenance_has_died(&self) -> bool {
+        self.maintenance
+            .lock()
+            .as_ref()
+            .is_some_and(JoinHandle::is_finished)
+    }
+
     /// Marks (or, with `None`, unmarks) a thread as acting for the
     /// maintenance thread: it never stalls on checkpoints.
     pub fn set_maintenance_thread(&self, thread: Option<ThreadId>) {

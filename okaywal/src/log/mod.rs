@@ -551,6 +551,13 @@ impl WriteAheadLog {
     /// iterator where it was: calling it again retries, and no entry is
     /// skipped.
     ///
+    /// Ids come out in order, so the iterator stops below the lowest entry
+    /// still open in any thread (begun, not yet committed or rolled back):
+    /// that entry may still commit. Entries with higher ids, durable or
+    /// not, wait for it, even when `from` is above it; an entry held open
+    /// for long (or an `EntryWriter` kept alive by mistake) holds every
+    /// follower back for as long.
+    ///
     /// The iterator walks each live segment once: every refill goes on
     /// from where the last one stopped and reads only what became durable
     /// since, so following a busy log costs about as much as its new
