@@ -1723,6 +1723,28 @@ fn second_run_without_a_checkpoint(dir: &Path) {
     );
 }
 
+/// Flips one bit of `needle` where it is stored in the store's WAL files.
+fn damage_in_wal(dir: &Path, needle: &[u8]) {
+    let wal = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name().unwrap().to_string_lossy().starts_with("wal-")
+                && fs::read(p)
+                    .unwrap()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+        })
+        .expect("a WAL file holding the needle");
+    let mut bytes = fs::read(&wal).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    bytes[at] ^= 0x20;
+    fs::write(&wal, bytes).unwrap();
+}
+
 /// Damage in the middle of the WAL stops every command that opens the
 /// store, and the error says how to go on: `--recovery point-in-time`
 /// keeps the transactions before the damage, `--recovery skip-corrupted`
@@ -1745,26 +1767,7 @@ fn recovery_flag_opens_a_store_whose_wal_is_damaged_in_the_middle() {
     }
     // Left only in the WAL: no shutdown.
     drop(db);
-    let needle = b"DAMAGED in the WAL";
-    let wal = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            name.starts_with("wal-")
-                && fs::read(p)
-                    .unwrap()
-                    .windows(needle.len())
-                    .any(|w| w == needle)
-        })
-        .expect("the second transaction's WAL file");
-    let mut bytes = fs::read(&wal).unwrap();
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap();
-    bytes[at] ^= 0x20;
-    fs::write(&wal, bytes).unwrap();
+    damage_in_wal(&dir, b"DAMAGED in the WAL");
     let before = snapshot(&dir);
 
     let refused = sediment(&[&"ls", &dir]);
@@ -1835,25 +1838,7 @@ fn a_committing_command_does_not_drop_a_commit_past_the_end_unasked() {
         tx.commit().unwrap();
     }
     drop(db);
-    let needle = b"DAMAGED at the tail";
-    let wal = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name().unwrap().to_string_lossy().starts_with("wal-")
-                && fs::read(p)
-                    .unwrap()
-                    .windows(needle.len())
-                    .any(|w| w == needle)
-        })
-        .expect("the last transaction's WAL file");
-    let mut bytes = fs::read(&wal).unwrap();
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap();
-    bytes[at] ^= 0x20;
-    fs::write(&wal, bytes).unwrap();
+    damage_in_wal(&dir, b"DAMAGED at the tail");
     let before = snapshot(&dir);
     let new_file = temp.path().join("new.txt");
     fs::write(&new_file, b"a new blob").unwrap();
