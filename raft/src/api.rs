@@ -61,6 +61,9 @@ pub struct App {
     /// The client this node reaches its peers with (for
     /// `/cluster/join`).
     pub peers: Network,
+    /// Held while this node runs an `init`: inits sent to several nodes at
+    /// once all run on the member with the lowest id, one at a time.
+    pub init_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for App {
@@ -455,7 +458,11 @@ pub(crate) fn too_large(limit: usize) -> Response {
     )
 }
 
-async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn init(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let request = match json_body::<InitRequest>(body) {
         Ok(request) => request,
         Err(response) => return response,
@@ -465,6 +472,18 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
             return error(StatusCode::BAD_REQUEST, message);
         }
     }
+    // Every init of a membership runs on its member with the lowest id,
+    // one at a time: inits sent to several members at once (an operator
+    // who runs it on every node) would each draw a cluster id and join the
+    // others to it, leaving members in different clusters for good. The
+    // first one initialises the cluster; the others find it initialised.
+    let Some((&coordinator, coordinator_addr)) = request.members.iter().next() else {
+        return error(StatusCode::BAD_REQUEST, "members is empty");
+    };
+    if coordinator != app.id && !headers.contains_key(INIT_FORWARDED_HEADER) {
+        return forward_init(&app, coordinator, coordinator_addr, &request).await;
+    }
+    let _one_at_a_time = app.init_lock.lock().await;
     // A node that holds data is initialised already (openraft refuses
     // below); otherwise the cluster gets its id, and every other member is
     // joined to it before anything is proposed.
@@ -493,6 +512,53 @@ async fn init(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Re
         }
         Err(RaftError::APIError(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// The header that marks an `init` a member forwarded to the member with
+/// the lowest id, which runs it.
+const INIT_FORWARDED_HEADER: &str = "sediment-raft-init-forwarded";
+
+/// Sends `request` to `coordinator` (the member with the lowest id), which
+/// runs it, and passes its answer on.
+async fn forward_init(
+    app: &App,
+    coordinator: NodeId,
+    addr: &str,
+    request: &InitRequest,
+) -> Response {
+    let (client, scheme, token) = app.peers.parts();
+    let mut forwarded = client
+        .post(format!("{scheme}://{addr}/cluster/init"))
+        .timeout(app.write_timeout * 2)
+        .header(INIT_FORWARDED_HEADER, app.id.to_string())
+        .json(request);
+    if let Some(token) = token {
+        forwarded = forwarded.header(header::AUTHORIZATION, token);
+    }
+    let unanswered = |e: &dyn std::fmt::Display| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "node {coordinator} at {addr}, the member with the lowest id, which runs the \
+                 init, did not answer (start every member before init): {e}; nothing was changed"
+            ),
+        )
+    };
+    let answer = match forwarded.send().await {
+        Ok(answer) => answer,
+        Err(e) => return unanswered(&e),
+    };
+    let status =
+        StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match answer.bytes().await {
+        Ok(body) => (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_vec(),
+        )
+            .into_response(),
+        Err(e) => unanswered(&e),
     }
 }
 

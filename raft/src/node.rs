@@ -372,6 +372,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         scheme: if tls.is_some() { "https" } else { "http" },
         identity: identity.clone(),
         peers,
+        init_lock: Arc::default(),
     };
     let policy = Arc::new(Policy {
         token: config.token.clone(),

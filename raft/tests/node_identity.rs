@@ -4,7 +4,8 @@
 //! another cluster's directory at a member's address gets none of the
 //! cluster's traffic and none of its writes; a node that holds another
 //! cluster's data is not added as a learner; a directory refuses a
-//! `--id` other than its own. Real node processes on 127.0.0.1.
+//! `--id` other than its own; `init` sent to every member at once makes
+//! one cluster. Real node processes on 127.0.0.1.
 
 mod common;
 
@@ -210,4 +211,43 @@ async fn a_directory_refuses_an_id_other_than_its_own() {
         before,
         "the refused start changed the directory"
     );
+}
+
+/// An operator who sends `init` to every member at once gets one cluster:
+/// the inits all run on the member with the lowest id, one at a time, so
+/// one initialises the cluster and the others answer 409. (Each used to
+/// draw its own cluster id and join the others to it: every call answered
+/// 200, and one member was left in another cluster for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_sent_to_every_member_at_once_makes_one_cluster() {
+    let cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    let members: serde_json::Map<String, serde_json::Value> = cluster
+        .nodes
+        .values()
+        .map(|n| (n.id.to_string(), json!(n.addr)))
+        .collect();
+    let body = json!({ "members": members });
+    let (a, b, c) = tokio::join!(
+        post_json(cluster.nodes[&1].url("/cluster/init"), body.clone()),
+        post_json(cluster.nodes[&2].url("/cluster/init"), body.clone()),
+        post_json(cluster.nodes[&3].url("/cluster/init"), body.clone()),
+    );
+    let mut statuses: Vec<u16> = [&a, &b, &c].iter().map(|(status, _)| *status).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 409, 409], "{a:?} {b:?} {c:?}");
+
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    assert_eq!(put_v(cluster.nodes[&leader].url("/kv/everyone")).await, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for id in [1, 2, 3] {
+        while cluster.local_get(id, "everyone").await.as_deref() != Some(&b"v"[..]) {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not get the write: {}",
+                cluster.nodes[&id].log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
