@@ -120,13 +120,27 @@ pub fn put(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let total = check_inputs(files)?;
+    // Standard input is read whole before the store is opened: input that
+    // fails (too large, a read error, an interrupted pipe) then leaves no
+    // new, empty store behind, and a store that is there is not locked
+    // while a slow producer writes.
+    let mut from_stdin = if files.iter().any(|f| is_stdin(f)) {
+        Some(read_input(Path::new("-"), &ProgressBar::hidden())?)
+    } else {
+        None
+    };
     let db = store::open(db_path, Create::IfNewOrEmpty)?;
     run_commit_then_shutdown(db, |db| {
         let bar = bytes_bar(total, "storing");
         let mut tx = db.begin_transaction()?;
         let mut stored = Vec::with_capacity(files.len());
         for file in files {
-            let data = read_input(file, &bar)?;
+            // `-` appears once (`check_inputs`), and was read above.
+            let data = if is_stdin(file) {
+                from_stdin.take().unwrap_or_default()
+            } else {
+                read_input(file, &bar)?
+            };
             stored.push((tx.write(&data)?, data.len() as u64));
         }
         bar.finish_and_clear();

@@ -22,19 +22,30 @@ fn sediment(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
 }
 
 fn sediment_with_stdin(args: &[&dyn AsRef<std::ffi::OsStr>], stdin: Option<&[u8]>) -> Run {
+    let source = if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    };
+    sediment_reading(args, source, stdin)
+}
+
+/// Runs the command with `source` as its standard input, writing `bytes`
+/// down it when it is a pipe.
+fn sediment_reading(
+    args: &[&dyn AsRef<std::ffi::OsStr>],
+    source: Stdio,
+    bytes: Option<&[u8]>,
+) -> Run {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sediment"));
     command
         .args(args.iter().map(|a| a.as_ref()))
         .env("RUST_BACKTRACE", "1")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(source)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = command.spawn().expect("the binary runs");
-    if let Some(bytes) = stdin {
+    if let Some(bytes) = bytes {
         use std::io::Write;
         let mut pipe = child.stdin.take().expect("piped stdin");
         pipe.write_all(bytes).expect("writing stdin");
@@ -1582,6 +1593,39 @@ fn ls_reports_a_damaged_header_and_lists_the_rest() {
         "{}",
         errors[1]
     );
+}
+
+/// Standard input is read before the store is touched: input that fails
+/// creates no store at a new path, and leaves an existing one as it was.
+#[test]
+fn put_whose_standard_input_fails_leaves_no_store_behind() {
+    let temp = tempfile::tempdir().unwrap();
+    let db = temp.path().join("new");
+    // Reading a directory fails (EISDIR).
+    let directory = fs::File::open(temp.path()).unwrap();
+    let run = sediment_reading(&[&"put", &db, &"-"], directory.into(), None);
+    assert_error(&run, 2, "cannot read standard input");
+    assert!(!db.exists(), "a failed put created {}", db.display());
+
+    // More than the largest blob, from a sparse file (no disk used).
+    let too_big = temp.path().join("too-big");
+    let file = fs::File::create(&too_big).unwrap();
+    file.set_len(sediment::DEFAULT_MAX_BLOB_BYTES + 1).unwrap();
+    drop(file);
+    let a = temp.path().join("a.txt");
+    fs::write(&a, b"a file").unwrap();
+    let stdin = fs::File::open(&too_big).unwrap();
+    let run = sediment_reading(&[&"put", &db, &a, &"-"], stdin.into(), None);
+    assert_error(&run, 2, "more than the largest blob");
+    assert!(!db.exists(), "a failed put created {}", db.display());
+
+    // An existing store keeps its files as they were.
+    let (_store_temp, store, _ids) = store_with(&[b"kept"]);
+    let before = snapshot(&store);
+    let stdin = fs::File::open(&too_big).unwrap();
+    let run = sediment_reading(&[&"put", &store, &"-"], stdin.into(), None);
+    assert_error(&run, 2, "more than the largest blob");
+    assert_eq!(snapshot(&store), before);
 }
 
 /// `put`, `archive` and `checkpoint` take `--json` like `log` and `stats`:
