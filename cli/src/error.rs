@@ -79,11 +79,30 @@ impl CliError {
 
 /// An I/O error without the "(os error N)" suffix.
 pub fn describe_io(err: &io::Error) -> String {
-    let text = err.to_string();
-    match text.find(" (os error") {
-        Some(at) => text[..at].to_string(),
-        None => text,
+    without_os_error_codes(&err.to_string())
+}
+
+/// `text` without the " (os error N)" that the standard library appends to
+/// every operating-system error: the words before it already say what
+/// went wrong, wherever in a longer message (a library's error that wraps
+/// an `io::Error`) it stands.
+pub fn without_os_error_codes(text: &str) -> String {
+    const MARK: &str = " (os error ";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && after[digits..].starts_with(')') {
+            out.push_str(&rest[..at]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..at + MARK.len()]);
+            rest = after;
+        }
     }
+    out.push_str(rest);
+    out
 }
 
 /// True for errors that mean the store's files are damaged (as opposed to
@@ -140,6 +159,7 @@ pub fn not_allocated(id: sediment::GrainId) -> String {
 
 /// Folds a message onto one line.
 pub fn one_line(message: &str) -> String {
+    let message = without_os_error_codes(message);
     let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
     let mut out = lines.next().unwrap_or_default().to_string();
     for line in lines {
@@ -186,6 +206,30 @@ mod usage_tests {
         assert_eq!(
             usage_error(missing, "sediment get"),
             "the following required arguments were not provided: <GRAIN> (see `sediment get --help`)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::{one_line, without_os_error_codes};
+
+    #[test]
+    fn os_error_codes_are_dropped_wherever_they_stand() {
+        assert_eq!(
+            without_os_error_codes(
+                "writing db/wal: No space left on device (os error 28): syncing failed (os error 5)"
+            ),
+            "writing db/wal: No space left on device: syncing failed"
+        );
+        // Text that only looks like one stays.
+        assert_eq!(
+            without_os_error_codes("a (os error x) and (os error 7"),
+            "a (os error x) and (os error 7"
+        );
+        assert_eq!(
+            one_line("opening db: Permission denied (os error 13)\n  at segment 3"),
+            "opening db: Permission denied; at segment 3"
         );
     }
 }
