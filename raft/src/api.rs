@@ -494,7 +494,7 @@ async fn init(
         };
         for (&id, addr) in &request.members {
             if id != app.id {
-                if let Err(not_joined) = join(&app, cluster, id, addr).await {
+                if let Err(not_joined) = join(&app, cluster, id, addr, INIT_NOT_DONE).await {
                     return not_joined.response();
                 }
             }
@@ -514,6 +514,12 @@ async fn init(
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
+
+/// How a failed `init` leaves the members: none is initialised, and those
+/// joined before the failure keep the cluster's id (they hold no data, so
+/// the next `init` joins them again).
+const INIT_NOT_DONE: &str = "no cluster was initialised: send the same init again once every \
+                             member runs";
 
 /// The header that marks an `init` a member forwarded to the member with
 /// the lowest id, which runs it.
@@ -541,7 +547,7 @@ async fn forward_init(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "node {coordinator} at {addr}, the member with the lowest id, which runs the \
-                 init, did not answer (start every member before init): {e}; nothing was changed"
+                 init, did not answer (start every member before init): {e}; {INIT_NOT_DONE}"
             ),
         )
     };
@@ -580,8 +586,15 @@ impl NotJoined {
 
 /// Asks the node at `addr` to join `cluster` as node `id` (`POST
 /// /cluster/join`): the node refuses if it is another node or holds
-/// another cluster's data.
-async fn join(app: &App, cluster: ClusterId, id: NodeId, addr: &str) -> Result<(), NotJoined> {
+/// another cluster's data. `outcome` ends the error's message: what the
+/// failure left as it was.
+async fn join(
+    app: &App,
+    cluster: ClusterId,
+    id: NodeId,
+    addr: &str,
+    outcome: &str,
+) -> Result<(), NotJoined> {
     let (client, scheme, token) = app.peers.parts();
     let mut request = client
         .post(format!("{scheme}://{addr}/cluster/join"))
@@ -598,7 +611,7 @@ async fn join(app: &App, cluster: ClusterId, id: NodeId, addr: &str) -> Result<(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "node {id} at {addr} did not answer (start every member before init): {e}; \
-                 nothing was changed"
+                 {outcome}"
             ),
         ))
     })?;
@@ -618,7 +631,7 @@ async fn join(app: &App, cluster: ClusterId, id: NodeId, addr: &str) -> Result<(
     };
     Err(NotJoined::Refused(error(
         status,
-        format!("node {id} at {addr} refused to join: {detail}; nothing was changed"),
+        format!("node {id} at {addr} refused to join: {detail}; {outcome}"),
     )))
 }
 
@@ -703,7 +716,15 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
     // until a later add-learner joins it, it refuses the cluster's RPCs.
     let mut joined = true;
     if let Some(cluster) = app.identity.cluster() {
-        match join(&app, cluster, request.id, &request.addr).await {
+        match join(
+            &app,
+            cluster,
+            request.id,
+            &request.addr,
+            "nothing was changed",
+        )
+        .await
+        {
             Ok(()) => {}
             Err(NotJoined::Unreachable(_)) => joined = false,
             Err(NotJoined::Refused(response)) => return response,

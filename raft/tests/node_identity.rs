@@ -5,7 +5,8 @@
 //! cluster's traffic and none of its writes; a node that holds another
 //! cluster's data is not added as a learner; a directory refuses a
 //! `--id` other than its own; `init` sent to every member at once makes
-//! one cluster. Real node processes on 127.0.0.1.
+//! one cluster; an `init` that a member missed is sent again once it runs.
+//! Real node processes on 127.0.0.1.
 
 mod common;
 
@@ -250,4 +251,55 @@ async fn init_sent_to_every_member_at_once_makes_one_cluster() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// An `init` while a member is down answers 503 and says to send it again;
+/// members joined before the failure keep the cluster's id, so the same
+/// `init` once every member runs makes one cluster of all three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_with_a_member_down_is_sent_again_once_it_runs() {
+    let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.nodes.get_mut(&3).expect("node 3").stop();
+    let members: serde_json::Map<String, serde_json::Value> = cluster
+        .nodes
+        .values()
+        .map(|n| (n.id.to_string(), json!(n.addr)))
+        .collect();
+    let body = json!({ "members": members });
+    let (status, answer) = post_json(cluster.nodes[&1].url("/cluster/init"), body.clone()).await;
+    assert_eq!(status, 503, "{answer}");
+    let message = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("node 3") && message.contains("send the same init again"),
+        "{message}"
+    );
+    assert!(!message.contains("nothing was changed"), "{message}");
+    assert_eq!(
+        cluster.leader(None).await,
+        None,
+        "no cluster was initialised"
+    );
+
+    cluster.nodes.get_mut(&3).expect("node 3").start();
+    cluster.wait_up(&[3]).await;
+    let (status, answer) = post_json(cluster.nodes[&2].url("/cluster/init"), body).await;
+    assert_eq!(status, 200, "{answer}");
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    assert_eq!(
+        put_v(cluster.nodes[&leader].url("/kv/after-retry")).await,
+        200
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for id in [1, 2, 3] {
+        while cluster.local_get(id, "after-retry").await.as_deref() != Some(&b"v"[..]) {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not get the write: {}",
+                cluster.nodes[&id].log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
 }
