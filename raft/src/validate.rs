@@ -76,9 +76,17 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8], limit: u64) -> Result<T, bincod
     T::deserialize(&mut bincode::Deserializer::from_slice(bytes, options))
 }
 
-/// Decodes `bytes` whole (the limit is their length).
+/// Decodes `bytes` whole (the limit is their length). Input that ends
+/// before what it encodes (cut short, or not this kind of request) is said
+/// to be so, not reported as bincode's "size limit".
 pub fn decode_all<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
-    decode(bytes, bytes.len() as u64)
+    decode(bytes, bytes.len() as u64).map_err(|err| match *err {
+        bincode::ErrorKind::SizeLimit => Box::new(bincode::ErrorKind::Custom(format!(
+            "its {} bytes end before what they encode does (cut short, or not this request)",
+            bytes.len()
+        ))),
+        other => Box::new(other),
+    })
 }
 
 /// Checks a term against [`MAX_TERM`].
@@ -334,7 +342,13 @@ mod tests {
         // A length prefix beyond the input fails without allocating it.
         let mut huge = bincode::serialize(&Request::Delete { key: "k".into() }).unwrap();
         huge[4..12].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-        assert!(decode_all::<Request>(&huge).is_err());
+        let err = decode_all::<Request>(&huge).unwrap_err().to_string();
+        assert!(err.contains("end before what they encode"), "{err}");
+        let short = decode_all::<Request>(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .to_string();
+        assert!(!short.contains("size limit"), "{short}");
+        assert!(short.contains("cut short"), "{short}");
     }
 
     #[test]
