@@ -1048,36 +1048,10 @@ fn a_presealed_wal_chunk_made_into_a_commit_record_is_refused() {
     );
 }
 
-/// Byte `k` of the fixture's blob `n`.
-fn fixture_blob(n: u64, len: usize) -> Vec<u8> {
-    let seed = 1000 + n;
-    (0..len as u64)
-        .map(|k| ((seed * 31 + k * 7 + k / 256) % 251) as u8)
-        .collect()
-}
-
 #[test]
 fn a_store_whose_wal_predates_image_chunks_opens_reads_and_goes_on() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/encrypted-wal-format-2");
     let dir = tempfile::tempdir().unwrap();
-    let mut stored = BTreeMap::new();
-    let mut ids = Vec::new();
-    for entry in std::fs::read_dir(&fixture).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name == "grains.txt" {
-            let listing = std::fs::read_to_string(entry.path()).unwrap();
-            for line in listing.lines() {
-                let fields: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
-                let id = GrainId::from_u64(fields[1]).unwrap();
-                stored.insert(id, fixture_blob(fields[0], fields[2] as usize));
-                ids.push(id);
-            }
-        } else if name != "README.md" {
-            std::fs::copy(entry.path(), dir.path().join(&name)).unwrap();
-        }
-    }
+    let (mut stored, ids) = common::copy_fixture("encrypted-wal-format-2", dir.path());
     assert_eq!(stored.len(), 80);
     let wal =
         || okaywal::Configuration::default_for(dir.path()).encryption(StaticKey::new([0x42; 32]));

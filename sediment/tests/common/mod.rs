@@ -380,3 +380,42 @@ pub fn power_cut(fs: &CrashFileSystem, db: Database) {
     drop(db);
     fs.power_loss(PowerLoss::Clean);
 }
+
+/// Byte `k` of blob `n` of the stores in `tests/fixtures/` (their READMEs
+/// give the same formula).
+pub fn fixture_blob(n: u64, len: usize) -> Vec<u8> {
+    let seed = 1000 + n;
+    (0..len as u64)
+        .map(|k| ((seed * 31 + k * 7 + k / 256) % 251) as u8)
+        .collect()
+}
+
+/// Copies the store `tests/fixtures/{name}` into `dir`, and returns every
+/// blob its `grains.txt` lists (by grain id, with its contents) and the
+/// grain ids in the order of that listing.
+pub fn copy_fixture(
+    name: &str,
+    dir: &Path,
+) -> (std::collections::BTreeMap<GrainId, Vec<u8>>, Vec<GrainId>) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let mut stored = std::collections::BTreeMap::new();
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file == "grains.txt" {
+            let listing = std::fs::read_to_string(entry.path()).unwrap();
+            for line in listing.lines() {
+                let fields: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
+                let id = GrainId::from_u64(fields[1]).unwrap();
+                stored.insert(id, fixture_blob(fields[0], fields[2] as usize));
+                ids.push(id);
+            }
+        } else if file != "README.md" {
+            std::fs::copy(entry.path(), dir.join(&file)).unwrap();
+        }
+    }
+    (stored, ids)
+}
