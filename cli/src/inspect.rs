@@ -219,8 +219,19 @@ fn wal_state(dir: &Path, name: &str, bytes: u64) -> String {
     };
     match wal::scan_segment(&file, id, false, &indicatif::ProgressBar::hidden()) {
         Ok(dump) => match dump.header {
-            HeaderInfo::Invalid { reason, .. } => {
-                format!("unused: header never became durable ({reason}), reusable")
+            HeaderInfo::Invalid {
+                reason,
+                records_follow: false,
+            } => format!("unused: header never became durable ({reason}), reusable"),
+            HeaderInfo::Invalid {
+                reason,
+                records_follow: true,
+            } => format!("DAMAGED header ({reason}): valid records follow it"),
+            HeaderInfo::OlderFormat { .. } => {
+                "okaywal 0.2/0.3 segment: an open for writing replays and converts it".into()
+            }
+            HeaderInfo::Foreign { reason } => {
+                format!("NOT A SEGMENT okaywal reads ({reason})")
             }
             HeaderInfo::Valid { .. } => {
                 let committed = dump.count(wal::EntryStatus::Committed);

@@ -75,6 +75,21 @@ pub enum HeaderInfo {
         /// The same bytes as text, if they are UTF-8.
         version_info_utf8: Option<String>,
     },
+    /// A segment written by okaywal 0.2 or 0.3: an open for writing
+    /// replays its committed entries and converts the log. Its records are
+    /// not listed.
+    OlderFormat {
+        /// The user's version info, as hex.
+        version_info_hex: String,
+        /// The same bytes as text, if they are UTF-8.
+        version_info_utf8: Option<String>,
+    },
+    /// Not a segment okaywal reads (another program's file, or another
+    /// version's format): an open refuses the log while it is there.
+    Foreign {
+        /// What the file begins with.
+        reason: String,
+    },
     /// The header does not verify or names another segment.
     Invalid {
         /// Why.
@@ -203,6 +218,11 @@ pub struct SegmentDump {
     pub entries: Vec<EntryInfo>,
     /// Where the records end (absent when the header is invalid).
     pub end: Option<EndInfo>,
+    /// Where recovery ends the segment, when that is before `end`: the
+    /// entries whose records lie past it are not replayed (see
+    /// `Configuration::inspect`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery_end: Option<u64>,
 }
 
 impl SegmentDump {
@@ -291,6 +311,7 @@ pub fn scan_segment(
         records: Vec::new(),
         entries: Vec::new(),
         end: None,
+        recovery_end: None,
     };
     match listing.header {
         HeaderStatus::Valid {
@@ -317,10 +338,22 @@ pub fn scan_segment(
             progress.set_position(base + len);
             return Ok(dump);
         }
+        HeaderStatus::OlderFormat { version_info } => {
+            dump.header = HeaderInfo::OlderFormat {
+                version_info_hex: hex(&version_info),
+                version_info_utf8: String::from_utf8(version_info).ok(),
+            };
+            progress.set_position(base + len);
+            return Ok(dump);
+        }
+        HeaderStatus::Foreign { reason } => {
+            dump.header = HeaderInfo::Foreign { reason };
+            progress.set_position(base + len);
+            return Ok(dump);
+        }
         other => {
-            dump.header = HeaderInfo::Invalid {
+            dump.header = HeaderInfo::Foreign {
                 reason: format!("{other:?}"),
-                records_follow: false,
             };
             progress.set_position(base + len);
             return Ok(dump);

@@ -21,12 +21,26 @@ struct Reusable {
     kind: &'static str,
 }
 
+/// Something recovery would report about the directory.
+#[derive(Serialize)]
+struct Problem {
+    file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<u64>,
+    description: String,
+}
+
 /// The whole dump (`--json`).
 #[derive(Serialize)]
 struct Dump {
     directory: String,
     segments: Vec<SegmentDump>,
     reusable: Vec<Reusable>,
+    /// What recovery (`Configuration::inspect`, the walk an open makes over
+    /// the whole log, across segments) would report: an open in the
+    /// default recovery mode fails over any of them. Empty for a healthy
+    /// log; a torn tail is no problem.
+    problems: Vec<Problem>,
 }
 
 /// `sediment wal-dump DIR [--records] [--json]`
@@ -54,6 +68,7 @@ pub fn wal_dump(
         directory: dir.display().to_string(),
         segments: Vec::new(),
         reusable: Vec::new(),
+        problems: Vec::new(),
     };
     for file in &files {
         match file.kind {
@@ -82,6 +97,41 @@ pub fn wal_dump(
         }
     }
     bar.finish_and_clear();
+    // Each segment above is walked on its own; recovery also checks the
+    // segments against one another (a segment's header records where the
+    // one before it ended) and decides where each one ends.
+    let inspection = crate::keys::wal_config(dir).inspect().map_err(|e| {
+        CliError::failure(format!(
+            "checking {} as recovery would: {}",
+            dir.display(),
+            describe_io(&e)
+        ))
+    })?;
+    for inspected in &inspection.segments {
+        if let Some(segment) = dump.segments.iter_mut().find(|s| s.id == inspected.id) {
+            let walked = segment.end.as_ref().map(|end| end.offset);
+            if walked.is_some_and(|walked| inspected.end < walked) {
+                segment.recovery_end = Some(inspected.end);
+            }
+        }
+    }
+    dump.problems = inspection
+        .problems
+        .iter()
+        .map(|problem| Problem {
+            file: problem.path.file_name().map_or_else(
+                || problem.path.display().to_string(),
+                |name| name.to_string_lossy().into_owned(),
+            ),
+            offset: problem.offset,
+            // The file is named beside it already.
+            description: problem
+                .description
+                .strip_prefix(&format!("{}: ", problem.path.display()))
+                .unwrap_or(&problem.description)
+                .to_string(),
+        })
+        .collect();
     if json {
         serde_json::to_writer(&mut *out, &dump)
             .map_err(|e| CliError::failure(format!("writing JSON: {e}")))?;
@@ -119,6 +169,31 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
                 "  header: first entry {first_entry_id}, format version {format_version}, version info {}",
                 version_info(version_info_hex, version_info_utf8.as_deref())
             )?,
+            HeaderInfo::OlderFormat {
+                version_info_hex,
+                version_info_utf8,
+            } => {
+                writeln!(
+                    out,
+                    "  header: okaywal 0.2/0.3 format, version info {}",
+                    version_info(version_info_hex, version_info_utf8.as_deref())
+                )?;
+                writeln!(
+                    out,
+                    "  a segment of the older format: an open for writing replays its committed \
+                     entries and converts the log (its records are not listed here)"
+                )?;
+                continue;
+            }
+            HeaderInfo::Foreign { reason } => {
+                writeln!(out, "  header: NOT A SEGMENT okaywal reads ({reason})")?;
+                writeln!(
+                    out,
+                    "  okaywal refuses to open this log while the file is here, and never \
+                     reuses it: move it away if it belongs to something else"
+                )?;
+                continue;
+            }
             HeaderInfo::Invalid {
                 reason,
                 records_follow,
@@ -207,8 +282,20 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
                     damage.offset, damage.reason
                 )?;
             }
+            // A problem recovery finds where the walk ended: the records
+            // there were written whole once (a later segment says so).
+            let problem_at_end = dump.problems.iter().any(|p| {
+                p.file == segment.file && p.offset.is_some_and(|offset| offset >= end.offset)
+            });
             if damage_at_end.is_some() {
                 // Said above: the walk ends at the damage.
+            } else if end.torn && problem_at_end {
+                writeln!(
+                    out,
+                    "  records end at offset {} ({}), where recovery finds a problem (below): \
+                     no torn tail",
+                    end.offset, end.reason
+                )?;
             } else if end.torn {
                 writeln!(out, "  torn tail at offset {} ({})", end.offset, end.reason)?;
                 if !end.commits_past_end.is_empty() {
@@ -242,6 +329,13 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
                 )?;
             }
         }
+        if let Some(recovery_end) = segment.recovery_end {
+            writeln!(
+                out,
+                "  recovery ends this segment at offset {recovery_end}: the records past it \
+                 are not replayed"
+            )?;
+        }
         writeln!(
             out,
             "  {} committed, {} rolled back, {} incomplete",
@@ -263,6 +357,26 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
             .collect::<Vec<_>>()
             .join(", ");
         writeln!(out, "reusable: {list}")?;
+    }
+    if dump.problems.is_empty() {
+        writeln!(out, "recovery: no problems")?;
+    } else {
+        writeln!(
+            out,
+            "recovery: {} PROBLEM(S); an open fails over them unless told how to recover \
+             (sediment --recovery, okaywal's RecoveryMode):",
+            dump.problems.len()
+        )?;
+        for problem in &dump.problems {
+            match problem.offset {
+                Some(offset) => writeln!(
+                    out,
+                    "  {} offset {offset}: {}",
+                    problem.file, problem.description
+                )?,
+                None => writeln!(out, "  {}: {}", problem.file, problem.description)?,
+            }
+        }
     }
     out.flush()
 }

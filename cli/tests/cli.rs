@@ -1146,6 +1146,128 @@ fn wal_dump_shows_version_info_and_bad_headers() {
     assert_eq!(json["segments"][1]["header"]["records_follow"], false);
 }
 
+/// A segment file of okaywal 0.2/0.3 is shown as that (an open replays and
+/// converts it), never as a header that "never became durable" and a file
+/// that is reusable; another program's file named like a segment is shown
+/// as no segment, and recovery's refusal of it is printed.
+#[test]
+fn wal_dump_names_older_format_segments_and_files_that_are_no_segment() {
+    let temp = tempfile::tempdir().unwrap();
+    let older = temp.path().join("older");
+    fs::create_dir(&older).unwrap();
+    // An okaywal 0.3 segment header (`okw`, version 0, no version info)
+    // followed by unwritten space.
+    let mut segment = b"okw\0\0".to_vec();
+    segment.resize(4096, 0);
+    fs::write(older.join("wal-1"), &segment).unwrap();
+    let text = ok(sediment(&[&"wal-dump", &older])).stdout;
+    assert!(text.contains("header: okaywal 0.2/0.3 format"), "{text}");
+    assert!(!text.contains("INVALID"), "{text}");
+    assert!(!text.contains("is reusable"), "{text}");
+    assert!(text.contains("reusable: none"), "{text}");
+    assert!(text.contains("recovery: no problems"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &older, &"--json"])).stdout).unwrap();
+    assert_eq!(
+        json["segments"][0]["header"]["status"], "older_format",
+        "{json}"
+    );
+    assert_eq!(json["problems"], serde_json::json!([]), "{json}");
+
+    let foreign = temp.path().join("foreign");
+    let log = WriteAheadLog::recover(&foreign, LogVoid).unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"data").unwrap();
+    entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    fs::write(foreign.join("wal-7"), b"my own notes, not a log\n").unwrap();
+    let before = snapshot(&foreign);
+    let text = ok(sediment(&[&"wal-dump", &foreign])).stdout;
+    assert!(text.contains("segment wal-7"), "{text}");
+    assert!(
+        text.contains("header: NOT A SEGMENT okaywal reads"),
+        "{text}"
+    );
+    assert!(text.contains("recovery: 1 PROBLEM(S)"), "{text}");
+    assert!(
+        text.contains("  wal-7 offset 0: not a segment of this log"),
+        "{text}"
+    );
+    assert!(!text.contains("is reusable"), "{text}");
+    assert_eq!(snapshot(&foreign), before, "wal-dump wrote");
+}
+
+/// Damage to the last record of a segment looks like a torn tail from
+/// inside that segment; the next segment's header records where the
+/// segment ended, and recovery refuses the log. `wal-dump` says so.
+#[test]
+fn wal_dump_reports_damage_that_a_later_segment_proves() {
+    /// Never checkpoints, so every segment stays in the directory.
+    struct Keeps;
+    impl okaywal::LogManager for Keeps {
+        fn recover(&mut self, _entry: &mut okaywal::Entry<'_>) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            _last: okaywal::EntryId,
+            _entries: &mut okaywal::SegmentReader,
+            _wal: &WriteAheadLog,
+        ) -> std::io::Result<()> {
+            Err(std::io::Error::other("kept for the test"))
+        }
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("log");
+    let log = Configuration::default_for(&dir)
+        .checkpoint_after_bytes(16 << 10)
+        .open(Keeps)
+        .unwrap();
+    let mut records = Vec::new();
+    while records
+        .last()
+        .is_none_or(|r: &okaywal::ChunkRecord| r.position.file_id == records[0].position.file_id)
+    {
+        let mut entry = log.begin_entry().unwrap();
+        records.push(entry.write_chunk(&[7; 3000]).unwrap());
+        entry.commit().unwrap();
+    }
+    drop(log);
+    // The last entry of the first segment: zero its commit record.
+    let last = &records[records.len() - 2];
+    let segment = format!("wal-{}", last.position.file_id);
+    let commit_at = last.position.offset + 25 + u64::from(last.length) + 4;
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(&segment))
+        .unwrap();
+    file.write_all_at(&[0; 25], commit_at).unwrap();
+
+    let text = ok(sediment(&[&"wal-dump", &dir])).stdout;
+    let section: String = text
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("segment {segment} ")))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!section.contains("torn tail at"), "{text}");
+    assert!(
+        section.contains(&format!("records end at offset {commit_at}")),
+        "{text}"
+    );
+    assert!(text.contains("recovery: 1 PROBLEM(S)"), "{text}");
+    assert!(
+        text.contains(&format!("  {segment} offset {commit_at}: ")),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json"])).stdout).unwrap();
+    assert_eq!(json["problems"][0]["file"], segment.as_str(), "{json}");
+    assert_eq!(json["problems"][0]["offset"], commit_at, "{json}");
+}
+
 #[test]
 fn a_store_open_in_another_process_is_refused() {
     let (_temp, db, ids) = store_with(&[b"held"]);

@@ -70,3 +70,45 @@ fn a_segment_s_records_are_listed_up_to_its_torn_tail() {
     );
     assert_eq!(LogFileName::parse("wal-x"), None);
 }
+
+/// A `wal-{id}` file that is no segment of this format says what it is:
+/// an okaywal 0.2/0.3 segment (an open converts it), another program's
+/// file, or an intact header of a format version this crate does not read
+/// (both of which an open refuses), never a header that "never became
+/// durable".
+#[test]
+fn files_of_other_formats_are_named_for_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Configuration::default_for(dir.path());
+    let mut older = b"okw\0\x03abc".to_vec();
+    older.resize(4096, 0);
+    std::fs::write(dir.path().join("wal-1"), &older).unwrap();
+    assert_eq!(
+        config.inspect_segment(1).unwrap().header,
+        HeaderStatus::OlderFormat {
+            version_info: b"abc".to_vec()
+        }
+    );
+
+    std::fs::write(dir.path().join("wal-2"), b"a file of mine\n").unwrap();
+    match config.inspect_segment(2).unwrap().header {
+        HeaderStatus::Foreign { reason } => assert!(reason.contains("a file of mine"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+
+    // This crate's header with another format version, magic and checksum
+    // intact: written whole by another version of okaywal.
+    let mut newer = vec![0_u8; 512];
+    newer[..7].copy_from_slice(b"OKAYWAL");
+    newer[7] = 9;
+    newer[8..16].copy_from_slice(&3_u64.to_le_bytes());
+    let crc = crc32fast::hash(&newer[..508]);
+    newer[508..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(dir.path().join("wal-3"), &newer).unwrap();
+    match config.inspect_segment(3).unwrap().header {
+        HeaderStatus::Foreign { reason } => {
+            assert!(reason.contains("format version 9"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

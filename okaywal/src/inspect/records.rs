@@ -87,6 +87,25 @@ pub enum HeaderStatus {
         /// became durable and the file holds no entries.
         records_follow: bool,
     },
+    /// A segment written by okaywal 0.2 or 0.3 (its header starts with
+    /// `okw\0`): an open for writing replays its committed entries and
+    /// converts the log (FORMAT.md, "Logs written by okaywal 0.2 and
+    /// 0.3"); [`Configuration::inspect`] counts it in
+    /// [`LogInspection::older_format`](crate::LogInspection::older_format).
+    /// Its records are not listed.
+    OlderFormat {
+        /// The version information in its header.
+        version_info: Vec<u8>,
+    },
+    /// Not a segment this crate reads: the first bytes are neither this
+    /// format's header, nor okaywal 0.2/0.3's, nor zeros, or they are an
+    /// intact header (magic and checksum verify) of a format version this
+    /// crate does not know, written by another version of okaywal. An
+    /// open refuses the log while the file is there, and never reuses it.
+    Foreign {
+        /// What the file begins with.
+        reason: String,
+    },
 }
 
 /// The kinds of record (FORMAT.md, "Records").
@@ -283,6 +302,28 @@ impl Configuration {
             // A key error: the records cannot be read without the key.
             Err(error) if error.kind() == io::ErrorKind::PermissionDenied => return Err(error),
             other => {
+                match crate::legacy::classify(&header_bytes) {
+                    crate::legacy::HeaderKind::Legacy(header) => {
+                        records.header = HeaderStatus::OlderFormat {
+                            version_info: header.version_info,
+                        };
+                        return Ok(records);
+                    }
+                    crate::legacy::HeaderKind::Foreign(reason) => {
+                        records.header = HeaderStatus::Foreign { reason };
+                        return Ok(records);
+                    }
+                    crate::legacy::HeaderKind::Ours | crate::legacy::HeaderKind::Unwritten => {}
+                }
+                if let Some(version) = crate::format::SegmentHeader::other_version(&header_bytes) {
+                    records.header = HeaderStatus::Foreign {
+                        reason: format!(
+                            "an intact header of segment format version {version}, which this \
+                             version of okaywal does not read (written by another version)"
+                        ),
+                    };
+                    return Ok(records);
+                }
                 let reason = match (other, AnyHeader::decode(&header_bytes)) {
                     (Err(error), _) => error.to_string(),
                     (_, Ok(header)) => format!(
