@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{plain_client, put_v, Cluster, NodeProcess};
 
@@ -73,16 +73,10 @@ async fn a_cluster_written_before_identities_comes_back_whole_and_takes_writes()
         put_v(cluster.nodes[&leader].url("/kv/after-upgrade")).await,
         200
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
+    cluster
+        .wait_for_value(&[1, 2, 3], "after-upgrade", b"v", Duration::from_secs(20))
+        .await;
     for id in [1, 2, 3] {
-        while cluster.local_get(id, "after-upgrade").await.as_deref() != Some(&b"v"[..]) {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not get the new write: {}",
-                cluster.nodes[&id].log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         for k in 1..20 {
             assert_eq!(
                 cluster.local_get(id, &format!("key-{k}")).await,

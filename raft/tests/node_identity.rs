@@ -240,17 +240,9 @@ async fn init_sent_to_every_member_at_once_makes_one_cluster() {
 
     let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
     assert_eq!(put_v(cluster.nodes[&leader].url("/kv/everyone")).await, 200);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for id in [1, 2, 3] {
-        while cluster.local_get(id, "everyone").await.as_deref() != Some(&b"v"[..]) {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not get the write: {}",
-                cluster.nodes[&id].log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    cluster
+        .wait_for_value(&[1, 2, 3], "everyone", b"v", Duration::from_secs(20))
+        .await;
 }
 
 /// An `init` while a member is down answers 503 and says to send it again;
@@ -290,16 +282,8 @@ async fn init_with_a_member_down_is_sent_again_once_it_runs() {
         put_v(cluster.nodes[&leader].url("/kv/after-retry")).await,
         200
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for id in [1, 2, 3] {
-        while cluster.local_get(id, "after-retry").await.as_deref() != Some(&b"v"[..]) {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not get the write: {}",
-                cluster.nodes[&id].log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    cluster
+        .wait_for_value(&[1, 2, 3], "after-retry", b"v", Duration::from_secs(20))
+        .await;
     assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
 }

@@ -5,22 +5,8 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use sediment::{Config, Database, GrainId};
-
-/// Every regular file in `dir` with its bytes.
-fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap())
-        .filter(|entry| entry.file_type().unwrap().is_file())
-        .map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            (name, std::fs::read(entry.path()).unwrap())
-        })
-        .collect()
-}
 
 fn check(db: &Database, stored: &BTreeMap<GrainId, Vec<u8>>, context: &str) {
     for (id, data) in stored {
@@ -36,14 +22,14 @@ fn a_plain_store_an_earlier_version_left_by_a_crash_opens_with_every_blob() {
 
     // Read-only first: transactions 9 to 16 are replayed in memory, and no
     // file changes.
-    let before = files(dir.path());
+    let before = common::files(dir.path());
     let db = Database::open_read_only(dir.path()).unwrap();
     check(&db, &stored, "read-only, replayed from the WAL");
     assert_eq!(db.last_committed().0, 16);
     assert_eq!(db.embedded_header(), Some(ids[3]));
     db.verify().unwrap();
     drop(db);
-    assert_eq!(files(dir.path()), before, "a read-only open wrote");
+    assert_eq!(common::files(dir.path()), before, "a read-only open wrote");
 
     // Open for writing: the same blobs, and new ones beside them.
     let db = Config::for_directory(dir.path()).open().unwrap();

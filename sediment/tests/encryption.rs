@@ -49,21 +49,6 @@ fn check(db: &Database, stored: &BTreeMap<GrainId, Vec<u8>>, context: &str) {
     }
 }
 
-/// Every regular file in `dir`, by name.
-fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap())
-        .filter(|entry| entry.file_type().unwrap().is_file())
-        .map(|entry| {
-            (
-                entry.file_name().to_string_lossy().into_owned(),
-                std::fs::read(entry.path()).unwrap(),
-            )
-        })
-        .collect()
-}
-
 /// Where grain `id`'s bytes are: the documented offset, the same in an
 /// encrypted store as in a plain one.
 fn grain_at(dir: &Path, id: GrainId) -> (PathBuf, u64) {
@@ -156,7 +141,7 @@ fn no_payload_or_sixteen_byte_window_of_one_reaches_any_file() {
         .map(|w| w.try_into().unwrap())
         .collect();
     let mut scanned = BTreeMap::new();
-    for (name, bytes) in files(dir.path()) {
+    for (name, bytes) in common::files(dir.path()) {
         if let Some(at) = bytes
             .windows(16)
             .position(|w| windows.contains(<&[u8; 16]>::try_from(w).unwrap()))
@@ -276,7 +261,7 @@ fn an_old_copy_of_a_reused_grain_is_damage_never_the_old_blob() {
 
 /// SHA-like fingerprint of every file: name and bytes.
 fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    files(dir)
+    common::files(dir)
 }
 
 fn refused(dir: &Path, config: Config) -> Error {
@@ -726,7 +711,7 @@ fn damaged_commit_log_bytes_cost_records_never_blobs_or_a_key_error() {
         }
     }
     db.shutdown().unwrap();
-    let name = files(dir.path())
+    let name = common::files(dir.path())
         .into_keys()
         .find(|n| n.starts_with("commits-"))
         .unwrap();
@@ -927,13 +912,18 @@ fn image_chunks(fs: &CrashFileSystem) -> (PathBuf, Vec<(usize, usize)>) {
         .inspect_segment(inspection.segments[0].id)
         .unwrap();
     let bytes = fs.contents(&listing.path).unwrap();
-    let images = listing
+    // Image chunks are the pre-sealed ones: record kind 5, in the clear in
+    // the record header's first byte. (The first byte of a chunk the log
+    // sealed is its first frame's random nonce, which is 3, an image
+    // chunk's tag, one time in 256.)
+    let images: Vec<(usize, usize)> = listing
         .records
         .iter()
         .filter(|record| record.kind == okaywal::RecordType::Chunk)
+        .filter(|record| bytes[record.offset as usize] == 5)
         .map(|record| (record.offset as usize + 69, record.length as usize))
-        .filter(|(at, _)| bytes[*at] == 3)
         .collect();
+    assert!(images.iter().all(|(at, _)| bytes[*at] == 3), "image tags");
     (listing.path, images)
 }
 

@@ -536,6 +536,22 @@ impl Cluster {
         }
     }
 
+    /// Waits until every node in `ids` holds `value` under `key` in its own
+    /// state machine; fails with the node's log after `within`.
+    pub async fn wait_for_value(&self, ids: &[u64], key: &str, value: &[u8], within: Duration) {
+        let deadline = Instant::now() + within;
+        for &id in ids {
+            while self.local_get(id, key).await.as_deref() != Some(value) {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} did not get {key}: {}",
+                    self.nodes[&id].log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
     /// The value of `key` in node `id`'s own state machine.
     pub async fn local_get(&self, id: u64, key: &str) -> Option<Vec<u8>> {
         let response = self
