@@ -87,6 +87,48 @@ pub(crate) fn reseal_file_name(first: u64) -> String {
     format!("rekey-commits-{first}")
 }
 
+/// For a commit log file after the current one, which an interrupted
+/// checkpoint left and open removes: the error for another program's file
+/// of that name. An interrupted checkpoint leaves nothing, zeros, or
+/// frames from the start of the file (written in one write, so its first
+/// sector is whole or unwritten): a plain frame's record begins with the
+/// sequence in the file's name, a sealed frame's length opens.
+fn refuse_unrecognised(
+    fs: &dyn FileSystem,
+    path: &Path,
+    first: u64,
+    sealer: Option<&Sealer>,
+) -> Result<()> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .context(|| format!("reading {}", path.display()))?;
+    let len = file
+        .len()
+        .context(|| format!("reading {}", path.display()))?;
+    let mut bytes = vec![0; len.min(512) as usize];
+    read_exact(&*file, &mut bytes, 0, path)?;
+    let ours = bytes.iter().all(|b| *b == 0)
+        || match sealer {
+            None => bytes.get(FRAME_HEADER..FRAME_HEADER + 8) == Some(&first.to_le_bytes()[..]),
+            Some(sealer) => bytes.get(..SEALED_FRAME_HEAD).is_some_and(|head| {
+                sealer
+                    .open_frame_len(first, 0, head, &path.display())
+                    .is_ok()
+            }),
+        };
+    if ours {
+        return Ok(());
+    }
+    Err(Error::UnrecognisedFile {
+        path: path.to_path_buf(),
+        what: format!(
+            "it is named like a commit log file, but it does not begin with a commit log \
+             frame of sequence {first}, nor with zeros: it begins with {}",
+            crate::error::first_bytes(&bytes)
+        ),
+    })
+}
+
 pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("commits-")?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -126,6 +168,9 @@ impl CommitLogFiles {
         for first in names.iter().filter_map(|n| parse_file_name(n)) {
             let path = file_path(directory, first);
             if current == 0 || first > current {
+                // A read-only open refuses such a file too: an open for
+                // writing would, so `verify` must not call the store fine.
+                refuse_unrecognised(&*fs, &path, first, sealer.as_deref())?;
                 if writable {
                     fs.remove_file(&path)
                         .context(|| format!("removing unused commit log {}", path.display()))?;

@@ -93,6 +93,23 @@ pub enum Error {
         /// What is wrong with it.
         what: String,
     },
+    /// A file in the store directory is named like one of the store's
+    /// (a stratum file) but holds bytes that sediment never writes there,
+    /// nor a cut-short write of them leaves: another program's file.
+    /// sediment never reuses or overwrites it, and the store does not open
+    /// while it is there. Nothing was changed.
+    #[error(
+        "{}: not a file of this store: {what}. sediment never overwrites a file it does not \
+         recognise, so the store does not open while it is there: move it out of the store \
+         directory (or rename it) if it belongs to something else",
+        path.display()
+    )]
+    UnrecognisedFile {
+        /// The file.
+        path: PathBuf,
+        /// What it begins with.
+        what: String,
+    },
     /// [`Database::commit_log`](crate::Database::commit_log) reached
     /// records that cannot be read because commit log bytes are damaged:
     /// the file, the offset of the damaged frame and the sequences whose
@@ -157,6 +174,24 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// The first bytes of a file as hex and as text, for an error about a file
+/// that is not what its name says: `6d 79 20 6e ("my n")`.
+pub(crate) fn first_bytes(bytes: &[u8]) -> String {
+    let shown = &bytes[..bytes.len().min(16)];
+    let hex: Vec<String> = shown.iter().map(|b| format!("{b:02x}")).collect();
+    let text: String = shown
+        .iter()
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                char::from(b)
+            } else {
+                '.'
+            }
+        })
+        .collect();
+    format!("{} (\"{text}\")", hex.join(" "))
 }
 
 /// Adds context to I/O results.

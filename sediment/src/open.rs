@@ -336,8 +336,45 @@ fn unfinished_index(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
     let mut bytes = vec![0; len.min(INDEX_SLOT_SIZE) as usize];
     file.read_exact_at(&mut bytes, 0)
         .context(|| format!("reading {}", path.display()))?;
-    let magic = &INDEX_MAGIC_BYTES[..bytes.len().min(INDEX_MAGIC_BYTES.len())];
-    Ok(bytes.iter().all(|b| *b == 0) || bytes.starts_with(magic))
+    Ok(unwritten_or_begins_with(&bytes, &INDEX_MAGIC_BYTES))
+}
+
+/// Whether `bytes` (a header slot's) are what this crate, or a write of it
+/// cut short, leaves there: nothing, all zeros, or `magic` (or as much of
+/// it as there is) followed by anything.
+fn unwritten_or_begins_with(bytes: &[u8], magic: &[u8]) -> bool {
+    let magic = &magic[..bytes.len().min(magic.len())];
+    bytes.iter().all(|b| *b == 0) || bytes.starts_with(magic)
+}
+
+/// For a stratum file none of whose header copies decodes: the error for
+/// another program's file, if its header slots hold bytes that neither
+/// sediment nor a cut-short write of it leaves there (each slot is all
+/// zeros, or begins with the stratum magic).
+fn refuse_unrecognised_stratum(fs: &dyn FileSystem, path: &Path, slot_size: u64) -> Result<()> {
+    let file = fs
+        .open(path, OpenMode::Read)
+        .context(|| format!("reading {}", path.display()))?;
+    let len = file
+        .len()
+        .context(|| format!("reading {}", path.display()))?;
+    for slot in 0..2 {
+        let start = slot * slot_size;
+        let mut bytes = vec![0; len.saturating_sub(start).min(slot_size) as usize];
+        file.read_exact_at(&mut bytes, start)
+            .context(|| format!("reading {}", path.display()))?;
+        if !unwritten_or_begins_with(&bytes, &crate::format::STRATUM_MAGIC_BYTES) {
+            return Err(Error::UnrecognisedFile {
+                path: path.to_path_buf(),
+                what: format!(
+                    "its header copy {slot} is neither a stratum header (\"SEDSTRAT\") nor \
+                     zeros: it begins with {}",
+                    crate::error::first_bytes(&bytes)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The index file at `path`, opened for reading, and its length.
@@ -390,6 +427,10 @@ fn open_strata(
         for (expected, number) in numbers.into_iter().enumerate() {
             let basin = basin as u8;
             if number != expected as u32 {
+                // A file of another program named like a later stratum is
+                // no sign that strata are missing: name it instead.
+                let path = directory.join(stratum::file_name(basin, number));
+                refuse_unrecognised_stratum(fs, &path, stratum_slot_size(basin, sealer))?;
                 return Err(Error::Corrupt {
                     path: directory.join(stratum::file_name(basin, expected as u32)),
                     what: format!("stratum file is missing (stratum {number} exists)"),
@@ -414,6 +455,16 @@ fn open_strata(
     Ok(basins)
 }
 
+/// The size of a stratum header slot of `basin` in this store's layout.
+fn stratum_slot_size(basin: u8, sealer: Option<&Arc<Sealer>>) -> u64 {
+    let layout = if sealer.is_some() {
+        Layout::Sealed
+    } else {
+        Layout::Plain
+    };
+    layout.slot_size(basin)
+}
+
 /// Opens one stratum; `known` says the index lists it as created.
 fn open_stratum(
     fs: &dyn FileSystem,
@@ -434,12 +485,11 @@ fn open_stratum(
                 .open(&path, OpenMode::Read)
                 .and_then(|f| f.len())
                 .context(|| format!("reading {}", path.display()))?;
-            let layout = if sealer.is_some() {
-                Layout::Sealed
-            } else {
-                Layout::Plain
-            };
-            if len <= 2 * layout.slot_size(basin) {
+            let slot_size = stratum_slot_size(basin, sealer);
+            // Never take another program's file for a cut-short creation,
+            // which would overwrite it, or for damage.
+            refuse_unrecognised_stratum(fs, &path, slot_size)?;
+            if len <= 2 * slot_size {
                 if writable {
                     Stratum::create(fs, directory, basin, number, sealer)
                 } else {
