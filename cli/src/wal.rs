@@ -74,6 +74,10 @@ pub enum HeaderInfo {
         version_info_hex: String,
         /// The same bytes as text, if they are UTF-8.
         version_info_utf8: Option<String>,
+        /// The segment before this one and where it ended, as this header
+        /// records them (when that segment was closed as this one started).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous: Option<PreviousSegment>,
     },
     /// A segment written by okaywal 0.2 or 0.3: an open for writing
     /// replays its committed entries and converts the log. Its records are
@@ -99,6 +103,15 @@ pub enum HeaderInfo {
         /// the header never became durable and the file holds no entries.
         records_follow: bool,
     },
+}
+
+/// The segment a header names as the one before it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PreviousSegment {
+    /// Its id.
+    pub id: u64,
+    /// The offset where its records ended.
+    pub end: u64,
 }
 
 /// One record of a segment.
@@ -318,13 +331,14 @@ pub fn scan_segment(
             first_entry_id,
             format_version,
             version_info,
-            ..
+            previous,
         } => {
             dump.header = HeaderInfo::Valid {
                 first_entry_id,
                 format_version,
                 version_info_hex: hex(&version_info),
                 version_info_utf8: String::from_utf8(version_info).ok(),
+                previous: previous.map(|(id, end)| PreviousSegment { id, end }),
             };
         }
         HeaderStatus::Invalid {

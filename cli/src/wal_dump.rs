@@ -164,11 +164,21 @@ fn print(dump: &Dump, out: &mut dyn Write) -> io::Result<()> {
                 format_version,
                 version_info_hex,
                 version_info_utf8,
-            } => writeln!(
-                out,
-                "  header: first entry {first_entry_id}, format version {format_version}, version info {}",
-                version_info(version_info_hex, version_info_utf8.as_deref())
-            )?,
+                previous,
+            } => {
+                writeln!(
+                    out,
+                    "  header: first entry {first_entry_id}, format version {format_version}, version info {}",
+                    version_info(version_info_hex, version_info_utf8.as_deref())
+                )?;
+                if let Some(previous) = previous {
+                    writeln!(
+                        out,
+                        "  the segment before it, {}, ended at offset {} when this one started",
+                        previous.id, previous.end
+                    )?;
+                }
+            }
             HeaderInfo::OlderFormat {
                 version_info_hex,
                 version_info_utf8,

@@ -1266,6 +1266,23 @@ fn wal_dump_reports_damage_that_a_later_segment_proves() {
         serde_json::from_str(&ok(sediment(&[&"wal-dump", &dir, &"--json"])).stdout).unwrap();
     assert_eq!(json["problems"][0]["file"], segment.as_str(), "{json}");
     assert_eq!(json["problems"][0]["offset"], commit_at, "{json}");
+    // The later segment's header, which proves it, is shown.
+    let first_id = last.position.file_id;
+    assert!(
+        text.contains(&format!(
+            "the segment before it, {first_id}, ended at offset "
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        json["segments"][1]["header"]["previous"]["id"], first_id,
+        "{json}"
+    );
+    assert_eq!(
+        json["segments"][1]["header"]["previous"]["end"],
+        commit_at + 25,
+        "{json}"
+    );
 }
 
 #[test]
