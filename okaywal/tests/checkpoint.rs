@@ -742,3 +742,88 @@ fn a_panicking_checkpoint_to_fails_the_checkpoint_and_the_log_goes_on() {
     assert_eq!(*manager.checkpointed.lock().unwrap(), ids);
     log.shutdown().unwrap();
 }
+
+/// A manager that commits an entry into the log from `checkpoint_to` (a
+/// marker of how far its store got) while writers of large entries fill
+/// segments faster than checkpoints recycle them: nothing stalls, every
+/// checkpoint writes its marker, and the markers are in the log after a
+/// reopen.
+#[test]
+fn a_checkpoint_to_that_commits_into_the_log_stalls_nothing() {
+    struct Marks(Arc<std::sync::atomic::AtomicU64>);
+    impl okaywal::LogManager for Marks {
+        fn recover(&mut self, _entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
+            Ok(())
+        }
+        fn checkpoint_to(
+            &mut self,
+            last: okaywal::EntryId,
+            entries: &mut okaywal::SegmentReader,
+            wal: &okaywal::WriteAheadLog,
+        ) -> io::Result<()> {
+            while let Some(mut entry) = entries.read_entry()? {
+                entry.read_all_chunks()?;
+            }
+            let mut marker = wal.begin_entry()?;
+            marker.write_chunk(format!("store holds through {}", last.0).as_bytes())?;
+            marker.commit()?;
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let marks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let log = small_segments(dir.path())
+        .open(Marks(marks.clone()))
+        .unwrap();
+    let (done, finished) = mpsc::channel();
+    let writer_log = log.clone();
+    std::thread::spawn(move || {
+        std::thread::scope(|scope| {
+            for thread in 0..8_u8 {
+                let log = &writer_log;
+                scope.spawn(move || {
+                    for i in 0..100 {
+                        let mut entry = log.begin_entry().unwrap();
+                        entry.write_chunk(&vec![thread; 200_000]).unwrap();
+                        if i % 2 == 0 {
+                            entry.commit().unwrap();
+                        } else {
+                            entry.commit_buffered().unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        writer_log.checkpoint_active().unwrap();
+        done.send(()).unwrap();
+    });
+    finished
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the writers and the checkpoint did not finish within 120 s");
+    let written = marks.load(Ordering::Relaxed);
+    assert!(written > 10, "only {written} checkpoints");
+    log.shutdown().unwrap();
+    drop(log);
+
+    // Reopened, the markers written by the last checkpoints are still in
+    // the log: replayed, or handed to the next checkpoint.
+    let recorder = Recorder::new();
+    let log = small_segments(dir.path()).open(recorder.clone()).unwrap();
+    log.checkpoint_active().unwrap();
+    let seen = recorder.seen();
+    let texts: Vec<String> = seen
+        .recovered
+        .iter()
+        .cloned()
+        .chain(seen.checkpointed())
+        .map(|(_, chunks)| String::from_utf8_lossy(&chunks.concat()).into_owned())
+        .collect();
+    drop(seen);
+    assert!(
+        texts.iter().any(|t| t.starts_with("store holds through ")),
+        "{} entries after the reopen, no marker",
+        texts.len()
+    );
+    log.shutdown().unwrap();
+}
