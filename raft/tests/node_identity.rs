@@ -214,6 +214,16 @@ async fn a_directory_refuses_an_id_other_than_its_own() {
     );
 }
 
+/// The body of an `init` that names every node of `cluster`.
+fn init_body(cluster: &Cluster) -> serde_json::Value {
+    let members: serde_json::Map<String, serde_json::Value> = cluster
+        .nodes
+        .values()
+        .map(|n| (n.id.to_string(), json!(n.addr)))
+        .collect();
+    json!({ "members": members })
+}
+
 /// An operator who sends `init` to every member at once gets one cluster:
 /// the inits all run on the member with the lowest id, one at a time, so
 /// one initialises the cluster and the others answer 409. (Each used to
@@ -223,12 +233,7 @@ async fn a_directory_refuses_an_id_other_than_its_own() {
 async fn init_sent_to_every_member_at_once_makes_one_cluster() {
     let cluster = Cluster::start(&[1, 2, 3], ARGS);
     cluster.wait_up(&[1, 2, 3]).await;
-    let members: serde_json::Map<String, serde_json::Value> = cluster
-        .nodes
-        .values()
-        .map(|n| (n.id.to_string(), json!(n.addr)))
-        .collect();
-    let body = json!({ "members": members });
+    let body = init_body(&cluster);
     let (a, b, c) = tokio::join!(
         post_json(cluster.nodes[&1].url("/cluster/init"), body.clone()),
         post_json(cluster.nodes[&2].url("/cluster/init"), body.clone()),
@@ -253,12 +258,7 @@ async fn init_with_a_member_down_is_sent_again_once_it_runs() {
     let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
     cluster.wait_up(&[1, 2, 3]).await;
     cluster.nodes.get_mut(&3).expect("node 3").stop();
-    let members: serde_json::Map<String, serde_json::Value> = cluster
-        .nodes
-        .values()
-        .map(|n| (n.id.to_string(), json!(n.addr)))
-        .collect();
-    let body = json!({ "members": members });
+    let body = init_body(&cluster);
     let (status, answer) = post_json(cluster.nodes[&1].url("/cluster/init"), body.clone()).await;
     assert_eq!(status, 503, "{answer}");
     let message = answer["error"].as_str().unwrap_or_default();

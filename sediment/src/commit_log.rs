@@ -99,12 +99,7 @@ fn refuse_unrecognised(
     first: u64,
     sealer: Option<&Sealer>,
 ) -> Result<()> {
-    let file = fs
-        .open(path, OpenMode::Read)
-        .context(|| format!("reading {}", path.display()))?;
-    let len = file
-        .len()
-        .context(|| format!("reading {}", path.display()))?;
+    let (file, len) = crate::open::open_to_read(fs, path)?;
     let mut bytes = vec![0; len.min(512) as usize];
     read_exact(&*file, &mut bytes, 0, path)?;
     let ours = bytes.iter().all(|b| *b == 0)

@@ -332,7 +332,7 @@ fn open_index(
 /// cut-short creation leaves: empty, all zeros, or the start of a header
 /// copy (the index magic, or a prefix of it, then anything).
 fn unfinished_index(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
-    let (file, len) = open_index_file(fs, path)?;
+    let (file, len) = open_to_read(fs, path)?;
     let mut bytes = vec![0; len.min(INDEX_SLOT_SIZE) as usize];
     file.read_exact_at(&mut bytes, 0)
         .context(|| format!("reading {}", path.display()))?;
@@ -352,12 +352,7 @@ fn unwritten_or_begins_with(bytes: &[u8], magic: &[u8]) -> bool {
 /// sediment nor a cut-short write of it leaves there (each slot is all
 /// zeros, or begins with the stratum magic).
 fn refuse_unrecognised_stratum(fs: &dyn FileSystem, path: &Path, slot_size: u64) -> Result<()> {
-    let file = fs
-        .open(path, OpenMode::Read)
-        .context(|| format!("reading {}", path.display()))?;
-    let len = file
-        .len()
-        .context(|| format!("reading {}", path.display()))?;
+    let (file, len) = open_to_read(fs, path)?;
     for slot in 0..2 {
         let start = slot * slot_size;
         let mut bytes = vec![0; len.saturating_sub(start).min(slot_size) as usize];
@@ -377,8 +372,8 @@ fn refuse_unrecognised_stratum(fs: &dyn FileSystem, path: &Path, slot_size: u64)
     Ok(())
 }
 
-/// The index file at `path`, opened for reading, and its length.
-fn open_index_file(fs: &dyn FileSystem, path: &Path) -> Result<(Arc<dyn FileHandle>, u64)> {
+/// The file at `path`, opened for reading, and its length.
+pub(crate) fn open_to_read(fs: &dyn FileSystem, path: &Path) -> Result<(Arc<dyn FileHandle>, u64)> {
     let file = fs
         .open(path, OpenMode::Read)
         .context(|| format!("opening {}", path.display()))?;
@@ -390,7 +385,7 @@ fn open_index_file(fs: &dyn FileSystem, path: &Path) -> Result<(Arc<dyn FileHand
 
 /// Whether either copy of the index header at `path` decodes.
 fn index_has_a_valid_copy(fs: &dyn FileSystem, path: &Path) -> Result<bool> {
-    let (file, len) = open_index_file(fs, path)?;
+    let (file, len) = open_to_read(fs, path)?;
     for slot in 0..2 {
         let start = slot * INDEX_SLOT_SIZE;
         let mut bytes = vec![0; len.saturating_sub(start).min(INDEX_SLOT_SIZE) as usize];
