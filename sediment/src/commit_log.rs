@@ -88,12 +88,13 @@ pub(crate) fn reseal_file_name(first: u64) -> String {
 }
 
 /// For a commit log file after the current one, which an interrupted
-/// checkpoint left and open removes: the error for another program's file
-/// of that name. An interrupted checkpoint leaves nothing, zeros, or
-/// frames from the start of the file (written in one write, so its first
-/// sector is whole or unwritten): a plain frame's record begins with the
-/// sequence in the file's name, a sealed frame's length opens.
-fn refuse_unrecognised(
+/// checkpoint left, and for a resealed copy an interrupted rekey left
+/// (both removed at open): the error for another program's file of that
+/// name. An interruption leaves nothing, zeros, or frames from the start of
+/// the file (written in one write, so its first sector is whole or
+/// unwritten): a plain frame's record begins with the sequence in the
+/// file's name, a sealed frame's length opens.
+pub(crate) fn refuse_unrecognised(
     fs: &dyn FileSystem,
     path: &Path,
     first: u64,
@@ -114,10 +115,14 @@ fn refuse_unrecognised(
     if ours {
         return Ok(());
     }
+    let named_like = match path.file_name().and_then(|name| name.to_str()) {
+        Some(name) if name.starts_with("rekey-") => "a rekey's copy of a commit log file",
+        _ => "a commit log file",
+    };
     Err(Error::UnrecognisedFile {
         path: path.to_path_buf(),
         what: format!(
-            "it is named like a commit log file, but it does not begin with a commit log \
+            "it is named like {named_like}, but it does not begin with a commit log \
              frame of sequence {first}, nor with zeros: it begins with {}",
             crate::error::first_bytes(&bytes)
         ),

@@ -549,8 +549,8 @@ impl Database {
             next_slot,
             sealer,
         } = open_index(&*fs, &directory, &names, writable, provider.as_ref())?;
-        if writable && sealer.is_some() {
-            crate::rekey::remove_leftovers(&*fs, &directory, &names)?;
+        if let (true, Some(sealer)) = (writable, sealer.as_deref()) {
+            crate::rekey::remove_leftovers(&*fs, &directory, &names, sealer)?;
         }
         let wal_floor = index.wal_checkpointed_entry;
         let strata = open_strata(

@@ -477,18 +477,24 @@ pub(crate) fn finish_interrupted(db: &Database) -> Result<()> {
 }
 
 /// Removes the commit log copies a crash left before their rename (see
-/// `CommitLogFiles::reseal`).
+/// `CommitLogFiles::reseal`): a file named `rekey-commits-N` that is
+/// empty, zeroed, or begins with a sealed commit log frame of sequence N.
+/// Another program's file of that name is refused, left as it is
+/// ([`Error::UnrecognisedFile`]), like one named as a commit log file.
 pub(crate) fn remove_leftovers(
     fs: &dyn FileSystem,
     directory: &Path,
     names: &[String],
+    sealer: &Sealer,
 ) -> Result<()> {
     for name in names {
-        let leftover = name
+        let first = name
             .strip_prefix("rekey-commits-")
-            .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
-        if leftover {
+            .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|digits| digits.parse::<u64>().ok());
+        if let Some(first) = first {
             let path = directory.join(name);
+            crate::commit_log::refuse_unrecognised(fs, &path, first, Some(sealer))?;
             fs.remove_file(&path)
                 .context(|| format!("removing the leftover {}", path.display()))?;
         }

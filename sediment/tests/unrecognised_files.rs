@@ -4,7 +4,8 @@
 //! not open while it is there, the error names it, and once it is moved
 //! away the store opens with everything in it. What a crash leaves under
 //! those names (an empty or zeroed stratum file, the start of a stratum
-//! header) is still taken for what it is.
+//! header, an interrupted rekey's copy of a commit log file) is still
+//! taken for what it is.
 
 mod common;
 
@@ -79,4 +80,75 @@ fn what_a_crash_leaves_under_a_stratum_name_is_still_created_afresh() {
         db.verify().unwrap();
         db.shutdown().unwrap();
     }
+}
+
+/// An encrypted store holding one blob, closed; returns its id and the
+/// name of its commit log file.
+fn encrypted_store_with_a_blob(dir: &Path) -> (GrainId, String) {
+    let db = Config::for_directory(dir)
+        .encryption(common::test_key())
+        .open()
+        .unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    let id = tx.write(b"kept").unwrap();
+    tx.commit().unwrap();
+    db.shutdown().unwrap();
+    let commits = common::files_with_prefix(dir, "commits-")
+        .pop()
+        .expect("a commit log file");
+    (id, commits)
+}
+
+#[test]
+fn a_file_named_like_a_rekeys_leftover_copy_is_removed_only_when_it_is_one() {
+    // What an interrupted rekey leaves: nothing written yet, zeros, or
+    // the resealed copy of a commit log file. Open removes it.
+    for leftover in ["empty", "zeros", "copy"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, commits) = encrypted_store_with_a_blob(dir.path());
+        let name = format!("rekey-{commits}");
+        let contents = match leftover {
+            "empty" => Vec::new(),
+            "zeros" => vec![0; 4096],
+            _ => std::fs::read(dir.path().join(&commits)).unwrap(),
+        };
+        std::fs::write(dir.path().join(&name), contents).unwrap();
+        let db = Config::for_directory(dir.path())
+            .encryption(common::test_key())
+            .open()
+            .unwrap_or_else(|err| panic!("{leftover}: {err}"));
+        assert!(!dir.path().join(&name).exists(), "{leftover} was kept");
+        common::assert_blob(&db, id, b"kept", leftover);
+        db.verify().unwrap();
+        db.shutdown().unwrap();
+    }
+
+    // Another program's file of that name stays as it is, and the store
+    // opens once it is moved away.
+    let dir = tempfile::tempdir().unwrap();
+    let (id, commits) = encrypted_store_with_a_blob(dir.path());
+    let name = format!("rekey-{commits}");
+    let path = dir.path().join(&name);
+    let notes = b"my notes, not a store file\n";
+    std::fs::write(&path, notes).unwrap();
+    match Config::for_directory(dir.path())
+        .encryption(common::test_key())
+        .open()
+    {
+        Err(err @ Error::UnrecognisedFile { .. }) => {
+            let message = err.to_string();
+            assert!(message.contains(&name), "{message}");
+            assert!(message.contains("a rekey's copy"), "{message}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened"),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), notes);
+    std::fs::remove_file(&path).unwrap();
+    let db = Config::for_directory(dir.path())
+        .encryption(common::test_key())
+        .open()
+        .unwrap();
+    common::assert_blob(&db, id, b"kept", "after moving the notes away");
+    db.shutdown().unwrap();
 }
