@@ -238,7 +238,12 @@ async fn get_value(
         match app.raft.ensure_linearizable().await {
             Ok(_) => {}
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                return forward(&f, app.scheme, &uri)
+                // The redirect keeps what the client asked for.
+                let uri = match consistency {
+                    Some(consistency) => format!("{uri}?consistency={consistency}"),
+                    None => uri,
+                };
+                return forward(&f, app.scheme, &uri);
             }
             Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use okaywal::encryption::StaticKey;
 use sediment_raft::encryption::SharedKeys;
-use sediment_raft::node::{self, NodeConfig, DEFAULT_MAX_CONNECTIONS};
+use sediment_raft::node::{self, NodeConfig, DEFAULT_MAX_BODY_MEMORY, DEFAULT_MAX_CONNECTIONS};
 use sediment_raft::security::{TlsFiles, Token};
 
 /// Descriptors kept for the node's own files (WAL segments, archives,
@@ -158,6 +158,11 @@ enum Command {
         /// ms.
         #[arg(long, default_value_t = 60_000)]
         idle_timeout_ms: u64,
+        /// Request bodies held in memory at once, across all connections,
+        /// in MiB: beyond it, bodies wait for room (503 if none comes
+        /// within --body-timeout-ms).
+        #[arg(long, default_value_t = u64::try_from(DEFAULT_MAX_BODY_MEMORY >> 20).unwrap_or(256), value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+        max_body_memory_mb: u64,
         /// Encrypt the node's files at rest with the key in this file (32
         /// raw bytes, or 64 hexadecimal characters), as key id 1. A node
         /// directory is encrypted from its first start or never: a
@@ -215,6 +220,7 @@ fn main() -> ExitCode {
         header_timeout_ms,
         body_timeout_ms,
         idle_timeout_ms,
+        max_body_memory_mb,
         key_file,
         worker_threads,
     } = cli.command;
@@ -264,6 +270,7 @@ fn main() -> ExitCode {
         header_timeout: Duration::from_millis(header_timeout_ms),
         body_timeout: Duration::from_millis(body_timeout_ms),
         idle_timeout: Duration::from_millis(idle_timeout_ms),
+        max_body_memory: usize::try_from(max_body_memory_mb << 20).unwrap_or(usize::MAX),
         key_provider,
         ..NodeConfig::new(id, listen, dir)
     };

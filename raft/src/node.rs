@@ -31,6 +31,10 @@ use crate::types::{NodeId, Raft};
 /// leaves too little room for it (see `sediment-raft node --help`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// The default of [`NodeConfig::max_body_memory`]: 256 MiB, room for four
+/// of the largest values at once.
+pub const DEFAULT_MAX_BODY_MEMORY: usize = 256 << 20;
+
 /// How to run a node.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -83,6 +87,10 @@ pub struct NodeConfig {
     pub header_timeout: Duration,
     /// Time a request's whole body has to arrive (408 after it).
     pub body_timeout: Duration,
+    /// Bytes of request bodies held in memory at once, across all
+    /// connections (see [`crate::server`]): beyond it, bodies wait for
+    /// room, and get a 503 if none comes within the body timeout.
+    pub max_body_memory: usize,
     /// Time a connection may stay open with no request in progress.
     pub idle_timeout: Duration,
     /// Encrypt the node's files at rest with these keys: the Raft log's
@@ -99,7 +107,8 @@ impl NodeConfig {
     /// heartbeats (room for 64 MiB values) and elections after 2–4 s of
     /// silence; plain HTTP without a token (so only a loopback `listen`
     /// starts); [`DEFAULT_MAX_CONNECTIONS`] connections, 10 s for headers,
-    /// 60 s for a body and 60 s of idleness.
+    /// 60 s for a body and 60 s of idleness, and
+    /// [`DEFAULT_MAX_BODY_MEMORY`] of request bodies at once.
     pub fn new(id: NodeId, listen: SocketAddr, directory: impl Into<PathBuf>) -> Self {
         Self {
             id,
@@ -117,6 +126,7 @@ impl NodeConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            max_body_memory: DEFAULT_MAX_BODY_MEMORY,
             idle_timeout: Duration::from_secs(60),
             key_provider: None,
         }
@@ -378,6 +388,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         token: config.token.clone(),
         max_value_bytes: config.max_value_bytes(),
         body_timeout: config.body_timeout,
+        body_budget: server::BodyBudget::new(config.max_body_memory),
     });
     // Counting is outermost, so requests refused for their credentials or
     // size are counted too.

@@ -28,6 +28,17 @@
 //! streamed body passes it. A refused request's connection is closed once
 //! the rest of its body has arrived or after 2 s, whichever is first, so
 //! that a client still sending it reads the answer instead of a reset.
+//!
+//! **Memory for bodies.** Bodies are read whole before their route runs,
+//! so the node bounds the bytes of request bodies it holds at once across
+//! every connection ([`BodyBudget`], `--max-body-memory-mb`): a body takes
+//! its share of the budget before it is read (all of its `Content-Length`
+//! at once; a streamed body as it arrives) and gives it back once its
+//! response is made. A body that cannot get its share waits, until its
+//! body timeout: then 503, and the connection is closed. A body larger
+//! than the whole budget waits for all of it. Many clients sending large
+//! bodies at once therefore slow each other down instead of running the
+//! node out of memory.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -52,7 +63,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{oneshot, watch, Notify};
+use tokio::sync::{oneshot, watch, Notify, Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
@@ -74,7 +85,7 @@ pub struct ServerOptions {
 }
 
 /// What [`police`] checks on every request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Policy {
     /// The bearer token every request must carry, if any.
     pub token: Option<Token>,
@@ -82,6 +93,51 @@ pub struct Policy {
     pub max_value_bytes: usize,
     /// Time for a request's whole body to arrive.
     pub body_timeout: Duration,
+    /// The bytes of request bodies held at once, across connections.
+    pub body_budget: BodyBudget,
+}
+
+/// The bytes of request bodies a node holds in memory at once, across all
+/// its connections (see the module docs). Counted in KiB.
+#[derive(Debug)]
+pub struct BodyBudget {
+    permits: Semaphore,
+    total_kib: u32,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (at least 1 MiB is sensible: every body of a
+    /// size above the budget waits for all of it).
+    #[must_use]
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX >> 3);
+        Self {
+            permits: Semaphore::new(total_kib as usize),
+            total_kib,
+        }
+    }
+
+    /// The budget in bytes.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.total_kib as usize * 1024
+    }
+
+    /// Waits until `deadline` for the share of `bytes` (all of the budget
+    /// at most); `None` if it did not come.
+    async fn take(
+        &self,
+        bytes: usize,
+        deadline: tokio::time::Instant,
+    ) -> Option<SemaphorePermit<'_>> {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.total_kib);
+        match tokio::time::timeout_at(deadline, self.permits.acquire_many(kib)).await {
+            Ok(Ok(permit)) => Some(permit),
+            _ => None,
+        }
+    }
 }
 
 fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -162,9 +218,27 @@ fn refuse(mut response: Response, body: Body) -> Response {
     response
 }
 
-/// Reads a body of at most `limit` bytes within `timeout`.
-async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<Bytes, BodyError> {
+/// Reads a body of at most `limit` bytes within `timeout`, taking its
+/// share of `budget` first (all of `length` when it is known) or as it
+/// arrives; the share is returned with the body.
+async fn read_body<'b>(
+    mut body: Body,
+    length: Option<u64>,
+    limit: usize,
+    timeout: Duration,
+    budget: &'b BodyBudget,
+) -> Result<(Bytes, Option<SemaphorePermit<'b>>), BodyError> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut share = match length {
+        Some(length) => match budget
+            .take(usize::try_from(length).unwrap_or(usize::MAX), deadline)
+            .await
+        {
+            Some(permit) => Some(permit),
+            None => return Err(BodyError::NoMemory(body)),
+        },
+        None => None,
+    };
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut total = 0;
     loop {
@@ -175,14 +249,28 @@ async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<By
             Ok(Some(Ok(frame))) => frame,
         };
         if let Ok(data) = frame.into_data() {
+            let before = total;
             total += data.len();
             if total > limit {
                 return Err(BodyError::TooLarge(body));
             }
+            if length.is_none() {
+                // A streamed body: its share grows with it, in whole KiB.
+                let more = total.div_ceil(1024) - before.div_ceil(1024);
+                if more > 0 {
+                    let Some(permit) = budget.take(more * 1024, deadline).await else {
+                        return Err(BodyError::NoMemory(body));
+                    };
+                    match &mut share {
+                        Some(share) => share.merge(permit),
+                        None => share = Some(permit),
+                    }
+                }
+            }
             chunks.push(data);
         }
     }
-    Ok(match chunks.len() {
+    let bytes = match chunks.len() {
         0 => Bytes::new(),
         1 => chunks.pop().unwrap_or_default(),
         _ => {
@@ -192,7 +280,8 @@ async fn read_body(mut body: Body, limit: usize, timeout: Duration) -> Result<By
             }
             Bytes::from(whole)
         }
-    })
+    };
+    Ok((bytes, share))
 }
 
 /// Why a body was not read whole.
@@ -203,6 +292,9 @@ enum BodyError {
     Timeout,
     /// The connection failed or the body was malformed.
     Failed(String),
+    /// Its share of the body budget did not come within the body
+    /// timeout; the rest of it.
+    NoMemory(Body),
 }
 
 /// Checks a request's token and reads its body under the endpoint's
@@ -234,12 +326,33 @@ pub async fn police(State(policy): State<Arc<Policy>>, request: Request, next: N
     if body.is_end_stream() {
         return next.run(Request::from_parts(parts, body)).await;
     }
-    match read_body(body, limit, policy.body_timeout).await {
-        Ok(bytes) => {
+    let length = content_length(&parts.headers);
+    match read_body(
+        body,
+        length,
+        limit,
+        policy.body_timeout,
+        &policy.body_budget,
+    )
+    .await
+    {
+        Ok((bytes, _share)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
         Err(BodyError::TooLarge(rest)) => refuse(too_large(&path, limit), rest),
+        Err(BodyError::NoMemory(rest)) => refuse(
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the node is busy reading other request bodies (at most {} MiB of them at \
+                     once) and this one waited {} ms for room: retry later",
+                    policy.body_budget.bytes() >> 20,
+                    policy.body_timeout.as_millis()
+                ),
+            ),
+            rest,
+        ),
         Err(BodyError::Failed(e)) => closing_error(
             StatusCode::BAD_REQUEST,
             format!("reading the request body: {e}"),
@@ -615,4 +728,145 @@ pub async fn serve(
         tasks.shutdown().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use axum::extract::Path;
+    use axum::routing::put;
+
+    use super::*;
+
+    /// A streamed body (no length known in advance) of these pieces.
+    struct Pieces(VecDeque<Bytes>);
+
+    impl HttpBody for Pieces {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|piece| Ok(Frame::data(piece))))
+        }
+    }
+
+    fn put_request(key: &str, body: Body, length: Option<usize>) -> Request {
+        let mut builder = axum::http::Request::put(format!("/kv/{key}"));
+        if let Some(length) = length {
+            builder = builder.header(header::CONTENT_LENGTH, length);
+        }
+        builder.body(body).unwrap()
+    }
+
+    async fn answer(router: &Router, request: Request) -> (StatusCode, String) {
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn request_bodies_wait_for_room_in_the_memory_budget() {
+        let policy = Arc::new(Policy {
+            token: None,
+            max_value_bytes: 4 << 20,
+            body_timeout: Duration::from_millis(300),
+            body_budget: BodyBudget::new(1 << 20),
+        });
+        // The handler of key `held` keeps its request (and the body's
+        // share) until told to answer.
+        let release = Arc::new(Notify::new());
+        let handler_release = release.clone();
+        let router = Router::new()
+            .route(
+                "/kv/{key}",
+                put(move |Path(key): Path<String>, body: Bytes| {
+                    let release = handler_release.clone();
+                    async move {
+                        if key == "held" {
+                            release.notified().await;
+                        }
+                        body.len().to_string()
+                    }
+                }),
+            )
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(axum::middleware::from_fn_with_state(policy.clone(), police));
+        let available = || policy.body_budget.permits.available_permits();
+        assert_eq!(available(), 1024);
+
+        let value = vec![7_u8; 700 << 10];
+        let held = tokio::spawn({
+            let router = router.clone();
+            let value = value.clone();
+            async move {
+                let request = put_request("held", Body::from(value.clone()), Some(value.len()));
+                answer(&router, request).await
+            }
+        });
+        while available() != 1024 - 700 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        // No room for another 700 KiB, by length or streamed: 503 once the
+        // body timeout has passed, naming the budget.
+        let by_length = put_request("b", Body::from(value.clone()), Some(value.len()));
+        let streamed = put_request(
+            "c",
+            Body::new(Pieces(
+                value
+                    .chunks(100 << 10)
+                    .map(Bytes::copy_from_slice)
+                    .collect(),
+            )),
+            None,
+        );
+        for request in [by_length, streamed] {
+            let (status, body) = answer(&router, request).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            assert!(body.contains("at most 1 MiB"), "{body}");
+        }
+        // What the refused ones took is back; a body that fits goes in.
+        assert_eq!(available(), 1024 - 700);
+        let small = vec![1_u8; 300 << 10];
+        let (status, body) = answer(
+            &router,
+            put_request("d", Body::from(small.clone()), Some(small.len())),
+        )
+        .await;
+        assert_eq!((status, body), (StatusCode::OK, small.len().to_string()));
+
+        // A body that waits gets in once the held one is answered, and a
+        // body larger than the whole budget waits for all of it.
+        let waiting = tokio::spawn({
+            let router = router.clone();
+            let value = value.clone();
+            async move {
+                let request = put_request("e", Body::from(value.clone()), Some(value.len()));
+                answer(&router, request).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        release.notify_one();
+        assert_eq!(
+            held.await.unwrap(),
+            (StatusCode::OK, value.len().to_string())
+        );
+        assert_eq!(
+            waiting.await.unwrap(),
+            (StatusCode::OK, value.len().to_string())
+        );
+        let large = vec![2_u8; 3 << 20];
+        let (status, body) = answer(
+            &router,
+            put_request("f", Body::from(large.clone()), Some(large.len())),
+        )
+        .await;
+        assert_eq!((status, body), (StatusCode::OK, large.len().to_string()));
+        assert_eq!(available(), 1024);
+    }
 }

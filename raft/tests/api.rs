@@ -144,6 +144,20 @@ async fn client_api_statuses() {
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["leader_id"], leader as u64 + 1, "{body}");
     }
+    // A read's redirect keeps its query.
+    let response = client
+        .get(url(follower, "/kv/k?consistency=linearizable"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 307);
+    assert_eq!(
+        response.headers()["location"].to_str().unwrap(),
+        format!(
+            "http://{}/kv/k?consistency=linearizable",
+            nodes[leader].addr
+        )
+    );
 
     // Bad input: clear statuses, and the node keeps serving.
     let long_key = "k".repeat(MAX_KEY_BYTES + 1);
