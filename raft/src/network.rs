@@ -222,7 +222,7 @@ impl Connection {
         })?;
         if !response.status().is_success() {
             let status = response.status();
-            let text = response.text().await.unwrap_or_default();
+            let text = refusal_text(&response.text().await.unwrap_or_default());
             return Err(RPCError::Network(NetworkError::new(
                 &std::io::Error::other(format!("{path} answered {status}: {text}")),
             )));
@@ -303,6 +303,20 @@ fn reverted(target: NodeId, index: u64) -> RPCError<NodeId, Node, RaftError<Node
     RPCError::Network(NetworkError::new(&std::io::Error::other(message)))
 }
 
+/// An RPC's refusal: a JSON `error`, like every other endpoint's.
+fn rpc_error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+/// The message of a refusal a peer answered: its JSON `error`, or the
+/// text as it is (a node of an earlier version answers plain text).
+fn refusal_text(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|value| value.get("error")?.as_str().map(str::to_owned))
+        .unwrap_or_else(|| text.to_owned())
+}
+
 /// Decodes an RPC body with a byte limit and checks it
 /// ([`crate::validate`]) before openraft sees it: anything undecodable or
 /// that no honest leader or candidate sends gets 400.
@@ -311,7 +325,7 @@ pub(crate) fn decode<T: DeserializeOwned>(
     body: &Bytes,
     check: impl FnOnce(&T) -> Result<(), String>,
 ) -> Result<T, Response> {
-    let refuse = |message: String| (StatusCode::BAD_REQUEST, message).into_response();
+    let refuse = |message: String| rpc_error(StatusCode::BAD_REQUEST, message);
     let request: T =
         validate::decode_all(body).map_err(|e| refuse(format!("undecodable RPC body: {e}")))?;
     check(&request).map_err(|e| refuse(format!("refused RPC: {e}")))?;
@@ -353,7 +367,7 @@ fn admit(rpc: &Rpc, headers: &HeaderMap) -> Option<Response> {
                 LAST_LOGGED.store(now, Ordering::Relaxed);
                 tracing::warn!("refusing Raft RPCs: {refusal}");
             }
-            Some((StatusCode::CONFLICT, refusal.0).into_response())
+            Some(rpc_error(StatusCode::CONFLICT, refusal.0))
         }
     }
 }
@@ -401,4 +415,21 @@ pub fn routes(raft: Arc<Raft>, identity: Arc<Identity>) -> Router {
             crate::limits::MAX_APPEND_BODY_BYTES,
         ))
         .with_state(Rpc { raft, identity })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_refusal_is_read_from_json_or_plain_text() {
+        let json = r#"{"error":"refused RPC: a term beyond any election"}"#;
+        assert_eq!(
+            refusal_text(json),
+            "refused RPC: a term beyond any election"
+        );
+        // A node of an earlier version answers plain text.
+        assert_eq!(refusal_text("undecodable RPC body"), "undecodable RPC body");
+        assert_eq!(refusal_text(r#"{"other":1}"#), r#"{"other":1}"#);
+    }
 }

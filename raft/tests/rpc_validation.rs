@@ -148,7 +148,12 @@ async fn a_deeply_nested_batch_is_refused_and_the_node_keeps_serving() {
     let addr = cluster.nodes[&follower].addr.clone();
     let (status, text) = send(&addr, APPEND_PATH, body).await;
     assert_eq!(status, 400, "{text}");
-    assert!(text.contains("undecodable"), "{text}");
+    // A JSON `error`, like every other endpoint's.
+    let body: serde_json::Value = serde_json::from_str(&text).expect(&text);
+    assert!(
+        body["error"].as_str().unwrap().contains("undecodable"),
+        "{text}"
+    );
     assert_serving(&mut cluster, "after-nested").await;
 }
 
