@@ -26,6 +26,10 @@ pub enum DirState {
     /// one), beside no other store file: a file of the user's that
     /// happens to have that name.
     ForeignIndex,
+    /// A directory whose only store file is an `index` that a crash cut
+    /// short while creating it (empty, zeros, or less than its magic):
+    /// nothing was ever stored. Opening it for writing starts afresh.
+    Unfinished,
 }
 
 /// Whether a command may create a new store.
@@ -53,10 +57,12 @@ pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
     }
     match fs::metadata(path.join("index")) {
         Ok(index) if index.is_file() => {
-            let foreign = index_is_foreign(&path.join("index")) && !holds_store_files(path);
-            return Ok(match foreign {
-                true => DirState::ForeignIndex,
-                false => DirState::Store,
+            let start = index_start(&path.join("index"));
+            return Ok(match start {
+                _ if holds_store_files(path) => DirState::Store,
+                IndexStart::Foreign => DirState::ForeignIndex,
+                IndexStart::Unfinished => DirState::Unfinished,
+                IndexStart::Index => DirState::Store,
             });
         }
         Ok(_) => return Ok(DirState::NotStore),
@@ -71,24 +77,39 @@ pub fn dir_state(path: &Path) -> Result<DirState, CliError> {
     })
 }
 
-/// Whether the file at `path` is neither a sediment index nor what a
-/// cut-short creation of one leaves. Unreadable files are left to opening
-/// the store to report.
-fn index_is_foreign(path: &Path) -> bool {
+/// What an `index` file begins with.
+enum IndexStart {
+    /// The index magic, or a file that cannot be read (left to opening
+    /// the store to report).
+    Index,
+    /// What a cut-short creation leaves: nothing, zeros, or the start of
+    /// the magic.
+    Unfinished,
+    /// Anything else: not a sediment index.
+    Foreign,
+}
+
+fn index_start(path: &Path) -> IndexStart {
     use sediment::format::INDEX_MAGIC_BYTES;
     use std::io::Read;
     let mut start = Vec::with_capacity(INDEX_MAGIC_BYTES.len());
     let Ok(file) = fs::File::open(path) else {
-        return false;
+        return IndexStart::Index;
     };
     if file
         .take(INDEX_MAGIC_BYTES.len() as u64)
         .read_to_end(&mut start)
         .is_err()
     {
-        return false;
+        return IndexStart::Index;
     }
-    !(start.iter().all(|b| *b == 0) || INDEX_MAGIC_BYTES.starts_with(&start))
+    if start == INDEX_MAGIC_BYTES {
+        IndexStart::Index
+    } else if start.iter().all(|b| *b == 0) || INDEX_MAGIC_BYTES.starts_with(&start) {
+        IndexStart::Unfinished
+    } else {
+        IndexStart::Foreign
+    }
 }
 
 /// Whether the directory holds a stratum, commit log or WAL file: then
@@ -217,7 +238,15 @@ fn refuse_to_drop_unproven_commits(path: &Path) -> Result<(), CliError> {
 /// directory if `create` allows it and nothing is there.
 pub fn prepare(path: &Path, create: Create) -> Result<(), CliError> {
     match (dir_state(path)?, create) {
-        (DirState::Store, _) | (DirState::Empty, Create::IfNewOrEmpty) => {}
+        (DirState::Store, _)
+        | (DirState::Empty | DirState::Unfinished, Create::IfNewOrEmpty) => {}
+        (DirState::Unfinished, Create::Never) => {
+            return Err(CliError::input(format!(
+                "{}: not a sediment store (its index file is empty or cut short: a store whose \
+                 creation was interrupted, with nothing stored; `put` starts a store there)",
+                path.display()
+            )))
+        }
         (DirState::Missing, Create::IfNewOrEmpty) => {
             fs::create_dir(path).map_err(|err| {
                 if err.kind() == io::ErrorKind::NotFound {

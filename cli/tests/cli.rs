@@ -181,6 +181,26 @@ fn put_creates_only_new_or_empty_stores() {
         b"my index of recipes"
     );
     assert_eq!(fs::read_dir(&foreign).unwrap().count(), 1);
+    // An index a crash cut short while creating the store (empty, or
+    // zeros) holds nothing: the commands that read say it is no store
+    // and leave it, and `put` starts the store there.
+    for (name, contents) in [("cut-empty", Vec::new()), ("cut-zeros", vec![0_u8; 100])] {
+        let unfinished = temp.path().join(name);
+        fs::create_dir(&unfinished).unwrap();
+        fs::write(unfinished.join("index"), &contents).unwrap();
+        for args in [
+            &[&"ls" as &dyn AsRef<std::ffi::OsStr>, &unfinished][..],
+            &[&"verify", &unfinished],
+            &[&"log", &unfinished],
+            &[&"stats", &unfinished],
+        ] {
+            assert_error(&sediment(args), 2, "creation was interrupted");
+        }
+        assert_eq!(fs::read(unfinished.join("index")).unwrap(), contents);
+        assert_eq!(fs::read_dir(&unfinished).unwrap().count(), 1);
+        ok(sediment(&[&"put", &unfinished, &file]));
+        ok(sediment(&[&"verify", &unfinished]));
+    }
     let deep = temp.path().join("missing/parent/db");
     assert_error(&sediment(&[&"put", &deep, &file]), 2, "parent directory");
     assert!(!temp.path().join("missing").exists());
