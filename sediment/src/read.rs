@@ -33,33 +33,53 @@ impl Database {
     pub fn get(&self, id: GrainId) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
         let shared = &self.shared();
-        // Only live blobs are ever cached, and freeing removes them.
-        if let Some(hit) = shared.cache().get(id) {
-            return Ok(Some(hit.to_vec()));
-        }
-        // Read before the liveness check inside `read`: if the blob is
-        // freed after that check, the epoch moves and it is not cached.
-        let epoch = shared
-            .strata()
-            .stratum_of(id)?
-            .map(|stratum| (stratum.reuse_epoch(), stratum));
-        match self.read(id)? {
-            Some(mut reader) => {
-                let mut data = Vec::with_capacity(reader.len() as usize);
-                reader.read_to_end(&mut data).map_err(|e| reader.error(e))?;
-                if let Some((epoch, stratum)) = epoch {
-                    shared
-                        .cache()
-                        .insert_if(id, &data, || stratum.reuse_epoch() == epoch);
-                }
-                Ok(Some(data))
+        // A blob freed by a checkpoint while it is read (its grains may
+        // already hold another blob's bytes) is looked up again: it is
+        // gone, or another blob is committed there by now.
+        let mut attempts = 0;
+        loop {
+            // Only live blobs are ever cached, and freeing removes them.
+            if let Some(hit) = shared.cache().get(id) {
+                return Ok(Some(hit.to_vec()));
             }
-            None => Ok(None),
+            // Read before the liveness check inside `read`: if the blob is
+            // freed after that check, the epoch moves and it is not cached.
+            let epoch = shared
+                .strata()
+                .stratum_of(id)?
+                .map(|stratum| (stratum.reuse_epoch(), stratum));
+            let Some(mut reader) = self.read(id)? else {
+                return Ok(None);
+            };
+            let mut data = Vec::with_capacity(reader.len() as usize);
+            match reader.read_to_end(&mut data).map_err(|e| reader.error(e)) {
+                Ok(_) => {}
+                Err(Error::NotAllocated(_)) if attempts < 16 => {
+                    attempts += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if let Some((epoch, stratum)) = epoch {
+                shared
+                    .cache()
+                    .insert_if(id, &data, || stratum.reuse_epoch() == epoch);
+            }
+            return Ok(Some(data));
         }
     }
 
     /// Like [`Database::get`], but returns a reader that streams the blob
     /// (and checks its CRC when it reaches the end), for large blobs.
+    ///
+    /// A blob that a checkpoint frees while it is being streamed (another
+    /// thread archived it and checkpointed past it) cannot be read to its
+    /// end: its grains may already hold another blob. The reader then
+    /// fails with an [`io::Error`] of kind [`io::ErrorKind::NotFound`]
+    /// that says so, where damaged bytes give
+    /// [`io::ErrorKind::InvalidData`]. ([`Database::get`] looks such a
+    /// blob up again, and returns `None` or the blob committed there
+    /// since.)
     pub fn read(&self, id: GrainId) -> Result<Option<GrainReader>> {
         self.check_open()?;
         // A blob's bytes move from the WAL to its stratum at checkpoints and
@@ -89,7 +109,10 @@ impl Database {
             };
             let read = GrainReader::stratum(id, &stratum);
             if stratum.reuse_epoch() == epoch {
-                return read.map(Some);
+                return read.map(|mut reader| {
+                    reader.freed_check = Some((stratum, epoch));
+                    Some(reader)
+                });
             }
         }
         Err(Error::Io {
@@ -111,6 +134,10 @@ pub struct GrainReader {
     expected_crc: u32,
     hasher: crc32fast::Hasher,
     location: (PathBuf, u64),
+    /// For a blob read from its stratum: the stratum and its reuse epoch
+    /// when the blob was found live, to tell a blob freed (and its grains
+    /// reused) while it was read from a damaged one.
+    freed_check: Option<(Arc<Stratum>, u64)>,
 }
 
 #[derive(Debug)]
@@ -284,6 +311,7 @@ impl GrainReader {
             expected_crc: pending.crc,
             hasher,
             location,
+            freed_check: None,
         })
     }
 
@@ -323,6 +351,7 @@ impl GrainReader {
             expected_crc: header.crc,
             hasher,
             location,
+            freed_check: None,
         })
     }
 
@@ -374,6 +403,7 @@ impl GrainReader {
             expected_crc: header.crc,
             hasher,
             location: (stratum.path().to_path_buf(), offset),
+            freed_check: None,
         })
     }
 
@@ -402,8 +432,12 @@ impl GrainReader {
     }
 
     /// Turns a read error into the crate's error type, recognising CRC
-    /// mismatches (and failed authentication) and key errors.
+    /// mismatches (and failed authentication), a blob freed while it was
+    /// read ([`Error::NotAllocated`]) and key errors.
     pub(crate) fn error(&self, err: io::Error) -> Error {
+        if err.kind() == io::ErrorKind::NotFound && self.freed_check.is_some() {
+            return Error::NotAllocated(self.id);
+        }
         if err.kind() == io::ErrorKind::InvalidData {
             Error::ChecksumMismatch {
                 grain: self.id,
@@ -417,6 +451,66 @@ impl GrainReader {
 }
 
 impl GrainReader {
+    /// For bytes that do not check out: whether the blob was freed by a
+    /// checkpoint while it was read, rather than damaged. Its stratum's
+    /// reuse epoch moved since it was found live, and the blob is no
+    /// longer live or its grains now begin with another blob's header.
+    fn freed_while_read(&self) -> bool {
+        let Some((stratum, epoch)) = &self.freed_check else {
+            return false;
+        };
+        // Looked at again while the stratum changes under the look (a blob
+        // freed or committed between the liveness check and the header).
+        for _ in 0..16 {
+            let now = stratum.reuse_epoch();
+            if now == *epoch {
+                return false;
+            }
+            if !stratum.is_live_blob(self.id.index(), self.id.count()) {
+                return true;
+            }
+            let sequence = match stratum.sealer() {
+                Some(sealer) => match open_sealed_head(stratum, sealer, self.id) {
+                    Ok(Ok((header, _))) => Some(header.sequence),
+                    _ => None,
+                },
+                None => {
+                    let mut head = [0_u8; GRAIN_HEADER_SIZE];
+                    stratum
+                        .file()
+                        .read_exact_at(&mut head, stratum.offset_of(self.id.index()))
+                        .ok()
+                        .and_then(|()| GrainHeader::decode(&head))
+                        .map(|header| header.sequence)
+                }
+            };
+            if stratum.reuse_epoch() == now {
+                return sequence.is_some_and(|sequence| sequence != self.sequence);
+            }
+            std::thread::yield_now();
+        }
+        // Grains of the stratum kept being freed all along: this blob's
+        // among them, most likely.
+        true
+    }
+
+    /// The error for bytes that do not check out: the blob was freed
+    /// while it was read (`NotFound`), or it is damaged (`InvalidData`).
+    fn bad_bytes(&self, damaged: io::Error) -> io::Error {
+        if self.freed_while_read() {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "grain {} was freed by a checkpoint while it was being read (its grains \
+                     may hold another blob now)",
+                    self.id
+                ),
+            )
+        } else {
+            damaged
+        }
+    }
+
     fn checksum_error(&self) -> io::Error {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -445,7 +539,12 @@ impl Read for GrainReader {
             Source::Wal(chunk) => chunk.read(&mut buf[..wanted])?,
             Source::Sealed(sealed) => {
                 if sealed.at >= sealed.piece.len() {
-                    sealed.next(self.id, &self.location)?;
+                    if let Err(e) = sealed.next(self.id, &self.location) {
+                        return Err(match e.kind() {
+                            io::ErrorKind::InvalidData => self.bad_bytes(e),
+                            _ => e,
+                        });
+                    }
                 }
                 let n = wanted.min(sealed.piece.len() - sealed.at);
                 buf[..n].copy_from_slice(&sealed.piece[sealed.at..sealed.at + n]);
@@ -474,7 +573,7 @@ impl Read for GrainReader {
         self.hasher.update(&buf[..n]);
         self.remaining -= n as u32;
         if self.remaining == 0 && self.hasher.clone().finalize() != self.expected_crc {
-            return Err(self.checksum_error());
+            return Err(self.bad_bytes(self.checksum_error()));
         }
         Ok(n)
     }
