@@ -577,5 +577,9 @@ pub(crate) fn shutdown(log: &WriteAheadLog) -> io::Result<()> {
     }
     // What was written is synced all the same.
     inner.sync_all()?;
+    // And an end mark after the active segment's last record proves it:
+    // damage there later is reported, not taken for a torn tail that
+    // drops the entries after it.
+    inner.write_shutdown_mark()?;
     panicked.map_or(Ok(()), Err)
 }

@@ -271,6 +271,25 @@ impl Segment {
         Ok(true)
     }
 
+    /// Writes an end mark at `end` of the active segment at shutdown,
+    /// once every byte below `end` is durable (the caller checked): the
+    /// same record as [`Segment::write_end_mark`]'s. Recovery then tells
+    /// damage below it from a torn tail, where otherwise nothing written
+    /// after the last sync would prove those bytes were synced. Nothing is
+    /// written after it; a rollback after the shutdown may overwrite it
+    /// (losing only the proof).
+    pub fn write_shutdown_mark(&self, end: u64) -> io::Result<()> {
+        let mark = RecordHeader {
+            kind: RecordKind::Padding,
+            entry_id: self.id,
+            length: 0,
+            durable_mark: end,
+        };
+        let mark = self.layout.encode(&mark, 0, self.id, end)?;
+        self.file.write_all_at(&mark, end)?;
+        self.file.sync_data()
+    }
+
     /// The end mark written by [`Segment::write_end_mark`] is durable.
     pub fn end_mark_written(&self) {
         let mut state = self.end_mark.lock();

@@ -22,7 +22,8 @@ const DIR: &str = "/wal";
 
 /// A small log, written once and copied for every damaged variant.
 struct Base {
-    /// Every file of the log directory after a clean shutdown.
+    /// Every file of the log directory after the last commit, without a
+    /// shutdown.
     files: Vec<(String, Vec<u8>)>,
     /// The segment file holding the entries.
     segment: String,
@@ -152,7 +153,11 @@ fn build_base(encryption: Encryption) -> Base {
         vec![c, d, vec![7]],
         first.position,
     ));
-    log.shutdown().unwrap();
+    // Synced, then closed without a shutdown, as a crash right after the
+    // last commit leaves it: nothing after the last entry vouches for it
+    // (a shutdown leaves an end mark there, which makes damage below it
+    // an error; see `damage_after_a_shutdown`).
+    log.sync().unwrap();
     drop(log);
 
     let segment_id = written[0].2.file_id;

@@ -1,11 +1,16 @@
 //! A flipped byte in the last segment, where nothing written later vouches
 //! for the records (no later record's durable mark, no successor's
-//! recorded end), reads as a torn tail: recovery ends the segment there and
+//! recorded end: the process ended right after its last commit, without a
+//! shutdown), reads as a torn tail: recovery ends the segment there and
 //! drops every entry from there on, committed or not. That is right after a
 //! power cut in the middle of writing them, and a loss otherwise, and the
 //! log cannot tell the two apart. Inspection names every entry so dropped
 //! whose commit record still verifies (`committed_past_end`, `incomplete`),
 //! so a tool built on it never calls such a log healthy without saying so.
+//!
+//! After a `shutdown`, an end mark past the last record vouches for all of
+//! them: the same damage is an error that names it, and nothing is
+//! dropped unless a recovery mode says so.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -40,11 +45,16 @@ impl LogManager for Recovered {
     }
 }
 
-/// A log of three committed entries, closed: the first synced on its own,
-/// the second (buffered) and third synced together, so that no record's
-/// durable mark reaches past the first entry. Returns the three ids and
-/// the segment's records (kind, offset, entry).
+/// A log of three committed entries: the first synced on its own, the
+/// second (buffered) and third synced together, so that no record's
+/// durable mark reaches past the first entry; then the process ends
+/// without a shutdown (`shut_down` false) or after one. Returns the three
+/// ids and the segment's records (kind, offset, entry).
 fn three_entries(dir: &Path) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
+    three_entries_then(dir, false)
+}
+
+fn three_entries_then(dir: &Path, shut_down: bool) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
     let log = Configuration::default_for(dir).open(LogVoid).unwrap();
     let mut first = log.begin_entry().unwrap();
     first.write_chunk(b"synced alone").unwrap();
@@ -58,7 +68,9 @@ fn three_entries(dir: &Path) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
     third.write_chunk(&[9; 300]).unwrap();
     third.write_chunk(b"delta").unwrap();
     let third = third.commit().unwrap();
-    log.shutdown().unwrap();
+    if shut_down {
+        log.shutdown().unwrap();
+    }
     drop(log);
     let listing = Configuration::default_for(dir)
         .inspect_segment(first.0)
@@ -176,4 +188,78 @@ fn a_damaged_chunk_names_its_entry_and_every_later_commit() {
     assert_eq!(segment.end, incomplete.commit_offset);
     assert_eq!(segment.committed_past_end, [ids[2]]);
     assert_eq!(recovered(dir.path()), [ids[0]]);
+}
+
+/// Opens the log with `mode`; the ids recovered, or the error.
+fn recovered_with(dir: &Path, mode: okaywal::RecoveryMode) -> io::Result<Vec<EntryId>> {
+    let manager = Recovered::default();
+    let log = Configuration::default_for(dir)
+        .recovery_mode(mode)
+        .open(manager.clone())?;
+    log.shutdown()?;
+    let ids = manager.0.lock().unwrap().clone();
+    Ok(ids)
+}
+
+#[test]
+fn after_a_shutdown_damage_before_the_last_record_is_an_error_not_a_torn_tail() {
+    for (what, flipped_in) in [("a record header", 3_u64), ("a chunk's data", 25 + 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ids, records) = three_entries_then(dir.path(), true);
+        // The shutdown left an end mark after the last commit.
+        let last = records.last().unwrap();
+        assert_eq!((last.0, last.2), (RecordType::Padding, ids[0].0), "{what}");
+        // The second entry's second chunk ("bravo").
+        let at = chunk_of(&records, ids[1], 1);
+        flip(dir.path(), ids[0], at + flipped_in);
+
+        let inspection = Configuration::default_for(dir.path()).inspect().unwrap();
+        assert_eq!(
+            inspection.problems.len(),
+            1,
+            "{what}: {:?}",
+            inspection.problems
+        );
+        assert_eq!(inspection.problems[0].offset, Some(at), "{what}");
+        let error =
+            recovered_with(dir.path(), okaywal::RecoveryMode::ErrorOnCorruption).expect_err(what);
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{what}: {error}");
+        assert!(error.to_string().contains("wal-"), "{what}: {error}");
+        // The modes that drop damage say what they keep.
+        assert_eq!(
+            recovered_with(dir.path(), okaywal::RecoveryMode::SkipCorrupted).unwrap(),
+            [ids[0], ids[2]],
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn a_shutdown_after_its_last_commit_leaves_every_entry_recoverable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ids, _) = three_entries_then(dir.path(), true);
+    let inspection = Configuration::default_for(dir.path()).inspect().unwrap();
+    assert!(inspection.is_ok(), "{:?}", inspection.problems);
+    assert_eq!(inspection.segments[0].entries, ids);
+    // A manager that never checkpoints, so that every entry stays.
+    let manager = Recovered::default();
+    let log = Configuration::default_for(dir.path())
+        .checkpoint_after_bytes(u64::MAX)
+        .open(manager.clone())
+        .unwrap();
+    assert_eq!(*manager.0.lock().unwrap(), ids);
+    // And the reopened log takes more entries, shut down again.
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"after").unwrap();
+    let fourth = entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    let inspection = Configuration::default_for(dir.path()).inspect().unwrap();
+    assert!(inspection.is_ok(), "{:?}", inspection.problems);
+    let kept: Vec<EntryId> = inspection
+        .segments
+        .iter()
+        .flat_map(|segment| segment.entries.iter().copied())
+        .collect();
+    assert!(kept.ends_with(&[fourth]), "{kept:?}");
 }

@@ -436,11 +436,13 @@ fn flip_every_bit(presealed: bool) {
     let (name, spans) = record_spans(&files);
     let original = files.iter().find(|(n, _)| *n == name).unwrap().1.clone();
     let ids: Vec<u64> = entries.iter().map(|(id, _)| *id).collect();
-    // Records: 1 + 1 for the first entry, 2 + 1, 3 + 1.
-    assert_eq!(spans.len(), 9, "{spans:?}");
+    // Records: 1 + 1 for the first entry, 2 + 1, 3 + 1, and the
+    // shutdown's end mark.
+    assert_eq!(spans.len(), 10, "{spans:?}");
+    assert_eq!(spans[9].0, RecordType::Padding, "{spans:?}");
     let first_end = spans[1].2;
-    let last_start = spans[5].1;
-    let end = spans[8].2;
+    let mark_start = spans[9].1;
+    let end = spans[9].2;
     let (mut errors, mut cuts) = (0, 0);
     // The header and every byte of every record.
     for offset in (0..512).step_by(7).chain(512..end) {
@@ -455,9 +457,9 @@ fn flip_every_bit(presealed: bool) {
         ) {
             Ok(recovered) => {
                 cuts += 1;
-                if offset >= last_start {
-                    // The last entry: a torn tail, cut.
-                    assert_eq!(recovered, ids[..2], "{what}");
+                if offset >= mark_start {
+                    // The end mark: a torn tail past every entry.
+                    assert_eq!(recovered, ids, "{what}");
                 } else if offset >= 512 {
                     panic!("{what}: damage before later synced records opened: {recovered:?}");
                 } else {

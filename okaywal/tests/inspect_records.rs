@@ -40,6 +40,8 @@ fn a_segment_s_records_are_listed_up_to_its_torn_tail() {
             RecordType::Rollback,
             RecordType::Chunk,
             RecordType::Commit,
+            // The end mark the shutdown left.
+            RecordType::Padding,
         ]
     );
     assert!(listing.records.iter().all(|r| r.crc_ok != Some(false)));

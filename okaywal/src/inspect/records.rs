@@ -261,7 +261,8 @@ impl Configuration {
     ///
     /// let records = Configuration::default_for(dir.path()).inspect_segment(id.0)?;
     /// let kinds: Vec<_> = records.records.iter().map(|r| r.kind).collect();
-    /// assert_eq!(kinds, [RecordType::Chunk, RecordType::Commit]);
+    /// // The entry's chunk and commit, and the end mark the shutdown left.
+    /// assert_eq!(kinds, [RecordType::Chunk, RecordType::Commit, RecordType::Padding]);
     /// assert_eq!(records.records[0].crc_ok, Some(true));
     /// # Ok::<(), std::io::Error>(())
     /// ```

@@ -150,6 +150,8 @@ pub(crate) struct State {
     /// Sync passes waiting for the holes below their records to fill.
     hole_waiters: HoleWaiters,
     shutting_down: bool,
+    /// The shutdown's end mark was written (or found not due).
+    shutdown_marked: bool,
     /// The checkpointer's progress and last failure.
     pub(crate) checkpoints: CheckpointStatus,
     /// Entries begun and not yet committed or rolled back, with the thread

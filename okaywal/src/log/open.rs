@@ -261,6 +261,7 @@ impl WriteAheadLog {
                 progress_waiters: 0,
                 hole_waiters: Default::default(),
                 shutting_down: false,
+                shutdown_marked: false,
                 checkpoints: CheckpointStatus::default(),
                 open_ids: BTreeMap::new(),
                 pending_commits: BTreeMap::new(),

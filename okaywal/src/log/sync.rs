@@ -246,6 +246,27 @@ impl Inner {
         self.sync_buffered_and_targets(self.state.lock(), Overlap::Own)
     }
 
+    /// At shutdown, after [`Inner::sync_all`]: writes and syncs an end
+    /// mark after the active segment's last record if every record of it
+    /// is durable and none is being written (see
+    /// [`Segment::write_shutdown_mark`]). Written once per log.
+    pub fn write_shutdown_mark(&self) -> io::Result<()> {
+        let quiet = {
+            let mut state = self.state.lock();
+            if state.shutdown_marked {
+                return Ok(());
+            }
+            state.shutdown_marked = true;
+            state.segments.quiet_active_end()
+        };
+        if let Some((segment, end)) = quiet {
+            segment
+                .write_shutdown_mark(end)
+                .map_err(|e| self.poison(e))?;
+        }
+        Ok(())
+    }
+
     /// Syncs everything written so far (used at shutdown).
     pub fn sync_all(&self) -> io::Result<()> {
         let ids = self.state.lock().segments.live_ids();

@@ -218,6 +218,21 @@ impl Segments {
             .collect()
     }
 
+    /// The active segment and its end, if it holds records, every one of
+    /// them written and durable, large chunks' data included, and none
+    /// still being written: where a shutdown leaves an end mark.
+    pub fn quiet_active_end(&self) -> Option<(Arc<Segment>, u64)> {
+        let seg = self.active_state()?;
+        let end = seg.reserved_end;
+        let quiet = end > HEADER_SIZE
+            && seg.in_flight.is_empty()
+            && seg.data_in_flight.is_empty()
+            && seg.buffered.is_empty()
+            && seg.segment.synced_to() >= end
+            && seg.segment.marked_to() >= end;
+        quiet.then(|| (seg.segment.clone(), end))
+    }
+
     /// The bookkeeping of every live segment, in id order (read-only).
     pub fn states(&self) -> impl Iterator<Item = &SegmentState> {
         self.live.values()
