@@ -330,11 +330,47 @@ impl Staged {
     }
 }
 
+/// The descriptor of this process that `path` names, if it leads (through
+/// symbolic links) to one of `/proc/self/fd` (`/dev/stdout`, `/dev/fd/1`,
+/// `/proc/self/fd/1`): a file this process already has open, which the
+/// caller opened for it (`>> log`), not a file to replace.
+fn open_descriptor(path: &Path) -> Option<u32> {
+    let fd_dir = fs::canonicalize("/proc/self/fd").ok()?;
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        let parent = match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if fs::canonicalize(&parent).is_ok_and(|parent| parent == fd_dir) {
+            return at.file_name()?.to_str()?.parse().ok();
+        }
+        if !fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return None;
+        }
+        at = parent.join(fs::read_link(&at).ok()?);
+    }
+    None
+}
+
 /// Opens where `get -o path` writes: a regular file (or a path where none
 /// exists yet) is staged beside its target, anything else is written in
-/// place.
-fn output_sink(path: &Path) -> Result<Sink<'_>, CliError> {
+/// place. A descriptor the command was given (`-o /dev/stdout` when
+/// standard output goes to a file) is written where it stands: standard
+/// output as standard output, another one appended to.
+fn output_sink<'a>(path: &'a Path, out: &'a mut dyn Write) -> Result<Sink<'a>, CliError> {
     let cannot_create = |e: &io::Error| CliError::io("cannot create", path, e);
+    match open_descriptor(path) {
+        Some(1) => return Ok(Sink::Stdout(out)),
+        Some(_) => {
+            return fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(|file| Sink::File(file, path, false))
+                .map_err(|e| cannot_create(&e))
+        }
+        None => {}
+    }
     // A pipe or socket reached through a link in /proc (`/dev/stdout` when
     // standard output is a pipe) has no name to resolve: its link reads
     // `pipe:[N]`. It is no file to replace either: open it as it is.
@@ -395,7 +431,7 @@ pub fn get(
             return Err(CliError::input(not_allocated(id)));
         };
         let mut sink = match output {
-            Some(path) => output_sink(path)?,
+            Some(path) => output_sink(path, out)?,
             None => Sink::Stdout(out),
         };
         if !matches!(sink, Sink::Staged(..)) {

@@ -515,6 +515,53 @@ fn get_to_dev_stdout_writes_down_a_pipe() {
     }
 }
 
+/// `get -o /dev/stdout` with standard output going to a file (`>> log`)
+/// writes the blob where that descriptor stands, appended, and never
+/// replaces the file behind it (which would drop what it held).
+#[test]
+fn get_to_dev_stdout_appends_to_the_file_standard_output_goes_to() {
+    use std::os::unix::fs::MetadataExt;
+    let (temp, db, ids) = store_with(&[b"the blob"]);
+    for name in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"] {
+        let log = temp.path().join("log.txt");
+        fs::write(&log, b"important line\n").unwrap();
+        let inode = fs::metadata(&log).unwrap().ino();
+        let appending = fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let status = Command::new(env!("CARGO_BIN_EXE_sediment"))
+            .args(
+                [
+                    &"get" as &dyn AsRef<std::ffi::OsStr>,
+                    &db,
+                    &ids[0],
+                    &"-o",
+                    &name,
+                ]
+                .iter()
+                .map(|a| a.as_ref()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(appending))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        assert_eq!(
+            fs::read(&log).unwrap(),
+            b"important line\nthe blob",
+            "{name}"
+        );
+        assert_eq!(
+            fs::metadata(&log).unwrap().ino(),
+            inode,
+            "{name}: the file was replaced"
+        );
+    }
+}
+
 /// A failed `get -o` leaves the output path as it was: an existing file
 /// keeps its contents (also through a symbolic link, which stays), a new
 /// path gets no partial file, a device is left alone (`-o /dev/stdout` must
