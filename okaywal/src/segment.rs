@@ -467,8 +467,14 @@ pub(crate) enum FileName {
 impl FileName {
     pub fn parse(name: &str) -> Option<Self> {
         let rest = name.strip_prefix("wal-")?;
+        // Decimal without padding, as the log writes them: `wal-01` is
+        // another file, not a second name for `wal-1` (whose path the log
+        // would build to open it).
         let number = |s: &str| -> Option<u64> {
-            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            if s.is_empty()
+                || !s.bytes().all(|b| b.is_ascii_digit())
+                || (s.len() > 1 && s.starts_with('0'))
+            {
                 None
             } else {
                 s.parse().ok()
@@ -515,6 +521,10 @@ mod tests {
             "index",
             "wal-spare-",
             "wal-+1",
+            "wal-01",
+            "wal-00",
+            "wal-spare-01",
+            "wal-recycled-0100",
         ] {
             assert_eq!(FileName::parse(junk), None, "{junk}");
         }

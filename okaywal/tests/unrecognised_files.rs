@@ -184,3 +184,103 @@ fn a_foreign_file_named_like_a_checkpointed_0_3_segment_is_refused_alike() {
     }
     assert_eq!(std::fs::read(&path).unwrap(), b"junk");
 }
+
+/// Counts the entries recovery hands over; never checkpoints.
+#[derive(Debug, Clone, Default)]
+struct Counting(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl okaywal::LogManager for Counting {
+    fn recover(&mut self, _entry: &mut okaywal::Entry<'_>) -> io::Result<()> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn checkpoint_to(
+        &mut self,
+        _last_checkpointed_id: okaywal::EntryId,
+        _entries: &mut okaywal::SegmentReader,
+        _wal: &okaywal::WriteAheadLog,
+    ) -> io::Result<()> {
+        Err(io::Error::other("this manager keeps every entry"))
+    }
+}
+
+#[test]
+fn zero_padded_names_are_other_files_not_second_names_of_a_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Configuration::default_for(dir.path())
+        .open(Counting::default())
+        .unwrap();
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"one entry").unwrap();
+    let id = entry.commit().unwrap();
+    log.shutdown().unwrap();
+    drop(log);
+    let segment = dir.path().join(format!("wal-{}", id.0));
+    let copy = std::fs::read(&segment).unwrap();
+    let padded = [
+        format!("wal-0{}", id.0),
+        "wal-spare-01".to_string(),
+        "wal-recycled-0100".to_string(),
+    ];
+    for name in &padded {
+        std::fs::write(dir.path().join(name), &copy).unwrap();
+    }
+    // Twice: the entry is handed over once per open, and the padded files
+    // are neither read, reused nor touched.
+    for _ in 0..2 {
+        let manager = Counting::default();
+        let log = Configuration::default_for(dir.path())
+            .open(manager.clone())
+            .unwrap();
+        assert_eq!(manager.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+        log.shutdown().unwrap();
+        drop(log);
+        for name in &padded {
+            assert_eq!(
+                std::fs::read(dir.path().join(name)).unwrap(),
+                copy,
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_segment_linked_from_elsewhere_is_read_and_its_ids_are_not_used_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let log = Configuration::default_for(dir.path())
+        .open(Counting::default())
+        .unwrap();
+    let mut last = None;
+    for n in 0..3_u8 {
+        let mut entry = log.begin_entry().unwrap();
+        entry.write_chunk(&[n; 10]).unwrap();
+        last = Some(entry.commit().unwrap());
+    }
+    log.shutdown().unwrap();
+    drop(log);
+    let segment = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .find(|name| {
+            okaywal::LogFileName::parse(name)
+                .is_some_and(|n| matches!(n, okaywal::LogFileName::Segment(_)))
+        })
+        .unwrap();
+    let moved = elsewhere.path().join(&segment);
+    std::fs::rename(dir.path().join(&segment), &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, dir.path().join(&segment)).unwrap();
+
+    let manager = Counting::default();
+    let log = Configuration::default_for(dir.path())
+        .open(manager.clone())
+        .unwrap();
+    assert_eq!(manager.0.load(std::sync::atomic::Ordering::Relaxed), 3);
+    let mut entry = log.begin_entry().unwrap();
+    entry.write_chunk(b"next").unwrap();
+    let next = entry.commit().unwrap();
+    assert!(next > last.unwrap(), "{next:?} after {last:?}");
+    log.shutdown().unwrap();
+}

@@ -56,7 +56,8 @@ pub enum OpenMode {
 pub trait FileSystem: Send + Sync + Debug + 'static {
     /// Creates `path` and all of its missing parents.
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
-    /// Returns the names of the files (not directories) directly inside `dir`.
+    /// Returns the names of the files (not directories) directly inside
+    /// `dir`, symbolic links to files included.
     fn list_files(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Returns true if `path` names an existing file or directory.
     fn exists(&self, path: &Path) -> io::Result<bool>;

@@ -71,7 +71,15 @@ impl FileSystem for StdFileSystem {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| with_path(e, "listing", dir))? {
             let entry = entry.map_err(|e| with_path(e, "listing", dir))?;
-            if entry.file_type()?.is_file() {
+            let file_type = entry.file_type()?;
+            // A symbolic link counts as the file it points to: a segment
+            // moved elsewhere and linked back is still the log's (ignored,
+            // its entry ids would be used again). Links to anything else,
+            // or to nothing, are not files.
+            let is_file = file_type.is_file()
+                || (file_type.is_symlink()
+                    && std::fs::metadata(entry.path()).is_ok_and(|m| m.is_file()));
+            if is_file {
                 if let Some(name) = entry.file_name().to_str() {
                     names.push(name.to_string());
                 }
