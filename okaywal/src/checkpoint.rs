@@ -497,9 +497,29 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         state.segments.seal_active();
         if !state.segments.has_spare() {
             drop(state);
-            let spare = inner.create_spare()?;
+            let made = inner.create_spare();
             state = inner.lock_state();
-            state.segments.add_spare(spare);
+            match made {
+                Ok(spare) => state.segments.add_spare(spare),
+                Err(err)
+                    if err.kind() == io::ErrorKind::StorageFull
+                        && !on_maintenance_thread
+                        && state
+                            .segments
+                            .first_id()
+                            .is_some_and(|first| first < active) =>
+                {
+                    // No room for a new file: the segments before the
+                    // active one are checkpointed first, and once recycled
+                    // one of them takes the active one's place.
+                    wait_for_checkpoint_through(inner, state, active - 1)?;
+                    state = inner.lock_state();
+                    if !state.segments.has_spare() {
+                        return Err(err);
+                    }
+                }
+                Err(err) => return Err(err),
+            }
         }
         if state.segments.active_id() == active {
             inner.switch_segment(&mut state)?;
@@ -512,6 +532,16 @@ pub(crate) fn checkpoint_active(log: &WriteAheadLog) -> io::Result<()> {
         inner.signal().wake();
         return Ok(());
     }
+    wait_for_checkpoint_through(inner, state, target)
+}
+
+/// Waits until every segment up to `target` is checkpointed and recycled
+/// (a failed checkpoint is retried at once, and its error returned).
+fn wait_for_checkpoint_through(
+    inner: &Inner,
+    mut state: parking_lot::MutexGuard<'_, crate::log::State>,
+    target: u64,
+) -> io::Result<()> {
     // Someone waits for this checkpoint: a failed one is retried now, not
     // after a backoff of up to two seconds.
     state.checkpoints.requested = true;

@@ -239,6 +239,29 @@ impl WriteAheadLog {
             .filter_map(SegmentState::highest_committed_id)
             .max()
             .unwrap_or(recycled_through);
+        // An empty last segment (a header and no record: a switch made just
+        // before the process ended) already has the name the first active
+        // segment takes, and its preallocated blocks: with no reusable file,
+        // it becomes that segment, where otherwise a new file would be made
+        // and renamed over it. On a disk too full for a new file, the log
+        // then still opens, and the writes that free space can be made.
+        if spares.is_empty() {
+            let empty_last = live.iter().next_back().and_then(|(&last, state)| {
+                (last == next_entry_id && state.reserved_end() <= HEADER_SIZE)
+                    .then(|| (last, state.segment().path().to_path_buf()))
+            });
+            if let Some((last, path)) = empty_last {
+                live.remove(&last);
+                let file = fs.open(&path, OpenMode::ReadWrite)?;
+                let grown = file.len()? > config.preallocate_bytes.max(HEADER_SIZE);
+                spares.push(Spare {
+                    sync_handles: SyncHandles::open(&*file),
+                    file,
+                    path,
+                    grown,
+                });
+            }
+        }
         let failure = Arc::new(Failure::default());
         let segments = Segments::new(
             SegmentSettings {
@@ -285,12 +308,36 @@ impl WriteAheadLog {
             legacy_files: Mutex::new(BTreeMap::new()),
             _lock: lock,
         });
-        // The first active segment: a reused file if any, else a new one.
+        // The first active segment: a reused file if any, else a new one;
+        // on a disk with no room for a new one, the last segment goes on.
+        let mut resumed = false;
         if !inner.state.lock().segments.has_spare() {
-            let spare = inner.create_spare()?;
-            inner.state.lock().segments.add_spare(spare);
+            match inner.create_spare() {
+                Ok(spare) => inner.state.lock().segments.add_spare(spare),
+                Err(err) if err.kind() == io::ErrorKind::StorageFull => {
+                    let resumable = inner.state.lock().segments.resumable_last(next_entry_id);
+                    let Some((segment, end)) = resumable else {
+                        return Err(err);
+                    };
+                    let len = segment.file().len()?;
+                    crate::fs::zero_fill(&**segment.file(), end, len.saturating_sub(end))
+                        .and_then(|()| segment.file().sync_data())
+                        .map_err(|e| {
+                            io::Error::new(
+                                e.kind(),
+                                format!(
+                                    "{err}; and going on in {} instead: {e}",
+                                    segment.path().display()
+                                ),
+                            )
+                        })?;
+                    inner.state.lock().segments.resume_last()?;
+                    resumed = true;
+                }
+                Err(err) => return Err(err),
+            }
         }
-        {
+        if !resumed {
             let mut state = inner.state.lock();
             let next_entry_id = state.next_entry_id;
             if state.segments.start(next_entry_id)? {

@@ -526,6 +526,37 @@ impl Segments {
         Ok(wake)
     }
 
+    /// The last recovered segment and where its records end, if a log
+    /// just opened could go on writing there: a plain segment of a plain
+    /// log (a new segment would be encrypted with the current key) whose
+    /// id is at most `next_entry_id`. See [`Segments::resume_last`].
+    pub fn resumable_last(&self, next_entry_id: u64) -> Option<(Arc<Segment>, u64)> {
+        if self.settings.cipher.is_some() {
+            return None;
+        }
+        let (&last, seg) = self.live.iter().next_back()?;
+        (last <= next_entry_id && matches!(seg.segment.layout(), Layout::Plain))
+            .then(|| (seg.segment.clone(), seg.reserved_end))
+    }
+
+    /// Instead of [`Segments::start`], on a disk too full for a new
+    /// segment file: the last recovered segment becomes the active one
+    /// again, new records going on where its records end, in the blocks
+    /// it already has. The caller checked [`Segments::resumable_last`] and
+    /// zero-filled the segment past that end and synced it, so nothing a
+    /// crash left there can read as a record after the new ones. A spare
+    /// is made once the disk has room for one.
+    pub fn resume_last(&mut self) -> io::Result<()> {
+        let Some((&last, seg)) = self.live.iter_mut().next_back() else {
+            return Err(io::Error::other("no segment to resume"));
+        };
+        seg.sealed = false;
+        seg.full = false;
+        self.active = last;
+        self.want_spare = true;
+        Ok(())
+    }
+
     /// Starts the first active segment of a log just opened, named for
     /// `next_entry_id`, after the recovered ones (a spare must be ready).
     /// Returns true if the maintenance thread should be woken.
