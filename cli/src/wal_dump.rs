@@ -43,6 +43,44 @@ struct Dump {
     problems: Vec<Problem>,
 }
 
+/// Takes a shared lock on each lock file in `dir` (`sediment.lock` of a
+/// store, `okaywal.lock` of its log), as every read-only open does, so
+/// that no writer runs while the files are read; waits up to 2 s for one
+/// that does. A missing lock file is not created: nothing is written.
+fn lock_shared(dir: &Path) -> Result<Vec<std::fs::File>, CliError> {
+    let mut locks = Vec::new();
+    for name in ["sediment.lock", "okaywal.lock"] {
+        let path = dir.join(name);
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(CliError::io("cannot open", &path, &err)),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match file.try_lock_shared() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(CliError::failure(format!(
+                        "{} is open for writing by another process ({} is locked): wal-dump \
+                         reads a log only while no writer runs",
+                        dir.display(),
+                        path.display()
+                    )))
+                }
+                Err(std::fs::TryLockError::Error(err)) => {
+                    return Err(CliError::io("cannot lock", &path, &err))
+                }
+            }
+        }
+        locks.push(file);
+    }
+    Ok(locks)
+}
+
 /// `sediment wal-dump DIR [--records] [--json]`
 pub fn wal_dump(
     dir: &Path,
@@ -51,6 +89,9 @@ pub fn wal_dump(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     require_dir(dir)?;
+    // Held until the dump is done: a writer running meanwhile would show
+    // half-written records as damage.
+    let _locks = lock_shared(dir)?;
     let files = wal::list(dir).map_err(|e| CliError::io("cannot list", dir, &e))?;
     if files.is_empty() {
         return Err(CliError::input(format!(
