@@ -53,6 +53,9 @@ pub struct EntryWriter<'log> {
     finished: bool,
     /// Payload bytes written so far.
     bytes: u64,
+    /// The thread that began the entry or used it last: the log counts
+    /// the entry as that thread's (see [`EntryWriter::note_thread`]).
+    thread: std::thread::ThreadId,
 }
 
 impl<'log> EntryWriter<'log> {
@@ -65,6 +68,18 @@ impl<'log> EntryWriter<'log> {
             broken: None,
             finished: false,
             bytes: 0,
+            thread: std::thread::current().id(),
+        }
+    }
+
+    /// An `EntryWriter` may move to another thread: the log then counts
+    /// the entry as held by the thread that uses it now, which is the one
+    /// `checkpoint_active` must not make wait for it.
+    fn note_thread(&mut self) {
+        let now = std::thread::current().id();
+        if now != self.thread {
+            self.thread = now;
+            self.log.inner.entry_moved(self.id.0, now);
         }
     }
 
@@ -168,6 +183,7 @@ impl<'log> EntryWriter<'log> {
     /// Appends `data` as one chunk record of `kind` (an ordinary or a
     /// pre-sealed chunk).
     fn write_chunk_of(&mut self, kind: RecordKind, data: &[u8]) -> io::Result<ChunkRecord> {
+        self.note_thread();
         self.check_usable()?;
         let length = chunk_length(data.len())?;
         let crc = crc32fast::hash(data);
@@ -258,6 +274,7 @@ impl<'log> EntryWriter<'log> {
     /// In an encrypted log, the bytes are encrypted and written a frame
     /// (64 KiB) at a time, the last frame at `finish`.
     pub fn begin_chunk(&mut self, length: u32) -> io::Result<ChunkWriter<'_, 'log>> {
+        self.note_thread();
         self.check_usable()?;
         let inner = &self.log.inner;
         let layout = self.segment.layout().clone();

@@ -155,3 +155,51 @@ fn an_entry_open_in_an_empty_active_segment_does_not_block_checkpoint_active() {
         log.shutdown().unwrap();
     });
 }
+
+/// An `EntryWriter` moved to another thread counts as that thread's once
+/// it is used there: `checkpoint_active` on that thread refuses to wait
+/// for it (instead of waiting forever), and the thread that began it and
+/// gave it away may wait for it.
+#[test]
+fn an_entry_moved_to_another_thread_is_held_by_the_thread_that_uses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    within_30_s("checkpoint_active with a moved entry", move || {
+        let log = Configuration::default_for(&path).open(LogVoid).unwrap();
+        let mut before = log.begin_entry().unwrap();
+        before.write_chunk(b"committed").unwrap();
+        before.commit().unwrap();
+
+        // Begun here, used and checkpointed there: refused at once.
+        let entry = log.begin_entry().unwrap();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut entry = entry;
+                    entry.write_chunk(b"moved").unwrap();
+                    let err = log.checkpoint_active().unwrap_err();
+                    assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock, "{err}");
+                    entry.commit().unwrap();
+                })
+                .join()
+                .unwrap();
+        });
+
+        // Begun here and given away: this thread waits for it, and the
+        // checkpoint goes through once the other thread commits it.
+        let entry = log.begin_entry().unwrap();
+        let (used, used_there) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut entry = entry;
+                entry.write_chunk(b"given away").unwrap();
+                used.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+                entry.commit().unwrap();
+            });
+            used_there.recv().unwrap();
+            log.checkpoint_active().unwrap();
+        });
+        log.shutdown().unwrap();
+    });
+}

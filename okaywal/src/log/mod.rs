@@ -374,6 +374,14 @@ impl Inner {
 
     /// Makes a spare the active segment, named for the next entry id.
     /// Must hold the state lock so ids and segments change together.
+    /// The open entry `id` is used by `thread` now (its `EntryWriter`
+    /// moved there).
+    pub fn entry_moved(&self, id: u64, thread: ThreadId) {
+        if let Some(holder) = self.state.lock().open_ids.get_mut(&id) {
+            *holder = thread;
+        }
+    }
+
     pub fn switch_segment(&self, state: &mut State) -> io::Result<()> {
         if state.segments.switch(state.next_entry_id)? {
             self.signal.wake();
@@ -503,8 +511,9 @@ impl WriteAheadLog {
     /// fails again, its error is returned.
     ///
     /// The checkpoint waits for every entry open in the segments it covers.
-    /// If the calling thread began one of them and has not committed or
-    /// rolled it back, it fails at once with
+    /// If the calling thread holds one of them (began it, or last wrote a
+    /// chunk of it after its `EntryWriter` moved here) and has not
+    /// committed or rolled it back, it fails at once with
     /// [`io::ErrorKind::WouldBlock`] (naming the entry and its segment)
     /// instead of waiting forever for an entry that only this thread can
     /// finish; nothing is sealed then. Called from inside
