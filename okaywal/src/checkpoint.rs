@@ -376,6 +376,7 @@ fn finish_checkpoint(inner: &Inner, segment: Arc<Segment>, result: io::Result<()
             let renamed = inner
                 .fs()
                 .rename(segment.path(), &recycled)
+                .inspect(|()| segment.file().renamed(&recycled))
                 .and_then(|()| inner.fs().sync_dir(inner.directory()));
             let mut state = inner.lock_state();
             state.checkpoints.checkpointing = None;

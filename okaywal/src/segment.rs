@@ -216,6 +216,8 @@ impl Segment {
         let mut pending = self.pending_name.lock();
         if let Some(from) = pending.as_ref() {
             fs.rename(from, &self.path)?;
+            self.file.renamed(&self.path);
+            self.sync_handles.renamed(&self.path);
             *pending = None;
         }
         Ok(())
@@ -328,6 +330,14 @@ pub(crate) struct SyncHandles {
 }
 
 impl SyncHandles {
+    /// The file was renamed to `path` (see [`FileHandle::renamed`]); the
+    /// handles lent out at this moment keep the old name.
+    pub fn renamed(&self, path: &Path) {
+        for handle in self.free.lock().iter() {
+            handle.renamed(path);
+        }
+    }
+
     /// Opens up to [`SYNC_HANDLES`] handles on `file`, as many as the
     /// file system gives. They must be opened before any sync through the
     /// log could have seen a failure they would then miss: when the file

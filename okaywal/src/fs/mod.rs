@@ -157,6 +157,11 @@ pub trait FileHandle: Send + Sync + Debug {
         let _ = (offset, len);
         Ok(())
     }
+    /// The file was renamed to `path`: later errors name it so. The
+    /// default does nothing.
+    fn renamed(&self, path: &Path) {
+        let _ = path;
+    }
     /// Another handle on the same file, for its syncs, that learns of
     /// every failed write-back from now on by itself, whatever is synced
     /// through other handles; `None` if the file system has no such

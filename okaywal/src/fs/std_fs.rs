@@ -105,7 +105,7 @@ impl FileSystem for StdFileSystem {
             .map_err(|e| with_path(e, "opening", path))?;
         Ok(Arc::new(StdFile {
             file,
-            path: path.display().to_string(),
+            path: parking_lot::Mutex::new(path.display().to_string()),
         }))
     }
 
@@ -158,12 +158,14 @@ impl FileSystem for StdFileSystem {
 #[derive(Debug)]
 struct StdFile {
     file: File,
-    path: String,
+    /// The file's name, for error messages (it changes when the log
+    /// renames the file: see [`FileHandle::renamed`]).
+    path: parking_lot::Mutex<String>,
 }
 
 impl StdFile {
     fn err(&self, what: &str, err: io::Error) -> io::Error {
-        io::Error::new(err.kind(), format!("{what} {}: {err}", self.path))
+        io::Error::new(err.kind(), format!("{what} {}: {err}", self.path.lock()))
     }
 
     /// A new open file description of the same file, for reading (which
@@ -189,12 +191,16 @@ impl StdFile {
         }
         Ok(Some(StdFile {
             file,
-            path: self.path.clone(),
+            path: parking_lot::Mutex::new(self.path.lock().clone()),
         }))
     }
 }
 
 impl FileHandle for StdFile {
+    fn renamed(&self, path: &Path) {
+        *self.path.lock() = path.display().to_string();
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.file
             .read_at(buf, offset)
@@ -292,7 +298,7 @@ mod tests {
             .unwrap();
         let handle = StdFile {
             file,
-            path: path.display().to_string(),
+            path: parking_lot::Mutex::new(path.display().to_string()),
         };
         let other = handle.reopen().unwrap().expect("a handle");
         // An flock belongs to an open file description: a duplicate of
@@ -301,6 +307,23 @@ mod tests {
         let duplicate = handle.file.try_clone().unwrap();
         flock(&duplicate, FlockOperation::NonBlockingLockExclusive).unwrap();
         assert!(flock(&other.file, FlockOperation::NonBlockingLockExclusive).is_err());
+    }
+
+    #[test]
+    fn errors_name_the_file_by_its_name_after_a_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spare, named) = (dir.path().join("wal-spare-3"), dir.path().join("wal-807"));
+        std::fs::write(&spare, b"x").unwrap();
+        let fs = StdFileSystem;
+        let file = fs.open(&spare, OpenMode::Read).unwrap();
+        fs.rename(&spare, &named).unwrap();
+        file.renamed(&named);
+        // A write through a read-only handle fails: its message names the
+        // file as it is called now.
+        let err = file.write_all_at(b"y", 0).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("wal-807"), "{message}");
+        assert!(!message.contains("wal-spare-3"), "{message}");
     }
 
     #[test]
