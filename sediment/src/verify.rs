@@ -337,6 +337,26 @@ pub(crate) fn verify(db: &Database, mut progress: impl FnMut(u64, u64)) -> Resul
                 GrainHeader::decode(&bytes[..filled])
             }
         };
+        // A live blob's transaction committed: a header naming a later one
+        // (or none) is from another moment of the store, such as a copy
+        // of its files taken while it was written. (Read after the header:
+        // a blob is live only once its transaction counts as committed.)
+        if let (true, Some(header)) = (found.problems.is_empty(), header) {
+            let last_committed = db.last_committed().0;
+            if header.sequence == 0 || header.sequence > last_committed {
+                found.problems.push(problem(
+                    location.clone(),
+                    Some(id),
+                    format!(
+                        "its grain header names transaction {}, but the last committed \
+                         transaction is {last_committed}: the grain was written by a \
+                         transaction this store never committed (its files are from \
+                         different moments, as in a copy taken while it was written)",
+                        header.sequence
+                    ),
+                ));
+            }
+        }
         if let (true, Some(header)) = (found.problems.is_empty(), header) {
             found.problems.extend(expected.mismatch(
                 &stratum,

@@ -928,3 +928,59 @@ fn a_stratum_whose_creation_was_cut_short_is_no_problem_in(mode: Mode) {
     db.shutdown().unwrap();
     assert!(std::fs::metadata(&unfinished).unwrap().len() > 0);
 }
+
+/// A copy of a store whose files come from different moments (one taken
+/// while the store was written, without its lock): a stratum file newer
+/// than the index holds blobs of transactions the copy never committed.
+/// `verify` names them; it must not call such a copy healthy.
+#[test]
+fn blobs_of_transactions_the_store_never_committed_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::recover(dir.path()).unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    tx.write(&vec![1_u8; 100_000]).unwrap();
+    tx.commit().unwrap();
+    db.shutdown().unwrap();
+    let old = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), old.path().join(entry.file_name())).unwrap();
+    }
+    // Later transactions, into the same stratum.
+    let db = Database::recover(dir.path()).unwrap();
+    for n in 2..5_u8 {
+        let mut tx = db.begin_transaction().unwrap();
+        tx.write(&vec![n; 100_000]).unwrap();
+        tx.commit().unwrap();
+    }
+    db.shutdown().unwrap();
+    // The old copy gets the newer stratum files.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if name.starts_with("stratum-") || name.starts_with("stamps-") {
+            std::fs::copy(entry.path(), old.path().join(&name)).unwrap();
+        }
+    }
+    match sediment::Config::for_directory(old.path())
+        .read_only(true)
+        .open()
+    {
+        // Refusing such a copy is right too.
+        Err(err) => println!("refused: {err}"),
+        Ok(db) => {
+            let report = match db.verify() {
+                Ok(report) => report,
+                Err(Error::Verification(report)) => report,
+                Err(other) => panic!("{other}"),
+            };
+            assert!(
+                report
+                    .problems
+                    .iter()
+                    .any(|p| p.description.contains("never committed")),
+                "{report:?}"
+            );
+        }
+    }
+}
