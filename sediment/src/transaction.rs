@@ -209,6 +209,11 @@ impl<'db> Transaction<'db> {
     /// Marks a committed blob as no longer needed. It stays readable until
     /// a committed [`Transaction::checkpoint_to`] at or after this
     /// transaction's sequence frees it.
+    ///
+    /// Archiving the blob the embedded header points to does not change
+    /// the header: once the blob is freed, the header names grains that a
+    /// later blob may take. Set another header (or `None`) in the same
+    /// transaction.
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
         let shared = self.db.shared();
         shared.check_usable()?;
