@@ -13,6 +13,7 @@ use axum::{Json, Router};
 use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
+use openraft::RaftMetrics;
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
@@ -20,7 +21,7 @@ use serde_json::json;
 use crate::batch::{WriteBatcher, WriteError, Written};
 use crate::identity::{ClusterId, Identity};
 use crate::log_store::LogStore;
-use crate::membership;
+use crate::membership::{self, NotProposer};
 use crate::metrics::{self, Counters, Gauges};
 use crate::network::{holds_data, Network};
 use crate::state_machine::StateMachine;
@@ -64,6 +65,11 @@ pub struct App {
     /// Held while this node runs an `init`: inits sent to several nodes at
     /// once all run on the member with the lowest id, one at a time.
     pub init_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Held while this node proposes a membership change (add-learner,
+    /// change-membership): the node checks that it may propose one
+    /// ([`membership::may_propose`]) and proposes it with no other change
+    /// of its own in between.
+    pub membership_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for App {
@@ -689,12 +695,98 @@ fn not_committed(app: &App, what: &str) -> Response {
     )
 }
 
+/// Takes this node's turn to propose a membership change: the membership
+/// lock (waiting up to the write timeout for another change sent to this
+/// node), then, once a change still in progress has committed (up to the
+/// write timeout), whether this node may propose one
+/// ([`membership::may_propose`]). The guard to hold while proposing, or
+/// the answer: a redirect to the leader (503 when none is known), 503 on a
+/// leader that is no voter any more (a change removed it) and 409 while a
+/// change is in progress.
+async fn membership_turn<'a>(
+    app: &'a App,
+    path: &str,
+) -> Result<tokio::sync::MutexGuard<'a, ()>, Response> {
+    let Ok(turn) = tokio::time::timeout(app.write_timeout, app.membership_lock.lock()).await else {
+        return Err(error(
+            StatusCode::CONFLICT,
+            format!(
+                "another membership change sent to this node has not finished within {} ms; \
+                 send this one again once it has",
+                app.write_timeout.as_millis()
+            ),
+        ));
+    };
+    let (metrics, _) = membership::wait_until(&app.raft, app.write_timeout, |m| {
+        !matches!(membership::may_propose(m), Err(NotProposer::InProgress(_)))
+    })
+    .await;
+    may_propose(app, &metrics, path)?;
+    Ok(turn)
+}
+
+/// [`membership::may_propose`] on `metrics`, with the answer when this node
+/// may not propose a membership change.
+#[allow(clippy::result_large_err)] // built on the error path only
+fn may_propose(app: &App, metrics: &RaftMetrics<NodeId, Node>, path: &str) -> Result<(), Response> {
+    let not_a_voter = || {
+        let voters: Vec<NodeId> = metrics.membership_config.membership().voter_ids().collect();
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "node {} is not a voter of the latest membership it knows (voters {voters:?}): \
+                 it was removed from the cluster (or is a learner) and knows no other leader, \
+                 so it does not change the membership; send the change to the cluster's leader",
+                app.id
+            ),
+        )
+    };
+    match membership::may_propose(metrics) {
+        Ok(()) => Ok(()),
+        Err(NotProposer::InProgress(index)) => Err(error(
+            StatusCode::CONFLICT,
+            format!(
+                "a membership change is still in progress: the membership at log index {index} \
+                 was not committed within {} ms, and openraft takes one change at a time; send \
+                 this change again once it is (see /cluster/metrics)",
+                app.write_timeout.as_millis()
+            ),
+        )),
+        Err(NotProposer::NotVoter) => Err(not_a_voter()),
+        Err(NotProposer::NotLeader) => {
+            // A removed leader keeps naming itself as the leader.
+            let leader_id = metrics.current_leader.filter(|&id| id != app.id);
+            let leader_node = leader_id.and_then(|id| {
+                metrics
+                    .membership_config
+                    .membership()
+                    .get_node(&id)
+                    .cloned()
+            });
+            let initialised = metrics.membership_config.log_id().is_some();
+            if leader_node.is_none() && initialised && !membership::is_voter(metrics, app.id) {
+                return Err(not_a_voter());
+            }
+            Err(forward(
+                &ForwardToLeader {
+                    leader_id,
+                    leader_node,
+                },
+                app.scheme,
+                path,
+            ))
+        }
+    }
+}
+
 /// `POST /cluster/add-learner`: adds the node as a learner (committed by
 /// the current voters, so it does not need the node), then waits up to the
 /// write timeout for the node to catch up: 200 with `"caught_up": true`
 /// once it has, 202 with `"caught_up": false` if it has not (unreachable,
 /// or still copying a large log); `change-membership` refuses to make it a
 /// voter until it has. An id the cluster knows at another address gets 409.
+/// Only a leader that may change the membership adds it
+/// ([`membership_turn`]).
 async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     let request = match json_body::<AddLearnerRequest>(body) {
         Ok(request) => request,
@@ -715,6 +807,11 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
             );
         }
     }
+    // Only a leader that may change the membership goes on.
+    let turn = match membership_turn(&app, "/cluster/add-learner").await {
+        Ok(turn) => turn,
+        Err(response) => return response,
+    };
     // The new node joins the cluster first: it refuses if it is another
     // node, or holds another cluster's data, before anything is proposed.
     // A node that does not answer yet is added all the same (202 below):
@@ -741,6 +838,7 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
             .add_learner(request.id, Node::new(request.addr.clone()), false),
     )
     .await;
+    drop(turn);
     let log_index = match added {
         Ok(Ok(response)) => response.log_id.index,
         Ok(Err(e)) => return write_error(e, app.scheme, "/cluster/add-learner"),
@@ -781,11 +879,13 @@ async fn add_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>
     }
 }
 
-/// `POST /cluster/change-membership`: on the leader, first waits up to the
-/// write timeout until the change can finish ([`membership::voters_ready`])
-/// and answers 409 naming the nodes that have not caught up if it cannot;
-/// then proposes it, answering 503 if it is not committed within the write
-/// timeout.
+/// `POST /cluster/change-membership`: only on a leader that may change the
+/// membership ([`membership_turn`]: a follower redirects, a leader that a
+/// change removed answers 503, and a change still in progress gets 409);
+/// there, first waits up to the write timeout until the change can finish
+/// ([`membership::voters_ready`]) and answers 409 naming the nodes that
+/// have not caught up if it cannot; then proposes it, answering 503 if it
+/// is not committed within the write timeout.
 async fn change_membership(
     State(app): State<App>,
     body: Result<Bytes, BytesRejection>,
@@ -822,6 +922,11 @@ async fn change_membership(
             Some(_) => {}
         }
     }
+    const PATH: &str = "/cluster/change-membership";
+    let _turn = match membership_turn(&app, PATH).await {
+        Ok(turn) => turn,
+        Err(response) => return response,
+    };
     let metrics = app.raft.metrics().borrow().clone();
     if membership::is_leader(&metrics) && !request.members.is_empty() {
         let target = metrics.last_log_index.unwrap_or(0);
@@ -846,6 +951,10 @@ async fn change_membership(
             );
         }
     }
+    // Waiting for the voters took time: this node may have lost its lead.
+    if let Err(response) = may_propose(&app, &app.raft.metrics().borrow().clone(), PATH) {
+        return response;
+    }
     let changed = tokio::time::timeout(
         app.write_timeout,
         app.raft.change_membership(request.members, false),
@@ -853,7 +962,7 @@ async fn change_membership(
     .await;
     match changed {
         Ok(Ok(response)) => Json(json!({ "log_index": response.log_id.index })).into_response(),
-        Ok(Err(e)) => write_error(e, app.scheme, "/cluster/change-membership"),
+        Ok(Err(e)) => write_error(e, app.scheme, PATH),
         Err(_) => not_committed(&app, "the membership change"),
     }
 }

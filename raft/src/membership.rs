@@ -15,6 +15,13 @@
 //! voter set (the leader counts as caught up). It waits a bounded time for
 //! that and otherwise refuses the change without touching the membership
 //! ([`voters_ready`]).
+//!
+//! Before any of that, a node proposes a membership change only while it
+//! leads, is a voter of the latest membership it knows and that membership
+//! is committed ([`may_propose`]). A leader that a change has just removed
+//! goes on leading for a moment (until it steps down on its next tick),
+//! and openraft 0.9 stops its core with a panic if such a leader is asked
+//! for one more membership change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -44,6 +51,48 @@ pub fn matched(metrics: &RaftMetrics<NodeId, Node>, id: NodeId) -> Option<u64> {
 #[must_use]
 pub fn is_leader(metrics: &RaftMetrics<NodeId, Node>) -> bool {
     metrics.state == ServerState::Leader && metrics.replication.is_some()
+}
+
+/// Why a node does not propose a membership change now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotProposer {
+    /// The node does not lead: the change goes to the leader.
+    NotLeader,
+    /// The node leads but is no voter of the latest membership it knows:
+    /// a change has just removed it, and it steps down shortly.
+    NotVoter,
+    /// The latest membership, at this log index, is not committed (and
+    /// applied) yet: a change is still in progress.
+    InProgress(u64),
+}
+
+/// Whether this node may propose a membership change now, by its own
+/// metrics: it leads, is a voter of the latest membership it knows, and
+/// that membership has been applied (so committed).
+pub fn may_propose(metrics: &RaftMetrics<NodeId, Node>) -> Result<(), NotProposer> {
+    if !is_leader(metrics) {
+        return Err(NotProposer::NotLeader);
+    }
+    if !is_voter(metrics, metrics.id) {
+        return Err(NotProposer::NotVoter);
+    }
+    let at = metrics.membership_config.log_id().map(|id| id.index);
+    match at {
+        Some(index) if at > metrics.last_applied.map(|id| id.index) => {
+            Err(NotProposer::InProgress(index))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether `id` is a voter of the latest membership the node knows.
+#[must_use]
+pub fn is_voter(metrics: &RaftMetrics<NodeId, Node>, id: NodeId) -> bool {
+    metrics
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|voter| voter == id)
 }
 
 /// Waits until `ready` holds for the node's metrics or `within` passes;
@@ -127,5 +176,60 @@ pub fn voters_ready(
         Err(NotReady { lagging, target })
     } else {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership};
+
+    use super::*;
+
+    fn log_id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// Node 1's metrics as a leader with `voters` at log index
+    /// `membership_at`, having applied up to `applied`.
+    fn leader(voters: &[NodeId], membership_at: u64, applied: u64) -> RaftMetrics<NodeId, Node> {
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.state = ServerState::Leader;
+        metrics.current_leader = Some(1);
+        metrics.replication = Some(BTreeMap::new());
+        let nodes: BTreeMap<NodeId, Node> = [1, 2, 3]
+            .into_iter()
+            .map(|id| (id, Node::new(format!("127.0.0.1:2000{id}"))))
+            .collect();
+        let voters: BTreeSet<NodeId> = voters.iter().copied().collect();
+        metrics.membership_config = Arc::new(StoredMembership::new(
+            Some(log_id(membership_at)),
+            Membership::new(vec![voters], nodes),
+        ));
+        metrics.last_applied = Some(log_id(applied));
+        metrics.last_log_index = Some(applied.max(membership_at));
+        metrics
+    }
+
+    #[test]
+    fn only_a_leader_that_is_a_voter_of_a_committed_membership_proposes() {
+        assert_eq!(may_propose(&leader(&[1, 2, 3], 5, 5)), Ok(()));
+        assert_eq!(may_propose(&leader(&[1, 2, 3], 5, 9)), Ok(()));
+        // A change removed it.
+        assert_eq!(
+            may_propose(&leader(&[2, 3], 5, 5)),
+            Err(NotProposer::NotVoter)
+        );
+        // The latest change is not applied yet.
+        assert_eq!(
+            may_propose(&leader(&[1, 2], 7, 6)),
+            Err(NotProposer::InProgress(7))
+        );
+        let mut follower = leader(&[1, 2, 3], 5, 5);
+        follower.state = ServerState::Follower;
+        follower.replication = None;
+        assert_eq!(may_propose(&follower), Err(NotProposer::NotLeader));
     }
 }

@@ -383,6 +383,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         identity: identity.clone(),
         peers,
         init_lock: Arc::default(),
+        membership_lock: Arc::default(),
     };
     let policy = Arc::new(Policy {
         token: config.token.clone(),

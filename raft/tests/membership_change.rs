@@ -4,7 +4,9 @@
 //! with 409 before any joint config is proposed, the way back to the old
 //! voters succeeds, and writes go on. The address form of
 //! change-membership refuses invalid addresses (400) and addresses other
-//! than the ones the cluster knows (409) without changing anything.
+//! than the ones the cluster knows (409) without changing anything. A
+//! leader that a change removed refuses the next change (503) instead of
+//! stopping, and the nodes left go on.
 
 mod common;
 
@@ -136,4 +138,64 @@ async fn change_membership_checks_the_addresses_it_is_given() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2]));
     assert_eq!(put_v(cluster.nodes[&leader].url("/kv/still")).await, 200);
+}
+
+/// Sends `first` and then, as soon as it answers, `second` as the voters
+/// to the leader of a fresh three-node cluster: the first change removes
+/// the leader. The second must be refused (the leader is no voter of its
+/// latest membership) without stopping the node, and the nodes left must
+/// still take writes.
+async fn change_twice_from_the_leader(
+    first: fn(&[u64]) -> Vec<u64>,
+    second: fn(&[u64]) -> Vec<u64>,
+) {
+    let mut cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.init().await;
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    let others = cluster.followers(leader);
+    let url = cluster.nodes[&leader].url("/cluster/change-membership");
+
+    let (status, body) = post_json(url.clone(), json!({ "members": first(&others) })).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_json(url.clone(), json!({ "members": second(&others) })).await;
+    let message = body["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(status, 503, "{body}");
+    assert!(message.contains("not a voter"), "{body}");
+    // A second call after the node stepped down is refused the same way.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body) = post_json(url, json!({ "members": second(&others) })).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        cluster.nodes.get_mut(&leader).unwrap().is_running(),
+        "node {leader} exited: {}",
+        cluster.nodes[&leader].log()
+    );
+    assert!(
+        !cluster.nodes[&leader].log().contains("panicked"),
+        "{}",
+        cluster.nodes[&leader].log()
+    );
+
+    // The nodes left elect a leader among themselves and take writes.
+    let new_leader = cluster
+        .wait_for_leader(Some(leader), Duration::from_secs(20))
+        .await;
+    assert_ne!(new_leader, leader);
+    assert_eq!(
+        put_v(cluster.nodes[&new_leader].url("/kv/after")).await,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_refuses_the_next_change_and_keeps_running() {
+    // [2, 3] then [2], with node 1 leading.
+    change_twice_from_the_leader(|others| others.to_vec(), |others| vec![others[0]]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_refuses_the_same_change_again_and_keeps_running() {
+    // [2] then [2], with node 1 leading.
+    change_twice_from_the_leader(|others| vec![others[0]], |others| vec![others[0]]).await;
 }
