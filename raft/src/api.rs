@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
-use openraft::RaftMetrics;
+use openraft::{RaftMetrics, ServerState};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
@@ -974,6 +974,15 @@ async fn snapshot(State(app): State<App>) -> Response {
     }
 }
 
+/// The leader this node knows of. A node leads by its own server state,
+/// not by the leader its vote names: a leader that a membership change
+/// removed keeps its vote for itself (openraft's `current_leader`) after
+/// it steps down, and it names no leader then.
+fn known_leader(m: &RaftMetrics<NodeId, Node>) -> Option<NodeId> {
+    m.current_leader
+        .filter(|&leader| leader != m.id || m.state == ServerState::Leader)
+}
+
 /// `GET /cluster/metrics`: this node's view of the cluster.
 async fn metrics(State(app): State<App>) -> Response {
     let m = app.raft.metrics().borrow().clone();
@@ -988,7 +997,7 @@ async fn metrics(State(app): State<App>) -> Response {
         "id": m.id,
         "state": format!("{:?}", m.state),
         "current_term": m.current_term,
-        "current_leader": m.current_leader,
+        "current_leader": known_leader(&m),
         "last_log_index": m.last_log_index,
         "last_applied": m.last_applied.map(|l| l.index),
         "last_applied_log_id": m.last_applied,
@@ -1016,8 +1025,8 @@ async fn prometheus(State(app): State<App>) -> Response {
         .unwrap_or(0);
     let gauges = Gauges {
         term: m.current_term,
-        is_leader: m.current_leader == Some(app.id),
-        leader_id: m.current_leader,
+        is_leader: m.state == ServerState::Leader,
+        leader_id: known_leader(&m),
         last_log_index: m.last_log_index,
         last_applied_index: m.last_applied.map(|id| id.index),
         purged_index: m.purged.map(|id| id.index),

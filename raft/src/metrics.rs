@@ -9,7 +9,7 @@
 //! | `reads_total` | counter | `GET /kv` answered 200 or 404 |
 //! | `errors_total{status}` | counter | requests answered 4xx or 5xx, by status |
 //! | `term` | gauge | the node's current Raft term |
-//! | `is_leader` | gauge | 1 on the leader, else 0 |
+//! | `is_leader` | gauge | 1 while this node's Raft state is Leader, else 0 |
 //! | `leader_id` | gauge | the leader this node knows of (absent when none) |
 //! | `last_log_index` | gauge | the node's last log index |
 //! | `last_applied_index` | gauge | the last entry applied to the state machine |
@@ -233,7 +233,7 @@ pub fn endpoint(method: &axum::http::Method, path: &str) -> &'static str {
 pub struct Gauges {
     /// Current term.
     pub term: u64,
-    /// Whether this node leads.
+    /// Whether this node leads (its Raft server state is Leader).
     pub is_leader: bool,
     /// The leader it knows of.
     pub leader_id: Option<u64>,

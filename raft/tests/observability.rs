@@ -1,5 +1,6 @@
 //! What an operator sees of a running cluster: `GET /metrics` in the
-//! Prometheus text format and the node's log on stderr.
+//! Prometheus text format and the node's log on stderr; a leader that a
+//! membership change removed stops reporting that it leads.
 
 mod common;
 
@@ -185,6 +186,60 @@ async fn metrics_and_logs_report_what_the_cluster_did() {
         logs[&leader].contains("request refused"),
         "{}",
         logs[&leader]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_leader_no_longer_reports_that_it_leads() {
+    let cluster = Cluster::start(&[1, 2, 3], &["--heartbeat-ms", "100"]);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.init().await;
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(15)).await;
+    let text = scrape(&cluster, leader).await;
+    assert_eq!(
+        sample(&text, "sediment_raft_is_leader"),
+        Some(1.0),
+        "{text}"
+    );
+    let (status, body) = common::post_json(
+        cluster.nodes[&leader].url("/cluster/change-membership"),
+        serde_json::json!({ "members": cluster.followers(leader) }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // It steps down within a few heartbeats, and says so.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = scrape(&cluster, leader).await;
+        let metrics = cluster.metrics(leader).await.expect("metrics");
+        let is_leader = sample(&text, "sediment_raft_is_leader");
+        if is_leader == Some(0.0) && metrics["state"] != "Leader" {
+            // Nor does it name itself as the leader it knows of.
+            assert_ne!(
+                sample(&text, "sediment_raft_leader_id"),
+                Some(leader as f64),
+                "{text}"
+            );
+            assert_ne!(metrics["current_leader"], leader, "{metrics}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {leader} still reports that it leads after its removal: is_leader \
+             {is_leader:?}, {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The nodes left elect their own leader, which reports it.
+    let new_leader = cluster
+        .wait_for_leader(Some(leader), Duration::from_secs(15))
+        .await;
+    let text = scrape(&cluster, new_leader).await;
+    assert_eq!(
+        sample(&text, "sediment_raft_is_leader"),
+        Some(1.0),
+        "{text}"
     );
 }
 
