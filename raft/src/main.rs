@@ -82,10 +82,19 @@ fn init_logging(level: Option<&str>) -> Result<(), String> {
             _ => EnvFilter::new("info"),
         },
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
+    // openraft logs every failed RPC to a peer several times over; the
+    // node logs those failures itself, at most once per peer every few
+    // seconds (`sediment_raft::network::FailureLog`).
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(sediment_raft::network::RpcFailureFilter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false),
+        )
         .init();
     Ok(())
 }

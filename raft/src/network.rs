@@ -3,9 +3,21 @@
 //!
 //! Requests are bincode (they carry log entries and snapshot chunks, whose
 //! values are raw bytes); responses are JSON `Result`s.
+//!
+//! An RPC that gets no answer at all (the connection refused, reset or
+//! closed before a whole response came: a node that is down, something
+//! else on its port, a node at its connection cap) is reported to openraft
+//! as [`Unreachable`], which it backs off from (500 ms) before it tries
+//! that peer again; an error status from a real peer and a timeout are
+//! retried at once, as openraft does with its own timeouts. Failed RPCs
+//! are logged at most once per peer every [`FAILURE_LOG_INTERVAL`], with
+//! the number of failures not logged since ([`FailureLog`]), and
+//! [`RpcFailureFilter`] drops the lines openraft logs for each of them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -52,6 +64,8 @@ pub struct Network {
     /// How far each follower's log matches this node's while it leads
     /// (see [`Matched`]).
     matched: Matched,
+    /// The failed RPCs to each peer, for the log.
+    failures: FailureLog,
 }
 
 impl Network {
@@ -68,6 +82,7 @@ impl Network {
             token: None,
             identity: None,
             matched: Matched::default(),
+            failures: FailureLog::default(),
         }
     }
 
@@ -92,6 +107,7 @@ impl Network {
             token: token.map(Token::header_value).transpose()?,
             identity: None,
             matched: Matched::default(),
+            failures: FailureLog::default(),
         })
     }
 
@@ -135,10 +151,12 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         Connection {
             client: self.client.clone(),
             target,
+            addr: node.addr.clone(),
             base: format!("{}://{}", self.scheme, node.addr),
             token: self.token.clone(),
             identity: self.identity.clone(),
             matched: self.matched.clone(),
+            failures: self.failures.clone(),
         }
     }
 }
@@ -172,20 +190,269 @@ impl Matched {
     }
 }
 
+/// How often a failing peer is logged at most: once per this interval,
+/// with the number of failures since the last line.
+pub const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The failed RPCs to each peer, logged at most once per peer every
+/// [`FAILURE_LOG_INTERVAL`]. Shared by a node's connections (openraft
+/// makes a new one for a peer whenever it restarts replication to it).
+#[derive(Debug, Clone, Default)]
+pub struct FailureLog(Arc<parking_lot::Mutex<BTreeMap<NodeId, PeerFailures>>>);
+
+/// What [`FailureLog`] remembers of one peer.
+#[derive(Debug, Default)]
+struct PeerFailures {
+    /// When a failure of this peer was last logged.
+    logged: Option<Instant>,
+    /// Failures since then that were not logged.
+    unlogged: u64,
+}
+
+impl FailureLog {
+    /// Records a failed RPC to node `target` at `addr`: logged (a
+    /// warning) if none of that peer's was logged within the interval,
+    /// else counted for the next line.
+    pub fn failed(&self, target: NodeId, addr: &str, error: &dyn std::fmt::Display) {
+        let mut peers = self.0.lock();
+        let peer = peers.entry(target).or_default();
+        if peer
+            .logged
+            .is_some_and(|at| at.elapsed() < FAILURE_LOG_INTERVAL)
+        {
+            peer.unlogged += 1;
+            return;
+        }
+        let unlogged = std::mem::take(&mut peer.unlogged);
+        peer.logged = Some(Instant::now());
+        let interval = FAILURE_LOG_INTERVAL.as_secs();
+        if unlogged == 0 {
+            tracing::warn!(
+                peer = target,
+                %addr,
+                "a Raft RPC to node {target} at {addr} failed: {error} (failures of a peer \
+                 are logged at most once every {interval} s)"
+            );
+        } else {
+            tracing::warn!(
+                peer = target,
+                %addr,
+                unlogged,
+                "Raft RPCs to node {target} at {addr} keep failing: {unlogged} more failed \
+                 since the last line; the latest: {error}"
+            );
+        }
+    }
+
+    /// Records an RPC to node `target` at `addr` that got an answer:
+    /// after logged failures, says that the peer answers again (with the
+    /// failures since the last line) and forgets them.
+    pub fn answered(&self, target: NodeId, addr: &str) {
+        let mut peers = self.0.lock();
+        if let Some(peer) = peers.remove(&target) {
+            if peer.logged.is_some() {
+                tracing::info!(
+                    peer = target,
+                    %addr,
+                    unlogged = peer.unlogged,
+                    "node {target} at {addr} answers Raft RPCs again ({} more failed since the \
+                     last line)",
+                    peer.unlogged
+                );
+            }
+        }
+    }
+}
+
+/// Whether a request that failed with `e` got no answer at all: the
+/// connection was refused, reset or closed before a whole response came
+/// (something that is not a node on the port, or a node at its connection
+/// cap). Timeouts are not: a slow peer gets the RPC again at once, as
+/// openraft does on its own timeout.
+fn unanswered(e: &reqwest::Error) -> bool {
+    (e.is_connect() || e.is_request() || e.is_body()) && !e.is_timeout()
+}
+
+/// The RPC error for a request that failed with `e`: [`Unreachable`]
+/// (backed off from) if it got no answer at all ([`unanswered`]), else a
+/// network error (retried at once).
+fn send_error<E: std::error::Error>(
+    e: &reqwest::Error,
+) -> RPCError<NodeId, Node, RaftError<NodeId, E>> {
+    if unanswered(e) {
+        RPCError::Unreachable(Unreachable::new(e))
+    } else {
+        RPCError::Network(NetworkError::new(e))
+    }
+}
+
+/// A [`tracing_subscriber`] layer that drops the lines openraft 0.9 logs
+/// for every failed RPC to a peer (three or four per failure: the
+/// replication error, the `RPCError`, the progress error, the backoff; a
+/// failed vote request; a failed snapshot chunk). [`FailureLog`] logs
+/// those failures instead, at most once per peer every
+/// [`FAILURE_LOG_INTERVAL`]. Every other event passes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RpcFailureFilter;
+
+/// openraft's lines for a failed RPC: its module, its level and a part of
+/// its message.
+const OPENRAFT_RPC_FAILURE_LINES: [(&str, tracing::Level, &str); 7] = [
+    (
+        "openraft::replication",
+        tracing::Level::WARN,
+        "error replication to target=",
+    ),
+    ("openraft::replication", tracing::Level::ERROR, "RPCError"),
+    (
+        "openraft::replication",
+        tracing::Level::WARN,
+        "backoff mode: drain events",
+    ),
+    (
+        "openraft::engine::handler::replication_handler",
+        tracing::Level::WARN,
+        "update progress error",
+    ),
+    (
+        "openraft::core::raft_core",
+        tracing::Level::ERROR,
+        "while requesting vote",
+    ),
+    (
+        "openraft::network::snapshot_transport",
+        tracing::Level::WARN,
+        "error sending InstallSnapshot RPC",
+    ),
+    (
+        "openraft::network::snapshot_transport",
+        tracing::Level::WARN,
+        "InstallSnapshot RPC timed out",
+    ),
+];
+
+impl RpcFailureFilter {
+    /// Whether `event` is one of openraft's lines for a failed RPC.
+    #[must_use]
+    pub fn drops(event: &tracing::Event<'_>) -> bool {
+        let meta = event.metadata();
+        let target = meta.target();
+        if !target.starts_with("openraft::") {
+            return false;
+        }
+        let candidates: Vec<&str> = OPENRAFT_RPC_FAILURE_LINES
+            .iter()
+            .filter(|(module, level, _)| *module == target && level == meta.level())
+            .map(|(_, _, message)| *message)
+            .collect();
+        if candidates.is_empty() {
+            return false;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        candidates.iter().any(|part| message.0.contains(part))
+    }
+}
+
+/// The `message` field of an event, as text.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = value.to_owned();
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RpcFailureFilter {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        !Self::drops(event)
+    }
+}
+
 /// The RPC client for one peer.
 #[derive(Debug)]
 pub struct Connection {
     client: reqwest::Client,
     target: NodeId,
+    /// The peer's address, for the log.
+    addr: String,
     base: String,
     /// The `Authorization` header (sensitive: not shown by `Debug`).
     token: Option<HeaderValue>,
     identity: Option<Arc<Identity>>,
     matched: Matched,
+    failures: FailureLog,
+}
+
+/// One RPC in flight, for the log: dropped unfinished after its time to
+/// live (openraft gave up on it), it counts as a failure.
+struct InFlight<'a> {
+    connection: &'a Connection,
+    path: &'a str,
+    started: Instant,
+    ttl: Duration,
+    finished: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // openraft drops an RPC once its time to live is over; an RPC
+        // dropped well before (replication stopped) did not fail.
+        if !self.finished && self.started.elapsed() >= self.ttl * 3 / 4 {
+            let error = format!("{} got no answer within {:?}", self.path, self.ttl);
+            let connection = self.connection;
+            connection
+                .failures
+                .failed(connection.target, &connection.addr, &error);
+        }
+    }
 }
 
 impl Connection {
+    /// Sends one RPC and records its outcome in the failure log: an answer
+    /// (a Raft error from the peer included) or a failure.
     async fn call<Req, Resp, E>(
+        &self,
+        path: &str,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let mut in_flight = InFlight {
+            connection: self,
+            path,
+            started: Instant::now(),
+            ttl: option.hard_ttl(),
+            finished: false,
+        };
+        let result = self.exchange(path, request, option).await;
+        in_flight.finished = true;
+        match &result {
+            Ok(_) | Err(RPCError::RemoteError(_)) => {
+                self.failures.answered(self.target, &self.addr)
+            }
+            Err(e) => self.failures.failed(self.target, &self.addr, e),
+        }
+        result
+    }
+
+    async fn exchange<Req, Resp, E>(
         &self,
         path: &str,
         request: &Req,
@@ -211,15 +478,11 @@ impl Connection {
                 request = request.header(CLUSTER_HEADER, cluster.to_string());
             }
         }
-        let response = request.body(body).send().await.map_err(|e| {
-            // A peer that is down is backed off from; other failures
-            // are retried at once.
-            if e.is_connect() {
-                RPCError::Unreachable(Unreachable::new(&e))
-            } else {
-                RPCError::Network(NetworkError::new(&e))
-            }
-        })?;
+        let response = request
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| send_error(&e))?;
         if !response.status().is_success() {
             let status = response.status();
             let text = refusal_text(&response.text().await.unwrap_or_default());
@@ -227,10 +490,11 @@ impl Connection {
                 &std::io::Error::other(format!("{path} answered {status}: {text}")),
             )));
         }
-        let result: Result<Resp, RaftError<NodeId, E>> = response
-            .json()
-            .await
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        // A body cut short is no answer either; one that does not decode
+        // is a peer's error.
+        let body = response.bytes().await.map_err(|e| send_error(&e))?;
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            serde_json::from_slice(&body).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -420,6 +684,109 @@ pub fn routes(raft: Arc<Raft>, identity: Arc<Identity>) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Collects the `target message` of every event that reaches it.
+    struct Capture(Arc<parking_lot::Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            let target = event.metadata().target();
+            self.0.lock().push(format!("{target} {}", message.0));
+        }
+    }
+
+    /// What reaches a subscriber with [`RpcFailureFilter`] while `emit`
+    /// runs.
+    fn logged(emit: impl FnOnce()) -> Vec<String> {
+        use tracing_subscriber::layer::SubscriberExt;
+        let lines = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry()
+            .with(RpcFailureFilter)
+            .with(Capture(lines.clone()));
+        tracing::subscriber::with_default(subscriber, emit);
+        let lines = lines.lock().clone();
+        lines
+    }
+
+    #[test]
+    fn openrafts_lines_for_a_failed_rpc_are_dropped_and_others_kept() {
+        let lines = logged(|| {
+            // What openraft 0.9 logs for one failed AppendEntries, vote
+            // and snapshot chunk.
+            tracing::warn!(target: "openraft::replication", error = "NetworkError: reset",
+                "error replication to target={}", 2);
+            tracing::error!(target: "openraft::replication", err = "NetworkError: reset",
+                "RPCError");
+            tracing::warn!(target: "openraft::replication", interval = "500ms",
+                "{} backoff mode: drain events without processing them",
+                "openraft::replication::ReplicationCore<..>::backoff_drain_events");
+            tracing::warn!(target: "openraft::engine::handler::replication_handler",
+                request_id = "AppendEntries(7)", result = "NetworkError: reset",
+                "update progress error");
+            tracing::error!(target: "openraft::core::raft_core", error = "reset", target = 2,
+                "while requesting vote");
+            tracing::warn!(target: "openraft::network::snapshot_transport", error = "reset",
+                "error sending InstallSnapshot RPC");
+            // Kept: a storage error, other warnings, and the same words
+            // from elsewhere.
+            tracing::error!(target: "openraft::replication", error = "StorageError",
+                "error replication to target={}", 2);
+            tracing::warn!(target: "openraft::replication", "failed to send snapshot");
+            tracing::warn!(target: "sediment_raft::network", "RPCError");
+            tracing::info!(target: "openraft::core::raft_core", "while requesting vote");
+        });
+        assert_eq!(
+            lines,
+            [
+                "openraft::replication error replication to target=2",
+                "openraft::replication failed to send snapshot",
+                "sediment_raft::network RPCError",
+                "openraft::core::raft_core while requesting vote",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failing_peer_is_logged_once_per_interval_with_the_failures_not_logged() {
+        let log = FailureLog::default();
+        let lines = logged(|| {
+            for _ in 0..100 {
+                log.failed(2, "127.0.0.1:9", &"connection reset");
+                log.failed(3, "127.0.0.1:8", &"connection closed");
+            }
+            log.answered(2, "127.0.0.1:9");
+            // A peer that never failed is not mentioned.
+            log.answered(4, "127.0.0.1:7");
+            log.failed(2, "127.0.0.1:9", &"connection reset");
+        });
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        assert!(lines[0].contains("node 2 at 127.0.0.1:9 failed: connection reset"));
+        assert!(lines[1].contains("node 3 at 127.0.0.1:8 failed: connection closed"));
+        assert!(
+            lines[2].contains("node 2 at 127.0.0.1:9 answers Raft RPCs again (99 more failed"),
+            "{}",
+            lines[2]
+        );
+        // After an answer, the next failure is news again.
+        assert!(lines[3].contains("node 2 at 127.0.0.1:9 failed"));
+
+        // Once the interval has passed, the next failure is logged with
+        // the count of those that were not.
+        log.0.lock().get_mut(&3).unwrap().logged = Some(Instant::now() - FAILURE_LOG_INTERVAL);
+        let lines = logged(|| log.failed(3, "127.0.0.1:8", &"connection closed"));
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains("keep failing: 99 more failed since the last line"),
+            "{}",
+            lines[0]
+        );
+    }
 
     #[test]
     fn a_peers_refusal_is_read_from_json_or_plain_text() {
