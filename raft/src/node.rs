@@ -359,6 +359,7 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
     )
     .await
     .map_err(|e| Error::Raft(e.to_string()))?;
+    warn_if_known_elsewhere(&raft, config.id, addr).await;
     peers.watch_metrics(raft.metrics());
     let raft = Arc::new(raft);
     // From now on the log store offers what it appends while this node
@@ -415,6 +416,54 @@ pub async fn start(config: NodeConfig) -> Result<RunningNode> {
         server,
         stop,
     })
+}
+
+/// Logs a warning if the membership the node stored knows it at an
+/// address other than `listening` ([`address_warning`]). The Raft core's
+/// first metrics report holds what it loaded from the node's directory;
+/// a node that stored no membership yet is not checked.
+async fn warn_if_known_elsewhere(raft: &Raft, id: NodeId, listening: SocketAddr) {
+    let mut metrics = raft.metrics();
+    if tokio::time::timeout(Duration::from_secs(5), metrics.changed())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let known = metrics
+        .borrow()
+        .membership_config
+        .membership()
+        .get_node(&id)
+        .map(|node| node.addr.clone());
+    if let Some(warning) = known.and_then(|known| address_warning(id, &known, listening)) {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// The warning for node `id`, which the cluster's membership knows at
+/// `known` (`host:port`), when that is not where it listens: peers and
+/// clients redirected to it would reach `known`, not this process. Only a
+/// warning, since a port mapping or NAT can make both right. When the node
+/// listens on an unspecified address (`0.0.0.0`, `::`), or the membership
+/// names a host rather than an IP address, only the ports are compared.
+#[must_use]
+pub fn address_warning(id: NodeId, known: &str, listening: SocketAddr) -> Option<String> {
+    let (host, port) = known.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let ip = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+        .ok();
+    let same_ip = listening.ip().is_unspecified() || ip.map_or(true, |ip| ip == listening.ip());
+    if port == listening.port() && same_ip {
+        return None;
+    }
+    Some(format!(
+        "the cluster knows node {id} as {known} but it listens on {listening}: peers and \
+         redirected clients go to {known}"
+    ))
 }
 
 /// A node directory with `state/` but no `log/`: the log was deleted
@@ -552,5 +601,41 @@ impl RunningNode {
         })
         .await
         .map_err(|e| Error::Raft(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address_warning;
+
+    fn warning(known: &str, listening: &str) -> Option<String> {
+        address_warning(3, known, listening.parse().unwrap())
+    }
+
+    #[test]
+    fn a_node_known_at_another_address_is_warned_about() {
+        assert_eq!(
+            warning("127.0.0.1:19803", "127.0.0.1:19813").as_deref(),
+            Some(
+                "the cluster knows node 3 as 127.0.0.1:19803 but it listens on \
+                 127.0.0.1:19813: peers and redirected clients go to 127.0.0.1:19803"
+            )
+        );
+        assert!(warning("10.0.0.3:21003", "10.0.0.4:21003").is_some());
+        assert!(warning("[::1]:21003", "[::1]:21004").is_some());
+        // Only the port can be compared.
+        assert!(warning("0.0.0.0:21003", "0.0.0.0:21004").is_some());
+        assert!(warning("node-3.example:21003", "10.0.0.3:21004").is_some());
+    }
+
+    #[test]
+    fn a_node_known_where_it_listens_is_not_warned_about() {
+        assert_eq!(warning("127.0.0.1:19803", "127.0.0.1:19803"), None);
+        assert_eq!(warning("[::1]:21003", "[::1]:21003"), None);
+        // An unspecified listen address: the port decides.
+        assert_eq!(warning("10.0.0.3:21003", "0.0.0.0:21003"), None);
+        assert_eq!(warning("[2001:db8::3]:21003", "[::]:21003"), None);
+        // A host name: the port decides.
+        assert_eq!(warning("node-3.example:21003", "10.0.0.3:21003"), None);
     }
 }
