@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use openraft::error::{
     CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError,
 };
-use openraft::{RaftMetrics, ServerState};
+use openraft::{ChangeMembers, RaftMetrics, ServerState};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::json;
@@ -66,9 +66,9 @@ pub struct App {
     /// once all run on the member with the lowest id, one at a time.
     pub init_lock: Arc<tokio::sync::Mutex<()>>,
     /// Held while this node proposes a membership change (add-learner,
-    /// change-membership): the node checks that it may propose one
-    /// ([`membership::may_propose`]) and proposes it with no other change
-    /// of its own in between.
+    /// change-membership, remove-learner): the node checks that it may
+    /// propose one ([`membership::may_propose`]) and proposes it with no
+    /// other change of its own in between.
     pub membership_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -353,6 +353,15 @@ impl<'de> Deserialize<'de> for AddLearnerRequest {
             )),
         }
     }
+}
+
+/// The body of `POST /cluster/remove-learner`: `{"id": 4}` (`node_id` is
+/// accepted for `id`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RemoveLearnerRequest {
+    /// The learner's id.
+    #[serde(alias = "node_id")]
+    pub id: NodeId,
 }
 
 /// The body of `POST /cluster/change-membership`: `{"members": [1, 2, 3]}`,
@@ -967,6 +976,61 @@ async fn change_membership(
     }
 }
 
+/// `POST /cluster/remove-learner`: on a leader that may change the
+/// membership ([`membership_turn`]), removes the learner from the
+/// membership (openraft's `ChangeMembers::RemoveNodes`): 200 once that is
+/// committed, 404 if the id is no member, 409 if it is a voter
+/// (`change-membership` without it removes a voter), 503 if it is not
+/// committed within the write timeout. The node's process is not told;
+/// the leader stops replicating to it.
+async fn remove_learner(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
+    const PATH: &str = "/cluster/remove-learner";
+    let request = match json_body::<RemoveLearnerRequest>(body) {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let _turn = match membership_turn(&app, PATH).await {
+        Ok(turn) => turn,
+        Err(response) => return response,
+    };
+    let id = request.id;
+    {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        if membership.get_node(&id).is_none() {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("node {id} is not in the cluster: neither a voter nor a learner"),
+            );
+        }
+        if membership.voter_ids().any(|voter| voter == id) {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "node {id} is a voter, not a learner: /cluster/change-membership with the \
+                     voters without it removes it"
+                ),
+            );
+        }
+    }
+    let removed = tokio::time::timeout(
+        app.write_timeout,
+        app.raft
+            .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false),
+    )
+    .await;
+    match removed {
+        Ok(Ok(response)) => Json(json!({
+            "log_index": response.log_id.index,
+            "removed": id,
+        }))
+        .into_response(),
+        Ok(Err(e)) => write_error(e, app.scheme, PATH),
+        Err(_) => not_committed(&app, "removing the learner"),
+    }
+}
+
 async fn snapshot(State(app): State<App>) -> Response {
     match app.raft.trigger().snapshot().await {
         Ok(()) => Json(json!({ "triggered": true })).into_response(),
@@ -1085,6 +1149,7 @@ pub fn routes(app: App) -> Router {
         .route("/cluster/add-learner", post(add_learner))
         .route("/cluster/join", post(join_cluster))
         .route("/cluster/change-membership", post(change_membership))
+        .route("/cluster/remove-learner", post(remove_learner))
         .route("/cluster/snapshot", post(snapshot))
         .route("/cluster/metrics", get(metrics))
         .route("/metrics", get(prometheus))

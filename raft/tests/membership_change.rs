@@ -6,7 +6,8 @@
 //! change-membership refuses invalid addresses (400) and addresses other
 //! than the ones the cluster knows (409) without changing anything. A
 //! leader that a change removed refuses the next change (503) instead of
-//! stopping, and the nodes left go on.
+//! stopping, and the nodes left go on. A learner is removed with
+//! remove-learner.
 
 mod common;
 
@@ -198,4 +199,76 @@ async fn a_removed_leader_refuses_the_next_change_and_keeps_running() {
 async fn a_removed_leader_refuses_the_same_change_again_and_keeps_running() {
     // [2] then [2], with node 1 leading.
     change_twice_from_the_leader(|others| vec![others[0]], |others| vec![others[0]]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_is_removed_with_remove_learner() {
+    let cluster = Cluster::start(&[1, 2, 3], ARGS);
+    cluster.wait_up(&[1, 2, 3]).await;
+    cluster.init().await;
+    let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
+    let url = |path: &str| cluster.nodes[&leader].url(path);
+    let learners = |metrics: &serde_json::Value| -> BTreeSet<u64> {
+        serde_json::from_value(metrics["membership"]["learners"].clone()).unwrap()
+    };
+
+    // Nothing listens there.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let (status, body) =
+        post_json(url("/cluster/add-learner"), json!({"id": 4, "addr": dead})).await;
+    assert_eq!(status, 202, "{body}");
+    let metrics = cluster.metrics(leader).await.unwrap();
+    assert_eq!(learners(&metrics), BTreeSet::from([4]), "{metrics}");
+
+    // A voter is not a learner; an unknown id is no member.
+    let (status, body) = post_json(url("/cluster/remove-learner"), json!({"id": leader})).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("change-membership")),
+        "{body}"
+    );
+    let (status, body) = post_json(url("/cluster/remove-learner"), json!({"id": 9})).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"].is_string(), "{body}");
+    // A follower sends it to the leader.
+    let follower = cluster.followers(leader)[0];
+    let (status, body) = post_json(
+        cluster.nodes[&follower].url("/cluster/remove-learner"),
+        json!({"id": 4}),
+    )
+    .await;
+    assert_eq!(status, 307, "{body}");
+    assert_eq!(body["leader_id"], leader, "{body}");
+
+    let (status, body) = post_json(url("/cluster/remove-learner"), json!({"id": 4})).await;
+    assert_eq!(status, 200, "{body}");
+    let metrics = cluster.metrics(leader).await.unwrap();
+    assert_eq!(learners(&metrics), BTreeSet::new(), "{metrics}");
+    assert!(
+        metrics["membership"]["nodes"].get("4").is_none(),
+        "{metrics}"
+    );
+    assert_eq!(cluster.voters(leader).await, BTreeSet::from([1, 2, 3]));
+    // Gone from every node's membership, and the cluster goes on.
+    assert_eq!(put_v(url("/kv/after")).await, 200);
+    cluster.wait_caught_up(Duration::from_secs(20)).await;
+    for id in [1, 2, 3] {
+        let metrics = cluster.metrics(id).await.unwrap();
+        assert_eq!(learners(&metrics), BTreeSet::new(), "{metrics}");
+    }
+    // Removed again: no member any more.
+    let (status, body) = post_json(url("/cluster/remove-learner"), json!({"id": 4})).await;
+    assert_eq!(status, 404, "{body}");
+    // Its id can be added again, at another address.
+    let elsewhere = format!("127.0.0.1:{}", free_port());
+    let (status, body) = post_json(
+        url("/cluster/add-learner"),
+        json!({"id": 4, "addr": elsewhere}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let metrics = cluster.metrics(leader).await.unwrap();
+    assert_eq!(metrics["membership"]["nodes"]["4"], elsewhere, "{metrics}");
 }
