@@ -270,7 +270,8 @@ pub(crate) fn read_all(fs: &dyn FileSystem, path: &Path) -> io::Result<Vec<u8>> 
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "{} holds {len} bytes, more than any file the node writes there                  ({SMALL_FILE_LIMIT} at most): not the node's file",
+                "{} holds {len} bytes, more than any file the node writes there \
+                 ({SMALL_FILE_LIMIT} at most): not the node's file",
                 path.display()
             ),
         ));
