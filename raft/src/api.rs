@@ -527,9 +527,12 @@ async fn init(
         .collect();
     match app.raft.initialize(members).await {
         Ok(()) => Json(json!({ "initialized": true })).into_response(),
-        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
-            error(StatusCode::CONFLICT, e.to_string())
-        }
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => error(
+            StatusCode::CONFLICT,
+            "this node is initialised already (its Raft log is not empty): init starts a new \
+             cluster; a cluster takes more nodes with /cluster/add-learner and \
+             /cluster/change-membership",
+        ),
         Err(RaftError::APIError(e)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }

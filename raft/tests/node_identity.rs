@@ -242,6 +242,13 @@ async fn init_sent_to_every_member_at_once_makes_one_cluster() {
     let mut statuses: Vec<u16> = [&a, &b, &c].iter().map(|(status, _)| *status).collect();
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 409, 409], "{a:?} {b:?} {c:?}");
+    // The 409s say what happened in words, not in openraft's terms.
+    for (status, body) in [&a, &b, &c] {
+        if *status == 409 {
+            assert!(body.to_string().contains("initialised already"), "{body}");
+            assert!(!body.to_string().contains("LogId"), "{body}");
+        }
+    }
 
     let leader = cluster.wait_for_leader(None, Duration::from_secs(20)).await;
     assert_eq!(put_v(cluster.nodes[&leader].url("/kv/everyone")).await, 200);
