@@ -262,15 +262,20 @@ impl Segment {
         if *state != EndMark::Due {
             return Ok(false);
         }
+        self.file.write_all_at(&self.end_mark_record(end)?, end)?;
+        Ok(true)
+    }
+
+    /// An end mark at `end`: a padding record of no length, the segment's
+    /// id as its entry id, and `end` as its durable mark.
+    fn end_mark_record(&self, end: u64) -> io::Result<crate::sealed::EncodedHeader> {
         let mark = RecordHeader {
             kind: RecordKind::Padding,
             entry_id: self.id,
             length: 0,
             durable_mark: end,
         };
-        let mark = self.layout.encode(&mark, 0, self.id, end)?;
-        self.file.write_all_at(&mark, end)?;
-        Ok(true)
+        self.layout.encode(&mark, 0, self.id, end)
     }
 
     /// Writes an end mark at `end` of the active segment at shutdown,
@@ -281,14 +286,7 @@ impl Segment {
     /// written after it; a rollback after the shutdown may overwrite it
     /// (losing only the proof).
     pub fn write_shutdown_mark(&self, end: u64) -> io::Result<()> {
-        let mark = RecordHeader {
-            kind: RecordKind::Padding,
-            entry_id: self.id,
-            length: 0,
-            durable_mark: end,
-        };
-        let mark = self.layout.encode(&mark, 0, self.id, end)?;
-        self.file.write_all_at(&mark, end)?;
+        self.file.write_all_at(&self.end_mark_record(end)?, end)?;
         self.file.sync_data()
     }
 

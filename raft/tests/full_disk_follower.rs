@@ -8,48 +8,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use common::{free_port, plain_client, put, Cluster, NodeProcess};
+use testkit::disk::Tmpfs;
 
 const ARGS: &[&str] = &["--heartbeat-ms", "50"];
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Self, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if output.status.success() {
-            Ok(Self(at.to_path_buf()))
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).into_owned())
-        }
-    }
-
-    fn grow(&self, size: &str) {
-        let status = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .status()
-            .unwrap();
-        assert!(status.success(), "remounting {}", self.0.display());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_and_catches_up_with_every_acknowledged_write() {
@@ -64,7 +29,7 @@ async fn a_node_whose_disk_fills_stops_and_catches_up_with_every_acknowledged_wr
     let mut nodes = BTreeMap::new();
     for id in [1_u64, 2, 3] {
         let parent = if id == 3 {
-            small.0.clone()
+            small.path().to_path_buf()
         } else {
             dir.path().to_path_buf()
         };

@@ -44,12 +44,7 @@ fn reads_while_freed(db: &Database, len: usize, run_for: Duration) -> (u64, u64)
                 let id = tx.write(&blob(n, len)).unwrap();
                 tx.commit().unwrap();
                 latest.store(id.as_u64(), Ordering::Release);
-                let mut tx = db.begin_transaction().unwrap();
-                tx.archive(id).unwrap();
-                let archived = tx.commit().unwrap();
-                let mut tx = db.begin_transaction().unwrap();
-                tx.checkpoint_to(archived).unwrap();
-                tx.commit().unwrap();
+                common::free(db, id);
                 n += 1;
             }
             stop.store(true, Ordering::Release);

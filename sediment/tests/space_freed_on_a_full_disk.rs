@@ -2,50 +2,16 @@
 //! `sediment` command writes (open, one transaction, shut down), still
 //! opens for writing, so that archiving and checkpointing can free space;
 //! then new blobs go into the freed grains, and every blob acknowledged
-//! before is intact, also across the opens that follow. The store lives on a small tmpfs mounted by the test
-//! (which needs root, as CI has; elsewhere the test says it skips).
+//! before is intact, also across the opens that follow. The store lives
+//! on a small tmpfs mounted by the test (which needs root, as CI has;
+//! elsewhere the test says it skips).
 
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+
+use testkit::disk::Tmpfs;
 
 use sediment::{Database, Error, GrainId};
-
-/// A tmpfs mounted for the test, unmounted when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Self, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if output.status.success() {
-            Ok(Self(at.to_path_buf()))
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).into_owned())
-        }
-    }
-}
-
-impl Tmpfs {
-    fn grow(&self, size: &str) {
-        let status = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .status()
-            .unwrap();
-        assert!(status.success(), "remounting {}", self.0.display());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 fn full(err: &Error) -> bool {
     std::error::Error::source(err)
@@ -80,7 +46,7 @@ fn a_store_that_filled_its_disk_opens_to_free_space() {
             return;
         }
     };
-    let store = disk.0.join("store");
+    let store = disk.path().join("store");
     let mut acknowledged = Vec::new();
     // Large blobs until one fails, then small ones until one fails: the
     // disk is then full to its last blocks.
@@ -100,7 +66,7 @@ fn a_store_that_filled_its_disk_opens_to_free_space() {
     // Another program takes whatever space is left, to the last byte.
     {
         use std::io::Write;
-        let mut filler = std::fs::File::create(disk.0.join("filler")).unwrap();
+        let mut filler = std::fs::File::create(disk.path().join("filler")).unwrap();
         for size in [1 << 20, 4096, 1] {
             while filler.write_all(&vec![0; size]).is_ok() {}
         }

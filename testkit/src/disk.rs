@@ -67,3 +67,58 @@ pub fn quiesce(fs: &CrashFileSystem) {
         last = now;
     }
 }
+
+/// A small tmpfs mounted for a test (which needs root, as CI has), so that
+/// the test can fill a real disk; unmounted when dropped.
+#[derive(Debug)]
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`mount`'s syntax: `16m`) at `at`,
+    /// creating the directory; the error is `mount`'s message (not root,
+    /// no `mount` command), for the test to say that it skips.
+    ///
+    /// # Errors
+    /// If the directory cannot be created or `mount` fails.
+    pub fn mount(at: &Path, size: &str) -> Result<Self, String> {
+        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
+        let output = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if output.status.success() {
+            Ok(Self(at.to_path_buf()))
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    /// Where it is mounted.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Resizes it to `size`.
+    ///
+    /// # Panics
+    /// If `mount -o remount` fails.
+    pub fn grow(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remounting {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

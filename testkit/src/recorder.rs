@@ -20,7 +20,6 @@
 //! let log = config.open(recorder.clone()).unwrap();
 //! assert_eq!(recorder.seen().recovered, vec![(id.0, vec![b"hello".to_vec()])]);
 //! ```
-//! ```
 
 use std::fmt;
 use std::io::{self, Read};
