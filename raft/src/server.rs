@@ -255,8 +255,12 @@ async fn read_body<'b>(
                 return Err(BodyError::TooLarge(body));
             }
             if length.is_none() {
-                // A streamed body: its share grows with it, in whole KiB.
-                let more = total.div_ceil(1024) - before.div_ceil(1024);
+                // A streamed body: its share grows with it, in whole KiB,
+                // up to the whole budget (a body larger than the budget
+                // goes on alone once it holds all of it).
+                let held = share.as_ref().map_or(0, SemaphorePermit::num_permits);
+                let room = (budget.total_kib as usize).saturating_sub(held);
+                let more = (total.div_ceil(1024) - before.div_ceil(1024)).min(room);
                 if more > 0 {
                     let Some(permit) = budget.take(more * 1024, deadline).await else {
                         return Err(BodyError::NoMemory(body));
@@ -866,6 +870,19 @@ mod tests {
             put_request("f", Body::from(large.clone()), Some(large.len())),
         )
         .await;
+        assert_eq!((status, body), (StatusCode::OK, large.len().to_string()));
+        // Streamed, too: it stops taking more once it holds the budget.
+        let streamed = put_request(
+            "g",
+            Body::new(Pieces(
+                large
+                    .chunks(256 << 10)
+                    .map(Bytes::copy_from_slice)
+                    .collect(),
+            )),
+            None,
+        );
+        let (status, body) = answer(&router, streamed).await;
         assert_eq!((status, body), (StatusCode::OK, large.len().to_string()));
         assert_eq!(available(), 1024);
     }
