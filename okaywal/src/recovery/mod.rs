@@ -54,6 +54,65 @@ pub(crate) struct Found {
     /// With [`Look::Inspect`], everything that recovery would report or
     /// act on: the file, the offset where one applies, and what is wrong.
     pub problems: Vec<(PathBuf, Option<u64>, String)>,
+    /// Ids of `wal-{id}` files whose header was unreadable (empty, zeros,
+    /// cut short or damaged with no records following it), taken as never
+    /// written and listed in `reusable`.
+    unreadable: Vec<u64>,
+    /// Ids of every `wal-{id}` file in the directory.
+    present: Vec<u64>,
+}
+
+/// A segment that a later one's header says held records, and that is
+/// gone: its file is missing while an older segment is still live (so it
+/// was never checkpointed: checkpoints go in id order and rename what they
+/// finish), or its header is unreadable. The later segment got its name
+/// only after the lost one was synced whole, so this is damage, never a
+/// crash's torn write.
+struct LostSegment {
+    /// Index in `Found::segments` of the segment that names it.
+    named_by: usize,
+    /// Its file.
+    path: PathBuf,
+    /// What is wrong.
+    message: String,
+}
+
+/// The segments that later ones name as their predecessors with records
+/// (`previous_end` past the header), and that are missing or unreadable.
+fn lost_segments(found: &Found, directory: &Path) -> Vec<LostSegment> {
+    let mut lost = Vec::new();
+    for (i, segment) in found.segments.iter().enumerate() {
+        let Some((previous_id, previous_end)) = segment.header.previous else {
+            continue;
+        };
+        let adjacent = i
+            .checked_sub(1)
+            .is_some_and(|before| found.segments[before].id == previous_id);
+        if adjacent || previous_end <= HEADER_SIZE {
+            continue;
+        }
+        let path = FileName::Segment(previous_id).path_in(directory);
+        let what = if found.unreadable.contains(&previous_id) {
+            "its header is missing or damaged"
+        } else if !found.present.contains(&previous_id)
+            && (!found.legacy.is_empty() || found.segments.iter().any(|s| s.id < previous_id))
+        {
+            "the file is missing, while an older segment is still live"
+        } else {
+            continue;
+        };
+        lost.push(LostSegment {
+            named_by: i,
+            message: format!(
+                "segment {}: {what}, but segment {} records that it held records up to offset \
+                 {previous_end} when it was started and synced",
+                path.display(),
+                segment.id
+            ),
+            path,
+        });
+    }
+    lost
 }
 
 /// How [`find_segments`] looks at a directory.
@@ -150,7 +209,10 @@ pub(crate) fn find_segments(
     cipher: Option<&Cipher>,
     look: Look,
 ) -> io::Result<Found> {
-    let mut found = Found::default();
+    let mut found = Found {
+        present: ids.to_vec(),
+        ..Found::default()
+    };
     let open_mode = match look {
         Look::Recover(_) => OpenMode::ReadWrite,
         Look::ReadOnly(_) | Look::Inspect => OpenMode::Read,
@@ -231,6 +293,7 @@ pub(crate) fn find_segments(
                     }
                     return Err(err);
                 }
+                found.unreadable.push(id);
                 found.reusable.push(path);
                 continue;
             }
@@ -249,7 +312,7 @@ pub(crate) fn find_segments(
 
     judge_failed_commits(&mut found.segments);
     let Some(mode) = look.mode() else {
-        collect_problems(&mut found);
+        collect_problems(&mut found, directory);
         return Ok(found);
     };
     let mut keep = found.segments.len();
@@ -277,6 +340,21 @@ pub(crate) fn find_segments(
                 }
                 RecoveryMode::SkipCorrupted => {}
             }
+        }
+    }
+    if let Some(lost) = lost_segments(&found, directory).into_iter().next() {
+        match mode {
+            RecoveryMode::ErrorOnCorruption => {
+                return Err(invalid(format!(
+                    "{}; open with RecoveryMode::PointInTime to keep only the segments before \
+                     it, or RecoveryMode::SkipCorrupted to go on without it",
+                    lost.message
+                )));
+            }
+            // Keeping the later segments would keep entries logged after
+            // the lost ones.
+            RecoveryMode::PointInTime => keep = keep.min(lost.named_by),
+            RecoveryMode::SkipCorrupted => {}
         }
     }
     for i in 1..keep {
@@ -323,7 +401,10 @@ pub(crate) fn find_segments(
 /// Everything recovery would report about `found`'s segments, as
 /// problems: damage inside a segment, and a segment that ends short of
 /// where its successor says it ended.
-fn collect_problems(found: &mut Found) {
+fn collect_problems(found: &mut Found, directory: &Path) {
+    for lost in lost_segments(found, directory) {
+        found.problems.push((lost.path, None, lost.message));
+    }
     for segment in &found.segments {
         if let Some((offset, reason)) = &segment.scan.damage {
             found.problems.push((
