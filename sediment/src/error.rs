@@ -59,9 +59,11 @@ pub enum Error {
         committed: u64,
     },
     /// A commit with `checkpoint_to(requested)` would have to wait for
-    /// transaction `open`, which the calling thread began and has neither
-    /// committed nor rolled back: it would wait forever. The checkpointing
-    /// transaction is rolled back; finish `open` first.
+    /// transaction `open`, which the calling thread holds (it used it last:
+    /// began it, or wrote, archived or set the header in it after it was
+    /// moved here) and has neither committed nor rolled back: it would
+    /// wait forever. The checkpointing transaction is rolled back; finish
+    /// `open` first.
     #[error(
         "checkpoint_to({requested}) must wait for transaction {open}, which the calling thread \
          holds open: commit or roll it back first"

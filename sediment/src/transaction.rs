@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use okaywal::{Durability, EntryWriter, LogPosition};
 
@@ -22,6 +23,16 @@ use crate::wal_entry::{begin_image_chunk, encode_data_chunk, encode_record_chunk
 /// [`Transaction::commit_buffered`] has handed it to the operating system
 /// (see there for what a power loss may take away). Dropping a
 /// transaction without committing rolls it back.
+///
+/// Keep transactions short. From its first [`write`](Self::write) until
+/// it commits or rolls back, a transaction holds its WAL entry open, and
+/// the WAL cannot checkpoint past it: once more than four WAL segments
+/// wait, every other thread's writes wait for it to finish (its own
+/// thread never does). Holding one open while waiting for another
+/// thread's writes can therefore deadlock. A transaction is held by the
+/// thread that last used it; one moved to another thread counts as that
+/// thread's from its next use there (see
+/// [`Error::CheckpointBlockedByOwnTransaction`]).
 #[derive(Debug)]
 #[must_use = "a transaction dropped without `commit` is rolled back"]
 pub struct Transaction<'db> {
@@ -44,6 +55,9 @@ pub struct Transaction<'db> {
     for_cache: Vec<(GrainId, Arc<[u8]>, Arc<Stratum>)>,
     scratch: Vec<u8>,
     finished: bool,
+    /// The thread that last used this transaction once it had a sequence:
+    /// the one a checkpoint on that thread must not wait for.
+    holder: Option<ThreadId>,
 }
 
 impl<'db> Transaction<'db> {
@@ -63,6 +77,24 @@ impl<'db> Transaction<'db> {
             for_cache: Vec::new(),
             scratch: Vec::new(),
             finished: false,
+            holder: None,
+        }
+    }
+
+    /// Notes the calling thread as this transaction's holder if another
+    /// thread used it last (it was moved): a `checkpoint_to` commit on the
+    /// thread that holds it fails rather than wait for it forever.
+    fn note_use(&mut self) {
+        if self.entry.is_none() {
+            return;
+        }
+        let me = std::thread::current().id();
+        if self.holder != Some(me) {
+            self.holder = Some(me);
+            self.db
+                .shared()
+                .reclamation()
+                .note_holder(self.sequence, me);
         }
     }
 
@@ -87,6 +119,7 @@ impl<'db> Transaction<'db> {
             let entry = begun.context(|| "beginning a WAL entry".to_string())?;
             self.sequence = entry.id().0;
             self.entry = Some(entry);
+            self.holder = Some(std::thread::current().id());
         }
         Ok(self.sequence)
     }
@@ -106,6 +139,7 @@ impl<'db> Transaction<'db> {
     /// Stores `data` as a new blob and returns its id. The blob becomes
     /// readable by others when the transaction commits.
     pub fn write(&mut self, data: &[u8]) -> Result<GrainId> {
+        self.note_use();
         let shared = self.db.shared().clone();
         shared.check_usable()?;
         let length = data.len() as u64;
@@ -215,6 +249,7 @@ impl<'db> Transaction<'db> {
     /// later blob may take. Set another header (or `None`) in the same
     /// transaction.
     pub fn archive(&mut self, id: GrainId) -> Result<()> {
+        self.note_use();
         let shared = self.db.shared();
         shared.check_usable()?;
         shared.reclamation().claim_archive(shared.strata(), id)?;
@@ -234,6 +269,7 @@ impl<'db> Transaction<'db> {
     /// nothing), so of two overlapping transactions that both set the
     /// header, the one that started writing later wins.
     pub fn set_embedded_header(&mut self, header: Option<GrainId>) -> Result<()> {
+        self.note_use();
         self.db.shared().check_usable()?;
         if let Some(id) = header {
             let written_here = self.new_grains.iter().any(|g| g.id == id);
@@ -289,6 +325,7 @@ impl<'db> Transaction<'db> {
     /// checkpoint): until then a power loss could take the free away, and
     /// the archived blob must still be there, with its bytes.
     pub fn checkpoint_to(&mut self, sequence: SequenceId) -> Result<()> {
+        self.note_use();
         self.db.shared().check_usable()?;
         let committed = self.db.shared().reclamation().last_committed();
         if sequence.0 > committed {
@@ -386,6 +423,7 @@ impl<'db> Transaction<'db> {
     }
 
     fn commit_inner(&mut self, durability: Durability) -> Result<SequenceId> {
+        self.note_use();
         let shared = self.db.shared().clone();
         shared.check_usable()?;
         if let (Some(requested), None) = (self.checkpoint_to, &self.entry) {

@@ -532,6 +532,69 @@ fn a_checkpoint_that_would_wait_for_the_own_threads_transaction_fails() {
     db.verify().unwrap();
 }
 
+/// A transaction is held by the thread that last used it. Moved to
+/// another thread and used there, it is that thread's: a checkpoint there
+/// that would wait for it fails instead of waiting forever, and a
+/// checkpoint on the thread it came from waits for it to commit.
+#[test]
+fn a_transaction_moved_to_another_thread_is_held_by_the_thread_that_uses_it() {
+    let _watchdog = Watchdog::new(
+        "a checkpoint and a moved transaction",
+        Duration::from_secs(60),
+    );
+    let db = Database::in_memory();
+    let id = {
+        let mut tx = db.begin_transaction().unwrap();
+        let id = tx.write(b"archived while the moved one runs").unwrap();
+        tx.commit().unwrap();
+        id
+    };
+    let mut moved = db.begin_transaction().unwrap();
+    let open = moved.write(b"begun on the first thread").unwrap();
+    let open_sequence = moved.sequence().unwrap();
+    let mut tx = db.begin_transaction().unwrap();
+    tx.archive(id).unwrap();
+    let archived = tx.commit().unwrap();
+
+    // Used on the second thread, it is the second thread's.
+    let moved = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut moved = moved;
+            moved.write(b"written on the second thread").unwrap();
+            let mut tx = db.begin_transaction().unwrap();
+            tx.checkpoint_to(archived).unwrap();
+            match tx.commit() {
+                Err(Error::CheckpointBlockedByOwnTransaction { requested, open }) => {
+                    assert_eq!((requested, open), (archived.0, open_sequence.0));
+                }
+                other => panic!("the second thread's checkpoint: {other:?}"),
+            }
+            moved
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(db.get(id).unwrap().is_some(), "nothing was freed");
+
+    // Moved on and used there, it no longer blocks this thread: this
+    // checkpoint waits for its commit, then frees the archived blob.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut moved = moved;
+            moved.write(b"and on a third").unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            moved.commit().unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let mut tx = db.begin_transaction().unwrap();
+        tx.checkpoint_to(archived).unwrap();
+        tx.commit().unwrap();
+    });
+    assert_eq!(db.get(id).unwrap(), None);
+    assert!(db.get(open).unwrap().is_some());
+    db.verify().unwrap();
+}
+
 /// Sequences above every returned one are still refused.
 #[test]
 fn a_sequence_no_commit_has_returned_is_refused() {

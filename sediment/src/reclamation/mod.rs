@@ -306,6 +306,14 @@ impl Reclamation {
         }
     }
 
+    /// The transaction in flight as `sequence` is used on thread `holder`
+    /// now (it was moved there).
+    pub fn note_holder(&self, sequence: u64, holder: ThreadId) {
+        if let Some(thread) = self.meta.lock().in_flight.get_mut(&sequence) {
+            *thread = holder;
+        }
+    }
+
     /// Claims the archive of the live blob `id` for a running transaction.
     pub fn claim_archive(&self, strata: &Strata, id: GrainId) -> Result<()> {
         // Liveness is checked under the meta lock, which a commit freeing
