@@ -525,10 +525,13 @@ impl WriteAheadLog {
     }
 
     /// Stops the background thread after its current checkpoint and syncs
-    /// what has been written. Later calls on any clone of this log fail,
-    /// and so do chunk writes and commits of entries begun before (such an
-    /// entry is never recovered; rolling it back still succeeds).
-    /// Segments not yet checkpointed are replayed at the next open.
+    /// what has been written. Later calls on any clone of this log fail
+    /// with [`io::ErrorKind::BrokenPipe`] ([`read_at`](Self::read_at)
+    /// excepted: the files stay open, and a chunk of a segment not yet
+    /// checkpointed still reads), and so do chunk writes and commits of
+    /// entries begun before (such an entry is never recovered; rolling it
+    /// back still succeeds). Segments not yet checkpointed are replayed at
+    /// the next open.
     pub fn shutdown(&self) -> io::Result<()> {
         checkpoint::shutdown(self)
     }
