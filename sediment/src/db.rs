@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use okaywal::fs::{FileSystem, LockGuard};
+use okaywal::fs::{FileSystem, LockGuard, OpenLock};
 use okaywal::{ChunkReader, LogPosition, WriteAheadLog};
 use parking_lot::{Mutex, MutexGuard};
 
@@ -46,7 +46,21 @@ pub(crate) struct Shared {
     failure: Mutex<Option<Failure>>,
     /// Keeps other processes out of the directory while this store (or
     /// its WAL's maintenance thread) can write to it.
-    _lock: LockGuard,
+    lock: StoreLock,
+}
+
+/// The lock a store holds on its directory (`sediment.lock`).
+#[derive(Debug)]
+pub(crate) enum StoreLock {
+    /// Exclusive, for writing: until [`Shared::opened`], a lock file the
+    /// open created is removed again if the open fails.
+    Writer(OpenLock),
+    /// Shared, read-only (holding nothing if no writer ever made the
+    /// file).
+    Reader {
+        /// Held until the store is dropped.
+        _guard: LockGuard,
+    },
 }
 
 /// The first failure of a store: the kind of the underlying I/O error
@@ -104,7 +118,7 @@ impl Shared {
         strata: Vec<Vec<Arc<Stratum>>>,
         reclamation: Reclamation,
         store: Store,
-        lock: LockGuard,
+        lock: StoreLock,
         sealer: Option<Arc<crate::sealing::Sealer>>,
     ) -> Self {
         let directory = config.directory().to_path_buf();
@@ -125,7 +139,14 @@ impl Shared {
             store: Mutex::new(store),
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
-            _lock: lock,
+            lock,
+        }
+    }
+
+    /// The open succeeded: the lock file stays.
+    pub fn opened(&self) {
+        if let StoreLock::Writer(lock) = &self.lock {
+            lock.keep();
         }
     }
 

@@ -7,12 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use okaywal::encryption::{KeyError, KeyProvider};
-use okaywal::fs::{FileHandle, FileSystem, OpenMode};
+use okaywal::fs::{FileHandle, FileSystem, OpenLock, OpenMode};
 
 use crate::checkpoint::{encode_index, Store};
 use crate::commit_log::CommitLogFiles;
 use crate::config::Config;
-use crate::db::{Database, Shared, Wal};
+use crate::db::{Database, Shared, StoreLock, Wal};
 use crate::error::{Context, Error, Result};
 use crate::files::open_existing;
 use crate::format::{
@@ -530,13 +530,16 @@ impl Database {
         let fs = config.file_system_in_use().clone();
         let directory = config.directory().to_path_buf();
         let writable = !config.is_read_only();
+        // Before anything is read: open repairs and removes files. Until
+        // the open succeeds, a lock file this open created goes again if it
+        // fails (a refused directory is left as it was found).
         let lock = if writable {
             okaywal::fs::create_dir_durably(&*fs, &directory)
                 .context(|| format!("creating {}", directory.display()))?;
-            // Before anything is read: open repairs and removes files.
-            fs.lock_exclusive(&directory.join(LOCK_FILE))
+            OpenLock::take(fs.clone(), &directory.join(LOCK_FILE)).map(StoreLock::Writer)
         } else {
             fs.lock_shared(&directory.join(LOCK_FILE))
+                .map(|guard| StoreLock::Reader { _guard: guard })
         }
         .context(|| format!("opening the store in {}", directory.display()))?;
         let names = fs
@@ -622,6 +625,7 @@ impl Database {
             // that the WAL replay says which blobs are live.
             crate::rekey::finish_interrupted(&db)?;
         }
+        db.shared().opened();
         Ok(db)
     }
 

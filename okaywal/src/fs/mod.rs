@@ -24,7 +24,8 @@ mod std_fs;
 
 use std::fmt::Debug;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[cfg(feature = "testing")]
@@ -99,6 +100,61 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
     fn lock_shared(&self, path: &Path) -> io::Result<LockGuard> {
         let _ = path;
         Ok(LockGuard::none())
+    }
+}
+
+/// The exclusive lock of an open for writing in progress. If the open
+/// fails, the lock file is removed if this open created it, while the
+/// lock is still held: an open refused before it changed anything (a wrong
+/// key, a directory that is not a log) leaves the directory as it found
+/// it. Once the open succeeds, [`OpenLock::keep`] (or
+/// [`OpenLock::opened`], which hands over the guard) keeps the file.
+///
+/// The lock implementations of this crate take a lock only on the file
+/// that the path still names once they hold it, so removing it under the
+/// lock is safe: an open waiting for it opens the path again.
+#[derive(Debug)]
+pub struct OpenLock {
+    fs: Arc<dyn FileSystem>,
+    path: PathBuf,
+    created: AtomicBool,
+    guard: Option<LockGuard>,
+}
+
+impl OpenLock {
+    /// Takes [`FileSystem::lock_exclusive`] on `path`, noting whether the
+    /// file existed before.
+    pub fn take(fs: Arc<dyn FileSystem>, path: &Path) -> io::Result<Self> {
+        let created = !fs.exists(path)?;
+        let guard = fs.lock_exclusive(path)?;
+        Ok(Self {
+            fs,
+            path: path.to_path_buf(),
+            created: AtomicBool::new(created),
+            guard: Some(guard),
+        })
+    }
+
+    /// The open succeeded: the lock file stays when this is dropped.
+    pub fn keep(&self) {
+        self.created.store(false, Ordering::Release);
+    }
+
+    /// The open succeeded: the lock file stays, held by the guard returned.
+    #[must_use]
+    pub fn opened(mut self) -> LockGuard {
+        self.keep();
+        self.guard.take().unwrap_or_else(LockGuard::none)
+    }
+}
+
+impl Drop for OpenLock {
+    fn drop(&mut self) {
+        if self.created.load(Ordering::Acquire) {
+            // Best effort: a file left behind is only an empty lock file.
+            // The guard, a field, is dropped after this.
+            let _ = self.fs.remove_file(&self.path);
+        }
     }
 }
 

@@ -62,6 +62,23 @@ fn lock_file(file: &File, path: &Path, shared: bool) -> io::Result<()> {
     }
 }
 
+/// Whether `path` still names the lock file `file` that was just locked:
+/// an open that failed removes the lock file it created while holding the
+/// lock ([`super::NewLockFile`]), and a lock taken meanwhile on the removed
+/// file would lock nothing anyone else can find. Then the caller opens
+/// the path again.
+fn still_named(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let locked = file
+        .metadata()
+        .map_err(|e| with_path(e, "reading the lock file", path))?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(named.dev() == locked.dev() && named.ino() == locked.ino()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(err) => Err(with_path(err, "reading the lock file", path)),
+    }
+}
+
 impl FileSystem for StdFileSystem {
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         std::fs::create_dir_all(path).map_err(|e| with_path(e, "creating directory", path))
@@ -123,28 +140,36 @@ impl FileSystem for StdFileSystem {
     }
 
     fn lock_exclusive(&self, path: &Path) -> io::Result<LockGuard> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| with_path(e, "opening the lock file", path))?;
-        lock_file(&file, path, false)?;
-        Ok(LockGuard::holding(file))
+        loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| with_path(e, "opening the lock file", path))?;
+            lock_file(&file, path, false)?;
+            if still_named(&file, path)? {
+                return Ok(LockGuard::holding(file));
+            }
+        }
     }
 
     fn lock_shared(&self, path: &Path) -> io::Result<LockGuard> {
         // Opened for reading and never created: a read-only open writes
         // nothing. Without the file no writer has ever opened the
         // directory, and there is nothing to lock.
-        match File::open(path) {
-            Ok(file) => {
-                lock_file(&file, path, true)?;
-                Ok(LockGuard::holding(file))
+        loop {
+            match File::open(path) {
+                Ok(file) => {
+                    lock_file(&file, path, true)?;
+                    if still_named(&file, path)? {
+                        return Ok(LockGuard::holding(file));
+                    }
+                }
+                Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(LockGuard::none()),
+                Err(err) => return Err(with_path(err, "opening the lock file", path)),
             }
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(LockGuard::none()),
-            Err(err) => Err(with_path(err, "opening the lock file", path)),
         }
     }
 

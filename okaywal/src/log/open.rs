@@ -14,7 +14,7 @@ use crate::checkpoint::{self, CheckpointStatus};
 use crate::config::Configuration;
 use crate::failure::Failure;
 use crate::format::{AnyHeader, SegmentHeader, HEADER_SIZE};
-use crate::fs::{FileSystem, OpenMode};
+use crate::fs::{FileSystem, OpenLock, OpenMode};
 use crate::group_commit::GroupCommit;
 use crate::manager::{LogManager, RecoveredSegment, Recovery};
 use crate::recovery::{find_segments, FoundSegment, Look, SegmentReader};
@@ -39,7 +39,9 @@ impl WriteAheadLog {
                 format!("creating the log directory {}: {err}", directory.display()),
             )
         })?;
-        let lock = fs.lock_exclusive(&directory.join(LOCK_FILE))?;
+        // Until the open succeeds, a lock file this open created goes again
+        // if it fails.
+        let lock = OpenLock::take(fs.clone(), &directory.join(LOCK_FILE))?;
         let mut segments = Vec::new();
         let mut reusable = Vec::new();
         let mut max_id = 0_u64;
@@ -307,7 +309,7 @@ impl WriteAheadLog {
             unblocking_rollbacks: AtomicU64::new(0),
             naming: Mutex::new(()),
             legacy_files: Mutex::new(BTreeMap::new()),
-            _lock: lock,
+            _lock: lock.opened(),
         });
         // The first active segment: a reused file if any, else a new one;
         // on a disk with no room for a new one, the last segment goes on.
