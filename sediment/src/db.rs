@@ -53,8 +53,15 @@ pub(crate) struct Shared {
 #[derive(Debug)]
 pub(crate) enum StoreLock {
     /// Exclusive, for writing: until [`Shared::opened`], a lock file the
-    /// open created is removed again if the open fails.
-    Writer(OpenLock),
+    /// open created is removed again if the open fails. The index too
+    /// (when there was one), which keeps out readers of a copy of the
+    /// store that left `sediment.lock` out.
+    Writer {
+        /// `sediment.lock`.
+        lock: OpenLock,
+        /// The index (held until the store is dropped).
+        _index: Option<LockGuard>,
+    },
     /// Shared, read-only (holding nothing if no writer ever made the
     /// file).
     Reader {
@@ -145,7 +152,7 @@ impl Shared {
 
     /// The open succeeded: the lock file stays.
     pub fn opened(&self) {
-        if let StoreLock::Writer(lock) = &self.lock {
+        if let StoreLock::Writer { lock, .. } = &self.lock {
             lock.keep();
         }
     }

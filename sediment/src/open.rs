@@ -98,6 +98,38 @@ fn key_error_naming(error: KeyError, path: &Path, what: impl std::fmt::Display) 
     }
 }
 
+/// Locks the store in `directory`: for writing, `sediment.lock`
+/// exclusively (created if need be) and, if the index exists, the index
+/// exclusively too; read-only, `sediment.lock` shared or, if a copy of the
+/// store left that file out, the index shared. A read-only open creates
+/// nothing, and a writer cannot open the store while a reader holds
+/// either file (nor a reader while a writer holds both).
+fn lock_store(fs: &Arc<dyn FileSystem>, directory: &Path, writable: bool) -> io::Result<StoreLock> {
+    let lock_file = directory.join(LOCK_FILE);
+    let index = directory.join(INDEX_FILE);
+    if writable {
+        okaywal::fs::create_dir_durably(&**fs, directory)?;
+        let lock = OpenLock::take(fs.clone(), &lock_file)?;
+        let index = if fs.exists(&index)? {
+            Some(fs.lock_exclusive(&index)?)
+        } else {
+            // A new store: any reader finds the lock file this open made.
+            None
+        };
+        Ok(StoreLock::Writer {
+            lock,
+            _index: index,
+        })
+    } else {
+        let guard = if fs.exists(&lock_file)? {
+            fs.lock_shared(&lock_file)?
+        } else {
+            fs.lock_shared(&index)?
+        };
+        Ok(StoreLock::Reader { _guard: guard })
+    }
+}
+
 /// What [`Database::open`] found before the WAL replays.
 fn open_index(
     fs: &dyn FileSystem,
@@ -533,15 +565,8 @@ impl Database {
         // Before anything is read: open repairs and removes files. Until
         // the open succeeds, a lock file this open created goes again if it
         // fails (a refused directory is left as it was found).
-        let lock = if writable {
-            okaywal::fs::create_dir_durably(&*fs, &directory)
-                .context(|| format!("creating {}", directory.display()))?;
-            OpenLock::take(fs.clone(), &directory.join(LOCK_FILE)).map(StoreLock::Writer)
-        } else {
-            fs.lock_shared(&directory.join(LOCK_FILE))
-                .map(|guard| StoreLock::Reader { _guard: guard })
-        }
-        .context(|| format!("opening the store in {}", directory.display()))?;
+        let lock = lock_store(&fs, &directory, writable)
+            .context(|| format!("opening the store in {}", directory.display()))?;
         let names = fs
             .list_files(&directory)
             .context(|| format!("listing {}", directory.display()))?;

@@ -100,6 +100,43 @@ fn readers_share_the_store_and_keep_writers_out() {
     Database::open_read_only(dir.path()).unwrap();
 }
 
+/// A copy of a store that left its lock files out (a backup that skips
+/// empty files, say): a read-only open creates none, and still keeps a
+/// writer out while it lives, by its shared lock on the index.
+#[test]
+fn a_copy_without_its_lock_file_still_keeps_a_writer_out_of_its_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = store(dir.path());
+    for lock in ["sediment.lock", "okaywal.lock"] {
+        std::fs::remove_file(dir.path().join(lock)).unwrap();
+    }
+    let before = snapshot(dir.path());
+    let reader = Database::open_read_only(dir.path()).unwrap();
+    let second = Database::open_read_only(dir.path()).unwrap();
+    assert!(before == snapshot(dir.path()), "a read-only open wrote");
+    let err = config(dir.path())
+        .open()
+        .map(drop)
+        .expect_err("a writer beside readers of a copy without its lock file");
+    assert!(err.to_string().contains("lock"), "{err}");
+    assert!(
+        !dir.path().join("sediment.lock").exists(),
+        "the refused writer left its lock file"
+    );
+    for (id, data) in &blobs {
+        assert_eq!(reader.get(*id).unwrap().as_deref(), Some(&data[..]));
+    }
+    reader.verify().unwrap();
+    drop((reader, second));
+
+    // Once they are gone, a writer opens it (and makes the lock file),
+    // and a reader is kept out in turn.
+    let writer = config(dir.path()).open().unwrap();
+    assert!(Database::open_read_only(dir.path()).is_err());
+    writer.shutdown().unwrap();
+    Database::open_read_only(dir.path()).unwrap();
+}
+
 #[test]
 fn a_read_only_open_of_a_missing_or_empty_directory_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
