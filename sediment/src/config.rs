@@ -123,8 +123,11 @@ impl Config {
     /// Opens the store read-only: not a byte is written. No header copy is
     /// repaired, the WAL is not replayed into the strata (what it holds is
     /// read from its files, recovered as usual in memory), nothing is
-    /// recycled and nothing is checkpointed on close; transactions and
-    /// [`Database::checkpoint_wal`](crate::Database::checkpoint_wal) fail with [`Error::ReadOnly`]. The
+    /// recycled and nothing is checkpointed on close; transactions,
+    /// [`Database::checkpoint_wal`](crate::Database::checkpoint_wal),
+    /// [`Database::sync`](crate::Database::sync) and
+    /// [`Database::rekey`](crate::Database::rekey) fail with
+    /// [`Error::ReadOnly`]. The
     /// store's lock is taken shared: any number of read-only opens may run
     /// at once, none while a writer has the store open, and a writer
     /// cannot open it while one lives (both fail with an error naming the

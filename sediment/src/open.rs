@@ -567,9 +567,10 @@ impl Database {
         // fails (a refused directory is left as it was found).
         let lock = lock_store(&fs, &directory, writable)
             .context(|| format!("opening the store in {}", directory.display()))?;
+        // (The file system's error names the directory already.)
         let names = fs
             .list_files(&directory)
-            .context(|| format!("listing {}", directory.display()))?;
+            .context(|| format!("opening the store in {}", directory.display()))?;
         let provider = config.key_provider();
         let OpenedIndex {
             file: index_file,
