@@ -12,6 +12,17 @@ pub const EXIT_INPUT: u8 = 2;
 /// Exit code for everything else: damaged files, I/O errors.
 pub const EXIT_FAILURE: u8 = 3;
 
+/// Writes one line to standard error, as `eprintln!` does, except that a
+/// standard error that cannot be written (a full disk behind `2>>log`, a
+/// closed pipe) loses the line instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use say;
+
 /// Why a command failed.
 #[derive(Debug)]
 pub struct CliError {

@@ -6,7 +6,7 @@ use std::path::Path;
 use sediment::{CommitRecord, GrainId, SequenceId};
 use serde::Serialize;
 
-use crate::error::{describe_io, is_corruption, one_line, CliError};
+use crate::error::{describe_io, is_corruption, one_line, say, CliError};
 use crate::headers;
 use crate::keys;
 use crate::progress::{busy, count_bar};
@@ -124,7 +124,7 @@ pub fn log(
         }
         let checkpointed = db.checkpointed_to().0;
         if !json && checkpointed > 0 && since <= checkpointed {
-            eprintln!(
+            say!(
                 "sediment: note: records through sequence {checkpointed} were dropped by a checkpoint"
             );
         }
@@ -502,11 +502,11 @@ pub fn verify(
         commit_records_checked: report.commit_records_checked,
         problems,
     };
-    print_verify(&report, json, out)?;
+    unless_problems_found(print_verify(&report, json, out), report.ok)?;
     match shutdown {
         Err(err) if report.ok => Err(err.into()),
         Err(err) => {
-            eprintln!(
+            say!(
                 "sediment: {}",
                 one_line(&CliError::from(err).message.unwrap_or_default())
             );
@@ -549,6 +549,16 @@ fn open_failure_as_problem(
         commit_records_checked: 0,
         problems,
     };
-    print_verify(&report, json, out)?;
+    unless_problems_found(print_verify(&report, json, out), report.ok)?;
     Err(CliError::problems())
+}
+
+/// `verify`'s exit when printing its report failed: a reader that went
+/// away (`sediment verify db | head`, which exits 0 for a failed write to
+/// a closed pipe) does not turn problems found into success.
+fn unless_problems_found(printed: Result<(), CliError>, ok: bool) -> Result<(), CliError> {
+    match printed {
+        Err(err) if !ok && err.code == 0 => Err(CliError::problems()),
+        printed => printed,
+    }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use sediment::GrainInfo;
 use serde::Serialize;
 
-use crate::error::{is_corruption, one_line, CliError};
+use crate::error::{is_corruption, one_line, say, CliError};
 use crate::inspect::write_json;
 use crate::store::{self, run_then_shutdown};
 
@@ -59,7 +59,7 @@ pub fn ls(db_path: &Path, json: bool, out: &mut dyn Write) -> Result<(), CliErro
                     damaged |= is_corruption(&err);
                     unreadable += 1;
                     out.flush().map_err(CliError::output)?;
-                    eprintln!("sediment: {}", one_line(&err.to_string()));
+                    say!("sediment: {}", one_line(&err.to_string()));
                     continue;
                 }
             };

@@ -44,7 +44,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use crate::error::{one_line, CliError};
+use crate::error::{one_line, say, CliError};
 
 const EXIT_CODES: &str = "\
 Exit codes: 0 success; 1 verify found problems; 2 bad input (usage, missing
@@ -195,7 +195,7 @@ enum Command {
     /// Rewrites a damaged header copy from its intact twin, replays the
     /// WAL into the strata and finishes or removes files whose creation a
     /// crash cut short (a stratum left empty stays, for new blobs), then
-    /// closes the store. The read-only commands (get, log, stats, verify,
+    /// closes the store. The read-only commands (get, ls, log, stats, verify,
     /// wal-dump) never do this.
     Repair {
         /// The store directory.
@@ -272,7 +272,7 @@ fn main() -> ExitCode {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!("sediment: internal error: {}{at}", one_line(&what));
+        say!("sediment: internal error: {}{at}", one_line(&what));
     }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -284,7 +284,15 @@ fn main() -> ExitCode {
                     | ErrorKind::DisplayVersion
                     | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             ) {
-                err.exit();
+                // Help and version go to standard output, which may be
+                // unwritable (a full disk): that is an error, not success.
+                return match err.print() {
+                    Ok(()) => ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(0)),
+                    Err(write) => {
+                        say!("sediment: writing output: {}", error::describe_io(&write));
+                        ExitCode::from(error::EXIT_FAILURE)
+                    }
+                };
             }
             // Which subcommand the usage was for, so `--help` can point there.
             let command = std::env::args()
@@ -292,7 +300,7 @@ fn main() -> ExitCode {
                 .filter(|arg| Cli::command().find_subcommand(arg).is_some())
                 .map_or("sediment".to_string(), |sub| format!("sediment {sub}"));
             let rendered = err.render().to_string();
-            eprintln!("sediment: {}", error::usage_error(&rendered, &command));
+            say!("sediment: {}", error::usage_error(&rendered, &command));
             return ExitCode::from(2);
         }
     };
@@ -300,7 +308,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             if let Some(message) = &err.message {
-                eprintln!("sediment: {}", one_line(message));
+                say!("sediment: {}", one_line(message));
             }
             ExitCode::from(err.code)
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use sediment::{Database, GrainId, SequenceId};
 
-use crate::error::{one_line, CliError};
+use crate::error::{one_line, say, CliError};
 use crate::keys;
 use crate::progress::busy;
 
@@ -369,7 +369,7 @@ pub fn parse_sequence(text: &str) -> Result<u64, CliError> {
 pub fn warn_if_commit_log_damaged(db: &Database) {
     let since = SequenceId(db.checkpointed_to().0.saturating_add(1));
     if let Err(sediment::Error::CommitLogDamaged(damage)) = db.commit_log(since) {
-        eprintln!(
+        say!(
             "sediment: warning: {}; grains archived by the transactions it hides show as \
              live and no checkpoint frees them (`sediment verify` lists the damage)",
             one_line(&damage.to_string())

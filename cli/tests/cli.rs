@@ -2175,3 +2175,92 @@ fn a_committing_command_does_not_drop_a_commit_past_the_end_unasked() {
     );
     ok(sediment(&[&"verify", &dir]));
 }
+
+/// A store whose one blob (written straight into its grain) has a
+/// flipped byte: `verify` finds one problem.
+fn damaged_store() -> (tempfile::TempDir, PathBuf) {
+    let (temp, db, _) = store_with(&[&vec![0xAB; 100_000]]);
+    let stratum = fs::read_dir(&db)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("stratum-")
+                && fs::read(p).unwrap().windows(64).any(|w| w == [0xAB; 64])
+        })
+        .expect("the blob's stratum file");
+    let mut bytes = fs::read(&stratum).unwrap();
+    let at = bytes.windows(64).position(|w| w == [0xAB; 64]).unwrap() + 1000;
+    bytes[at] ^= 0x01;
+    fs::write(&stratum, bytes).unwrap();
+    assert_eq!(sediment(&[&"verify", &db]).code, 1);
+    (temp, db)
+}
+
+/// `verify db | head -1`: the reader goes away before the report is
+/// written, and the exit code still says problems were found.
+#[test]
+fn verify_reports_problems_to_a_reader_that_went_away() {
+    let (_temp, db) = damaged_store();
+    for json in [false, true] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sediment"));
+        command.arg("verify").arg(&db);
+        if json {
+            command.arg("--json");
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the store is even open: every write fails.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "json {json}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// A standard error or output that cannot be written (`2>>log` or
+/// `>out` on a full disk) fails with an exit code of the command's own,
+/// never a panic or an abort, and never success.
+#[test]
+fn an_unwritable_stderr_or_stdout_is_no_panic_and_no_success() {
+    let full = || {
+        Stdio::from(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    };
+    let temp = tempfile::tempdir().unwrap();
+    let nowhere = temp.path().join("nowhere");
+    let refused = Command::new(env!("CARGO_BIN_EXE_sediment"))
+        .arg("ls")
+        .arg(&nowhere)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(full())
+        .status()
+        .unwrap();
+    assert_eq!(refused.code(), Some(2), "{refused:?}");
+
+    for args in [&["--help"][..], &["--version"], &["ls", "--help"]] {
+        let status = Command::new(env!("CARGO_BIN_EXE_sediment"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(full())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(3), "{args:?}: {status:?}");
+    }
+}
