@@ -46,6 +46,11 @@ fn check_inputs(files: &[PathBuf]) -> Result<u64, CliError> {
                 metadata.len()
             )));
         }
+        if metadata.is_file() {
+            // One that cannot be opened (no permission) is refused before
+            // a new store is made for it.
+            File::open(file).map_err(|e| CliError::io("cannot read", file, &e))?;
+        }
         total += metadata.len();
     }
     Ok(total)
@@ -120,26 +125,29 @@ pub fn put(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let total = check_inputs(files)?;
-    // Standard input is read whole before the store is opened: input that
-    // fails (too large, a read error, an interrupted pipe) then leaves no
-    // new, empty store behind, and a store that is there is not locked
+    // Standard input, and any other input that is not a regular file (a
+    // pipe, a device), is read whole before the store is opened: input
+    // that fails (too large, a read error, an interrupted pipe) then leaves
+    // no new, empty store behind, and a store that is there is not locked
     // while a slow producer writes.
-    let mut from_stdin = if files.iter().any(|f| is_stdin(f)) {
-        Some(read_input(Path::new("-"), &ProgressBar::hidden())?)
-    } else {
-        None
-    };
+    let mut read_first: Vec<Option<Vec<u8>>> = Vec::with_capacity(files.len());
+    for file in files {
+        let streamed = is_stdin(file) || fs::metadata(file).is_ok_and(|m| !m.is_file());
+        read_first.push(if streamed {
+            Some(read_input(file, &ProgressBar::hidden())?)
+        } else {
+            None
+        });
+    }
     let db = store::open(db_path, Create::IfNewOrEmpty)?;
     run_commit_then_shutdown(db, |db| {
         let bar = bytes_bar(total, "storing");
         let mut tx = db.begin_transaction()?;
         let mut stored = Vec::with_capacity(files.len());
-        for file in files {
-            // `-` appears once (`check_inputs`), and was read above.
-            let data = if is_stdin(file) {
-                from_stdin.take().unwrap_or_default()
-            } else {
-                read_input(file, &bar)?
+        for (file, read) in files.iter().zip(&mut read_first) {
+            let data = match read.take() {
+                Some(data) => data,
+                None => read_input(file, &bar)?,
             };
             stored.push((tx.write(&data)?, data.len() as u64));
         }

@@ -2264,3 +2264,35 @@ fn an_unwritable_stderr_or_stdout_is_no_panic_and_no_success() {
         assert_eq!(status.code(), Some(3), "{args:?}: {status:?}");
     }
 }
+
+/// Input that is not a regular file is read before the store is made: a
+/// device that gives more than the largest blob is refused (exit 2) and
+/// leaves no new store behind, and a pipe is read whole first.
+#[test]
+fn put_reads_a_device_or_a_pipe_before_making_the_store() {
+    let temp = tempfile::tempdir().unwrap();
+    let db = temp.path().join("db");
+    let refused = sediment(&[&"put", &db, &"/dev/zero"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("more than the largest blob"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!db.exists(), "a refused put left a store behind");
+
+    // A named pipe with a writer on the other side.
+    let fifo = temp.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::write(&fifo, b"through a pipe").unwrap())
+    };
+    let id = ok(sediment(&[&"put", &db, &fifo])).stdout;
+    writer.join().unwrap();
+    assert_eq!(
+        ok(sediment(&[&"get", &db, &id.trim()])).stdout,
+        "through a pipe"
+    );
+}
