@@ -2,7 +2,7 @@
 //! operation of [`Database`] but opening (`open`) and reading blobs
 //! (`read`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +18,7 @@ use crate::commit_record::{CommitRecord, SequenceId};
 use crate::config::Config;
 use crate::error::{Context, Error, Result};
 use crate::grain_id::GrainId;
+use crate::orphans::BlobStart;
 use crate::reclamation::Reclamation;
 use crate::strata::Strata;
 use crate::stratum::Stratum;
@@ -47,6 +48,10 @@ pub(crate) struct Shared {
     /// Keeps other processes out of the directory while this store (or
     /// its WAL's maintenance thread) can write to it.
     lock: StoreLock,
+    /// While an open replays the WAL, and only if it looks for orphans
+    /// (see `crate::orphans`): where the blobs of the replayed entries
+    /// start.
+    replayed: Mutex<Option<HashSet<BlobStart>>>,
 }
 
 /// The lock a store holds on its directory (`sediment.lock`).
@@ -147,7 +152,25 @@ impl Shared {
             shut_down: AtomicBool::new(false),
             failure: Mutex::new(None),
             lock,
+            replayed: Mutex::new(None),
         }
+    }
+
+    /// From now on the replay notes where the blobs it applies start.
+    pub fn track_replayed(&self) {
+        *self.replayed.lock() = Some(HashSet::new());
+    }
+
+    /// The replay applied a record whose new blobs are `ids`.
+    pub fn note_replayed(&self, ids: impl IntoIterator<Item = GrainId>) {
+        if let Some(replayed) = self.replayed.lock().as_mut() {
+            replayed.extend(ids.into_iter().map(crate::orphans::start_of));
+        }
+    }
+
+    /// Where the replayed blobs start, if they were tracked; stops tracking.
+    pub fn take_replayed(&self) -> Option<HashSet<BlobStart>> {
+        self.replayed.lock().take()
     }
 
     /// The open succeeded: the lock file stays.

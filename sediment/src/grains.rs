@@ -123,7 +123,7 @@ impl std::iter::FusedIterator for Grains<'_> {}
 /// The first committed blob of the stratum that starts at or after grain
 /// `from`, as (first grain, grain count): a start bit and the allocated
 /// grains without one that follow it.
-fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
+pub(crate) fn next_live_run(bits: &StratumBits, from: u32) -> Option<(u32, u32)> {
     let mut i = from;
     while i < bits.capacity {
         let word = (i / 64) as usize;
@@ -225,7 +225,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
 }
 
 /// Reads the grain header of `id`; `None` if the file ends before it.
-fn read_header(stratum: &Stratum, id: GrainId) -> Result<Option<GrainHeader>> {
+pub(crate) fn read_header(stratum: &Stratum, id: GrainId) -> Result<Option<GrainHeader>> {
     let offset = stratum.offset_of(id.index());
     let mut bytes = [0_u8; GRAIN_HEADER_SIZE];
     let mut filled = 0;

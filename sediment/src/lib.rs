@@ -117,6 +117,7 @@ mod grain_id;
 mod grains;
 mod manager;
 mod open;
+mod orphans;
 mod read;
 mod reclamation;
 mod rekey;

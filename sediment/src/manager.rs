@@ -43,6 +43,7 @@ impl LogManager for Manager {
             return Ok(());
         }
         let (chunks, record) = parse_entry(entry, false, shared.strata().sealer().is_some())?;
+        shared.note_replayed(record.new_grains.iter().map(|grain| grain.id));
         let positions: HashMap<GrainId, LogPosition> =
             chunks.into_iter().map(|c| (c.id, c.position)).collect();
         shared

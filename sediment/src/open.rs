@@ -634,6 +634,13 @@ impl Database {
             .saturating_add(1)
             .max(wal_config.minimum_next_entry_id);
         let wal_config = wal_config.minimum_next_entry_id(floor);
+        // Recovery that may drop damaged WAL entries: an entry it drops may
+        // have blobs in the strata already (see `crate::orphans`).
+        let drops_entries =
+            writable && wal_config.recovery_mode != okaywal::RecoveryMode::ErrorOnCorruption;
+        if drops_entries {
+            shared.track_replayed();
+        }
         let wal = if writable {
             wal_config.open(Manager::new(shared.clone())).map(Wal::Live)
         } else {
@@ -645,6 +652,9 @@ impl Database {
         let db = Self::from_parts(shared, wal);
         if let Some(through) = hidden_through {
             db.forget_unprovable_archives(through);
+        }
+        if let Some(replayed) = db.shared().take_replayed() {
+            crate::orphans::drop_orphans(&db, wal_floor, &replayed)?;
         }
         if writable {
             // A rekey that a crash cut short finishes its last batch now
