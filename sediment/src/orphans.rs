@@ -43,6 +43,9 @@ pub(crate) fn drop_orphans(
     replayed: &HashSet<BlobStart>,
 ) -> Result<usize> {
     let shared = db.shared();
+    // The WAL's maintenance thread may start a checkpoint as soon as the
+    // log is open: it writes stratum headers under the same lock.
+    let _store = shared.lock_store();
     let mut dropped = 0;
     for basin in 0..BASINS {
         for stratum in shared.strata().of_basin(basin) {

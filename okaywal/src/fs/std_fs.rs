@@ -64,7 +64,7 @@ fn lock_file(file: &File, path: &Path, shared: bool) -> io::Result<()> {
 
 /// Whether `path` still names the lock file `file` that was just locked:
 /// an open that failed removes the lock file it created while holding the
-/// lock ([`super::NewLockFile`]), and a lock taken meanwhile on the removed
+/// lock ([`super::OpenLock`]), and a lock taken meanwhile on the removed
 /// file would lock nothing anyone else can find. Then the caller opens
 /// the path again.
 fn still_named(file: &File, path: &Path) -> io::Result<bool> {
