@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::{GrainHeader, BASINS, GRAIN_HEADER_SIZE, MAX_GRAINS_PER_BLOB};
 use crate::grain_id::GrainId;
 use crate::reclamation::Described;
-use crate::sealing::Unsealed;
+use crate::sealing::{Sealer, Unsealed};
 use crate::stratum::Stratum;
 
 /// One live blob, as listed by [`Database::grains`].
@@ -174,22 +174,7 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
             Described::Nowhere => return Ok(None),
         };
         let header = match stratum.sealer() {
-            Some(sealer) => match crate::read::open_sealed_head(stratum, sealer, id) {
-                Ok(Ok((header, _))) => Ok(Some(header)),
-                // Damaged, or an old image: not this blob's header.
-                Ok(Err(Unsealed::Damaged)) => Ok(None),
-                Ok(Err(Unsealed::Key(source))) => Err(Error::from_io(
-                    format!("reading the header of grain {id}"),
-                    source,
-                )),
-                Err(source) => Err(Error::from_io(
-                    format!(
-                        "reading the header of grain {id} from {}",
-                        stratum.path().display()
-                    ),
-                    source,
-                )),
-            },
+            Some(sealer) => read_sealed_header(stratum, sealer, id),
             None => read_header(stratum, id),
         };
         if stratum.reuse_epoch() != epoch {
@@ -222,6 +207,30 @@ fn info(db: &Database, stratum: &Stratum, id: GrainId) -> Result<Option<GrainInf
         context: format!("reading the header of grain {id}"),
         source: io::Error::other("the grain kept moving while being read"),
     })
+}
+
+/// Opens the sealed grain header of `id`; `None` if it does not open
+/// (damaged, or an old image: not this blob's header).
+pub(crate) fn read_sealed_header(
+    stratum: &Stratum,
+    sealer: &Sealer,
+    id: GrainId,
+) -> Result<Option<GrainHeader>> {
+    match crate::read::open_sealed_head(stratum, sealer, id) {
+        Ok(Ok((header, _))) => Ok(Some(header)),
+        Ok(Err(Unsealed::Damaged)) => Ok(None),
+        Ok(Err(Unsealed::Key(source))) => Err(Error::from_io(
+            format!("reading the header of grain {id}"),
+            source,
+        )),
+        Err(source) => Err(Error::from_io(
+            format!(
+                "reading the header of grain {id} from {}",
+                stratum.path().display()
+            ),
+            source,
+        )),
+    }
 }
 
 /// Reads the grain header of `id`; `None` if the file ends before it.

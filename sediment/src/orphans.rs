@@ -21,8 +21,7 @@ use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::format::{grain_crc, GrainHeader, BASINS, GRAIN_HEADER_SIZE};
 use crate::grain_id::GrainId;
-use crate::grains::{next_live_run, read_header};
-use crate::sealing::Unsealed;
+use crate::grains::{next_live_run, read_header, read_sealed_header};
 use crate::stratum::Stratum;
 
 /// Where a blob starts: (basin, stratum, first grain).
@@ -99,21 +98,8 @@ fn orphan_header(
     checkpointed_entry: u64,
 ) -> Result<Option<GrainHeader>> {
     match stratum.sealer() {
-        Some(sealer) => match crate::read::open_sealed_head(stratum, sealer, id) {
-            Ok(Ok((header, _))) => Ok((header.sequence > checkpointed_entry).then_some(header)),
-            Ok(Err(Unsealed::Damaged)) => Ok(None),
-            Ok(Err(Unsealed::Key(source))) => Err(Error::from_io(
-                format!("reading the header of grain {id}"),
-                source,
-            )),
-            Err(source) => Err(Error::from_io(
-                format!(
-                    "reading the header of grain {id} from {}",
-                    stratum.path().display()
-                ),
-                source,
-            )),
-        },
+        Some(sealer) => Ok(read_sealed_header(stratum, sealer, id)?
+            .filter(|header| header.sequence > checkpointed_entry)),
         None => {
             let Some(header) = read_header(stratum, id)? else {
                 return Ok(None);
