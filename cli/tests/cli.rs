@@ -1071,16 +1071,7 @@ fn wal_dump_steps_over_padding_before_a_large_chunk() {
         .iter()
         .map(|r| r["kind"].as_str().unwrap())
         .collect();
-    // Padding up to the page where the large chunk's data starts, the
-    // entry, and the end mark the log left once idle.
-    assert_eq!(
-        kinds,
-        ["padding", "chunk", "commit", "padding"],
-        "{segment}"
-    );
-    let end_mark = &records[3];
-    assert_eq!(end_mark["length"], 0, "{segment}");
-    assert_eq!(end_mark["durable_mark"], end_mark["offset"], "{segment}");
+    assert_eq!(kinds, ["padding", "chunk", "commit"], "{segment}");
     assert_eq!(records[0]["offset"], 512);
     assert_eq!(records[1]["offset"], large.position.offset);
     assert_eq!(
@@ -1310,10 +1301,6 @@ fn wal_dump_reports_damage_that_a_later_segment_proves() {
         entry.commit().unwrap();
     }
     drop(log);
-    // Only the later segment's header is to vouch for the first segment's
-    // records: without the end mark that the first one gets when the log
-    // goes idle before the switch.
-    lose_the_unsynced_end_mark(&dir);
     // The last entry of the first segment: zero its commit record.
     let last = &records[records.len() - 2];
     let segment = format!("wal-{}", last.position.file_id);
@@ -1565,10 +1552,9 @@ fn verify_names_a_damaged_wal_entry_and_the_blobs_it_took() {
 }
 
 /// A committed transaction whose WAL entry is damaged in the last segment,
-/// which nothing written later vouches for (a power cut lost the unsynced
-/// end mark after it): the log reads it as a torn tail and an open for
-/// writing drops the transaction, which is right only if a power cut
-/// interrupted its writing. `verify` cannot tell, so it
+/// which nothing written later vouches for: the log reads it as a torn
+/// tail and an open for writing drops the transaction, which is right only
+/// if a power cut interrupted its writing. `verify` cannot tell, so it
 /// says so (exit 1), naming the transaction and, when its chunks can be
 /// read, its blobs, and writes nothing; `wal-dump` says the same.
 #[test]
@@ -1585,7 +1571,6 @@ fn verify_names_a_transaction_that_a_damaged_last_wal_segment_would_drop() {
             .collect();
         tx.commit().unwrap();
         drop(db);
-        lose_the_unsynced_end_mark(&dir);
         let segment = dir.join("wal-1");
         let mut bytes = fs::read(&segment).unwrap();
         // The first record (offset 512): its header's entry id, or its data.
@@ -1991,36 +1976,6 @@ fn second_run_without_a_checkpoint(dir: &Path) {
 }
 
 /// Flips one bit of `needle` where it is stored in the store's WAL files.
-/// What a power cut right after the last commit can leave: the end mark
-/// that the log writes without a sync once it is idle did not reach the
-/// disk. Zeroes it wherever it is the last record of a WAL segment in
-/// `dir`, so that nothing after the last records vouches for them.
-fn lose_the_unsynced_end_mark(dir: &Path) {
-    for name in fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-    {
-        let Some(id) = name.strip_prefix("wal-").and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        let listing = Configuration::default_for(dir).inspect_segment(id).unwrap();
-        let (Some(mark), Some(end)) = (listing.records.last(), listing.end) else {
-            continue;
-        };
-        if mark.kind == okaywal::RecordType::Padding
-            && mark.length == 0
-            && mark.durable_mark == mark.offset
-        {
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join(&name))
-                .unwrap();
-            let zeros = vec![0; usize::try_from(end.offset - mark.offset).unwrap()];
-            file.write_all_at(&zeros, mark.offset).unwrap();
-        }
-    }
-}
-
 fn damage_in_wal(dir: &Path, needle: &[u8]) {
     let wal = fs::read_dir(dir)
         .unwrap()
@@ -2115,10 +2070,9 @@ fn recovery_flag_opens_a_store_whose_wal_is_damaged_in_the_middle() {
 }
 
 /// A WAL that ends at a record that does not verify, with a commit record
-/// of a later transaction verifying past it and nothing vouching for
-/// either (a power cut lost the unsynced end mark after them), is what a
-/// power cut in the middle of that transaction's write leaves, and also
-/// damage after it committed. Read-only commands show the store without it; a command
+/// of a later transaction verifying past it, is what a power cut in the
+/// middle of that transaction's write leaves, and also damage after it
+/// committed. Read-only commands show the store without it; a command
 /// that writes (which would drop it for good) refuses until
 /// `--recovery point-in-time` says to go on.
 #[test]
@@ -2136,7 +2090,6 @@ fn a_committing_command_does_not_drop_a_commit_past_the_end_unasked() {
         tx.commit().unwrap();
     }
     drop(db);
-    lose_the_unsynced_end_mark(&dir);
     damage_in_wal(&dir, b"DAMAGED at the tail");
     let before = snapshot(&dir);
     let new_file = temp.path().join("new.txt");

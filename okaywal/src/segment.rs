@@ -278,27 +278,15 @@ impl Segment {
         self.layout.encode(&mark, 0, self.id, end)
     }
 
-    /// Writes an end mark at `end` of the active segment when the log goes
-    /// idle: every byte below `end` is durable and no record is being
-    /// written or waits in the buffer (the caller checked, and holds the
-    /// log's lock, so no record is placed at `end` before this write is in
-    /// the file). The same record as [`Segment::write_end_mark`]'s, not
-    /// synced: after a crash of the process it is in the file and tells
-    /// recovery that damage below it is damage, not a torn tail; a power
-    /// cut may lose it, which loses only the proof. The next record placed
-    /// at `end` overwrites it.
-    pub fn write_idle_mark(&self, end: u64) -> io::Result<()> {
-        self.file.write_all_at(&self.end_mark_record(end)?, end)
-    }
-
-    /// Writes and syncs the end mark at `end` of the active segment at
-    /// shutdown, once every byte below `end` is durable (the caller
-    /// checked): [`Segment::write_idle_mark`]'s record, made durable, so
-    /// that a power cut after the shutdown keeps the proof too. Nothing is
+    /// Writes an end mark at `end` of the active segment at shutdown,
+    /// once every byte below `end` is durable (the caller checked): the
+    /// same record as [`Segment::write_end_mark`]'s. Recovery then tells
+    /// damage below it from a torn tail, where otherwise nothing written
+    /// after the last sync would prove those bytes were synced. Nothing is
     /// written after it; a rollback after the shutdown may overwrite it
     /// (losing only the proof).
     pub fn write_shutdown_mark(&self, end: u64) -> io::Result<()> {
-        self.write_idle_mark(end)?;
+        self.file.write_all_at(&self.end_mark_record(end)?, end)?;
         self.file.sync_data()
     }
 

@@ -15,7 +15,7 @@ use common::{check_exactly_once, Model, Recorder, Rng, Seen};
 use okaywal::format::{
     encode_chunk, RecordHeader, RecordKind, SegmentHeader, HEADER_SIZE, RECORD_HEADER_SIZE,
 };
-use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode, PowerLoss};
+use okaywal::fs::{CrashFileSystem, FileSystem, OpenMode};
 use okaywal::{Configuration, RecoveryMode, WriteAheadLog};
 
 const DIR: &str = "/wal";
@@ -153,14 +153,12 @@ fn build_base(encryption: Encryption) -> Base {
         vec![c, d, vec![7]],
         first.position,
     ));
-    // Synced, then a power cut: nothing after the last entry vouches for
-    // it. (Once idle, the log writes an end mark there without a sync,
-    // which a crash of the process keeps and a power cut may lose; a
-    // shutdown syncs it. Either makes damage below it an error; see
-    // the tests in `damage_in_the_last_segment.rs`.)
+    // Synced, then closed without a shutdown, as a crash right after the
+    // last commit leaves it: nothing after the last entry vouches for it
+    // (a shutdown leaves an end mark there, which makes damage below it
+    // an error; see `damage_after_a_shutdown`).
     log.sync().unwrap();
     drop(log);
-    fs.power_loss(PowerLoss::Clean);
 
     let segment_id = written[0].2.file_id;
     assert!(written.iter().all(|(_, _, p)| p.file_id == segment_id));

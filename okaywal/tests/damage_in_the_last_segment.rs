@@ -1,18 +1,15 @@
 //! A flipped byte in the last segment, where nothing written later vouches
 //! for the records (no later record's durable mark, no successor's
-//! recorded end, no end mark: a power cut right after the last commit, so
-//! that the end mark the log writes unsynced once it is idle did not reach
-//! the disk), reads as a torn tail: recovery ends the segment there and
+//! recorded end: the process ended right after its last commit, without a
+//! shutdown), reads as a torn tail: recovery ends the segment there and
 //! drops every entry from there on, committed or not. That is right after a
 //! power cut in the middle of writing them, and a loss otherwise, and the
 //! log cannot tell the two apart. Inspection names every entry so dropped
 //! whose commit record still verifies (`committed_past_end`, `incomplete`),
 //! so a tool built on it never calls such a log healthy without saying so.
 //!
-//! When the process ends (a crash or a kill, with no shutdown) after its
-//! last durable commit, the idle end mark is in the file; after a
-//! `shutdown` it is synced too. Either way it vouches for every record
-//! below it: the same damage is an error that names it, and nothing is
+//! After a `shutdown`, an end mark past the last record vouches for all of
+//! them: the same damage is an error that names it, and nothing is
 //! dropped unless a recovery mode says so.
 
 use std::fs::OpenOptions;
@@ -48,28 +45,16 @@ impl LogManager for Recovered {
     }
 }
 
-/// How the process that wrote the log ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ending {
-    /// A power cut after the last sync: the unsynced idle end mark is lost.
-    PowerCut,
-    /// The process ended without a shutdown (a crash or a kill): what it
-    /// wrote is in the file, the idle end mark included.
-    ProcessEnded,
-    /// `shutdown`, which syncs the end mark.
-    Shutdown,
-}
-
 /// A log of three committed entries: the first synced on its own, the
-/// second (buffered) and third synced together, so that no chunk's or
-/// commit's durable mark reaches past the first entry; then the log ends
-/// as `ending` says. Returns the three ids and the segment's records
-/// (kind, offset, entry).
+/// second (buffered) and third synced together, so that no record's
+/// durable mark reaches past the first entry; then the process ends
+/// without a shutdown (`shut_down` false) or after one. Returns the three
+/// ids and the segment's records (kind, offset, entry).
 fn three_entries(dir: &Path) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
-    three_entries_then(dir, Ending::PowerCut)
+    three_entries_then(dir, false)
 }
 
-fn three_entries_then(dir: &Path, ending: Ending) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
+fn three_entries_then(dir: &Path, shut_down: bool) -> ([EntryId; 3], Vec<(RecordType, u64, u64)>) {
     let log = Configuration::default_for(dir).open(LogVoid).unwrap();
     let mut first = log.begin_entry().unwrap();
     first.write_chunk(b"synced alone").unwrap();
@@ -83,35 +68,18 @@ fn three_entries_then(dir: &Path, ending: Ending) -> ([EntryId; 3], Vec<(RecordT
     third.write_chunk(&[9; 300]).unwrap();
     third.write_chunk(b"delta").unwrap();
     let third = third.commit().unwrap();
-    if ending == Ending::Shutdown {
+    if shut_down {
         log.shutdown().unwrap();
     }
     drop(log);
     let listing = Configuration::default_for(dir)
         .inspect_segment(first.0)
         .unwrap();
-    // Whatever the ending, the log left an end mark after the last commit:
-    // a padding record of no length whose durable mark is its own offset.
-    let mark = listing.records.last().unwrap();
-    assert_eq!(
-        (mark.kind, mark.entry_id, mark.length, mark.durable_mark),
-        (RecordType::Padding, first.0, 0, mark.offset),
-        "{ending:?}: an end mark after the last commit"
-    );
-    let mut records: Vec<_> = listing
+    let records = listing
         .records
         .iter()
         .map(|r| (r.kind, r.offset, r.entry_id))
         .collect();
-    if ending == Ending::PowerCut {
-        // Written without a sync, the mark did not reach the disk.
-        let end = listing.end.unwrap().offset;
-        let path = dir.join(format!("wal-{}", first.0));
-        let file = OpenOptions::new().write(true).open(path).unwrap();
-        let zeros = vec![0; usize::try_from(end - mark.offset).unwrap()];
-        file.write_all_at(&zeros, mark.offset).unwrap();
-        records.pop();
-    }
     ([first, second, third], records)
 }
 
@@ -234,16 +202,13 @@ fn recovered_with(dir: &Path, mode: okaywal::RecoveryMode) -> io::Result<Vec<Ent
 }
 
 #[test]
-fn after_a_crash_or_a_shutdown_damage_before_the_end_mark_is_an_error_not_a_torn_tail() {
-    for (ending, what, flipped_in) in [
-        (Ending::ProcessEnded, "a record header", 3_u64),
-        (Ending::ProcessEnded, "a chunk's data", 25 + 2),
-        (Ending::Shutdown, "a record header", 3),
-        (Ending::Shutdown, "a chunk's data", 25 + 2),
-    ] {
-        let what = &format!("{ending:?}, {what}");
+fn after_a_shutdown_damage_before_the_last_record_is_an_error_not_a_torn_tail() {
+    for (what, flipped_in) in [("a record header", 3_u64), ("a chunk's data", 25 + 2)] {
         let dir = tempfile::tempdir().unwrap();
-        let (ids, records) = three_entries_then(dir.path(), ending);
+        let (ids, records) = three_entries_then(dir.path(), true);
+        // The shutdown left an end mark after the last commit.
+        let last = records.last().unwrap();
+        assert_eq!((last.0, last.2), (RecordType::Padding, ids[0].0), "{what}");
         // The second entry's second chunk ("bravo").
         let at = chunk_of(&records, ids[1], 1);
         flip(dir.path(), ids[0], at + flipped_in);
@@ -270,15 +235,9 @@ fn after_a_crash_or_a_shutdown_damage_before_the_end_mark_is_an_error_not_a_torn
 }
 
 #[test]
-fn an_end_mark_after_the_last_commit_leaves_every_entry_recoverable() {
-    for ending in [Ending::ProcessEnded, Ending::Shutdown] {
-        every_entry_recoverable_after(ending);
-    }
-}
-
-fn every_entry_recoverable_after(ending: Ending) {
+fn a_shutdown_after_its_last_commit_leaves_every_entry_recoverable() {
     let dir = tempfile::tempdir().unwrap();
-    let (ids, _) = three_entries_then(dir.path(), ending);
+    let (ids, _) = three_entries_then(dir.path(), true);
     let inspection = Configuration::default_for(dir.path()).inspect().unwrap();
     assert!(inspection.is_ok(), "{:?}", inspection.problems);
     assert_eq!(inspection.segments[0].entries, ids);

@@ -152,8 +152,6 @@ pub(crate) struct State {
     shutting_down: bool,
     /// The shutdown's end mark was written (or found not due).
     shutdown_marked: bool,
-    /// Where the last idle end mark was written: (segment id, offset).
-    idle_mark: Option<(u64, u64)>,
     /// The checkpointer's progress and last failure.
     pub(crate) checkpoints: CheckpointStatus,
     /// Entries begun and not yet committed or rolled back, with the thread

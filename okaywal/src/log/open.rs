@@ -287,7 +287,6 @@ impl WriteAheadLog {
                 hole_waiters: Default::default(),
                 shutting_down: false,
                 shutdown_marked: false,
-                idle_mark: None,
                 checkpoints: CheckpointStatus::default(),
                 open_ids: BTreeMap::new(),
                 pending_commits: BTreeMap::new(),

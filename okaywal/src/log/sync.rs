@@ -181,35 +181,7 @@ impl Inner {
             segment.synced(*written, synced.then_some(*complete));
         }
         self.synced.notify_all();
-        self.mark_if_idle();
         Ok(())
-    }
-
-    /// After a sync: if the active segment is quiet now (every record of
-    /// it durable, none being written or buffered), writes an end mark
-    /// past its last record, once per end, without a sync (see
-    /// [`Segment::write_idle_mark`]). A durable commit followed by a crash
-    /// of the process then leaves a record after the commit that proves it
-    /// was synced. Written under the log's lock: no record can be placed
-    /// at the mark's offset until the mark is in the file, so the next
-    /// record overwrites it rather than the other way round.
-    fn mark_if_idle(&self) {
-        let mut state = self.state.lock();
-        let Some((segment, end)) = state.segments.quiet_active_end() else {
-            return;
-        };
-        if state.idle_mark == Some((segment.id(), end)) {
-            return;
-        }
-        state.idle_mark = Some((segment.id(), end));
-        if let Err(err) = segment.write_idle_mark(end) {
-            // The records below are durable and their commits stand (what
-            // part of the mark reached the file reads as a torn tail past
-            // them), but a file that fails a write takes no more records:
-            // later commits fail, as after any failed write.
-            drop(state);
-            self.poison(err);
-        }
     }
 
     /// Writes and syncs a closed segment's end mark at `end`, every byte
