@@ -64,11 +64,12 @@ fn damage_wal_entry(mode: Mode, dir: &Path, entry: u64) {
     panic!("no chunk of entry {entry} in the WAL");
 }
 
-/// The directory a crash leaves when the WAL checkpoint of a transaction
-/// wrote its stratum headers and not yet the index, with that
-/// transaction's WAL entry damaged since. Returns the blob committed
-/// before it and the blobs it wrote.
-fn interrupted_checkpoint(mode: Mode, dir: &Path) -> (Blob, Vec<Blob>) {
+/// The directory a crash leaves when the WAL checkpoint of two
+/// transactions wrote its stratum headers and not yet the index, with the
+/// first one's WAL entry damaged since (the second one's records, synced
+/// after it, prove it is damage). Returns the blob committed before them,
+/// the blobs the damaged transaction wrote and the later one's blob.
+fn interrupted_checkpoint(mode: Mode, dir: &Path) -> (Blob, Vec<Blob>, Blob) {
     let live = tempfile::tempdir().unwrap();
     let db = config(mode, live.path()).open().unwrap();
     let kept_bytes = blob(1, 300);
@@ -86,6 +87,10 @@ fn interrupted_checkpoint(mode: Mode, dir: &Path) -> (Blob, Vec<Blob>) {
         written.push((tx.write(&bytes).unwrap(), bytes));
     }
     tx.commit().unwrap();
+    let later_bytes = blob(5, 400);
+    let mut tx = db.begin_transaction().unwrap();
+    let later = tx.write(&later_bytes).unwrap();
+    tx.commit().unwrap();
     // The files before the checkpoint: the index and the WAL as a crash
     // during it leaves them.
     copy_files(live.path(), dir, |_| true);
@@ -97,7 +102,7 @@ fn interrupted_checkpoint(mode: Mode, dir: &Path) -> (Blob, Vec<Blob>) {
     });
     drop(db);
     damage_wal_entry(mode, dir, 2);
-    ((kept, kept_bytes), written)
+    ((kept, kept_bytes), written, (later, later_bytes))
 }
 
 #[test]
@@ -106,7 +111,8 @@ fn a_transaction_recovery_drops_after_an_interrupted_checkpoint_does_not_come_ba
         for recovery in [RecoveryMode::SkipCorrupted, RecoveryMode::PointInTime] {
             let what = format!("{mode:?}, {recovery:?}");
             let dir = tempfile::tempdir().unwrap();
-            let ((kept, kept_bytes), dropped) = interrupted_checkpoint(mode, dir.path());
+            let ((kept, kept_bytes), dropped, (later, later_bytes)) =
+                interrupted_checkpoint(mode, dir.path());
 
             // By default the damage stops the open.
             assert!(
@@ -118,8 +124,16 @@ fn a_transaction_recovery_drops_after_an_interrupted_checkpoint_does_not_come_ba
                 .wal(|wal| wal.recovery_mode(recovery))
                 .open()
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(db.last_committed().0, 1, "{what}");
+            // Skipping keeps the later transaction; a point-in-time cut
+            // drops it with the damaged one.
+            let skipped = recovery == RecoveryMode::SkipCorrupted;
+            assert_eq!(db.last_committed().0, if skipped { 3 } else { 1 }, "{what}");
             assert_eq!(db.get(kept).unwrap().as_deref(), Some(&kept_bytes[..]));
+            assert_eq!(
+                db.get(later).unwrap().as_deref(),
+                skipped.then_some(&later_bytes[..]),
+                "{what}"
+            );
             for (id, _) in &dropped {
                 assert!(
                     matches!(db.get(*id), Ok(None)),
@@ -135,11 +149,14 @@ fn a_transaction_recovery_drops_after_an_interrupted_checkpoint_does_not_come_ba
             let sequence = tx.commit().unwrap();
             // (A point-in-time cut forgets the ids past it, so it may hand
             // out the dropped sequence again; skipping keeps them.)
-            if recovery == RecoveryMode::SkipCorrupted {
-                assert!(sequence.0 > 2, "{what}: the dropped sequence was reused");
+            if skipped {
+                assert!(sequence.0 > 3, "{what}: a dropped sequence was reused");
             }
             let listed: Vec<GrainId> = db.grains().unwrap().map(|g| g.unwrap().id).collect();
             let mut expected = vec![kept, after];
+            if skipped {
+                expected.push(later);
+            }
             expected.sort();
             assert_eq!(listed, expected, "{what}");
             db.verify().unwrap_or_else(|e| panic!("{what}: {e}"));
